@@ -1,0 +1,208 @@
+"""The bootstrap classifier: a sans-I/O state machine from events to a hold/release decision.
+
+While the window is open, events that carry no output (DESIGN §4's closed allow-list) are held.
+The first event that is not on the list decides:
+- a recognised rejection  -> FAILOVER (nothing held is released; the attempt is dropped);
+- another terminal error   -> DELIVER  (release everything; the client sees the error in-stream);
+- anything else            -> COMMIT   (release everything held, in order, then pass through).
+Budgets (frames, bytes) are checked before an event is admitted, and an expired time budget
+commits on the next `feed()` or `tick()`. The clock is injected, so tests never sleep.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from .framer import Event
+from .rules import Rules
+
+
+class Verdict(str, enum.Enum):
+    HOLD = "hold"
+    COMMIT = "commit"
+    FAILOVER = "failover"
+    DELIVER = "deliver"
+
+
+# Reason classes outside the rules file's rejection classes. Stable: documented in README.
+HOLDING = "holding"
+OUTPUT = "output"
+NOT_JSON = "not_json"
+FRAME_BUDGET = "frame_budget"
+BYTE_BUDGET = "byte_budget"
+TIMEOUT = "timeout"
+TERMINAL_ERROR = "terminal_error"
+INCOMPLETE = "incomplete"
+CLOSED_BEFORE_OUTPUT = "closed_before_output"
+FRAMING_ERROR = "framing_error"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    verdict: Verdict
+    reason: str
+    trigger: str | None = None
+    error: Mapping | None = None  # the upstream error object, for FAILOVER and DELIVER
+    release: tuple[Event, ...] = ()  # events to pass to the client now, in order
+
+    @property
+    def final(self) -> bool:
+        return self.verdict is not Verdict.HOLD
+
+
+_HOLD = Decision(Verdict.HOLD, HOLDING)
+
+
+class BootstrapClassifier:
+    def __init__(
+        self,
+        rules: Rules,
+        *,
+        timeout: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        max_frames: int | None = None,
+        max_bytes: int | None = None,
+    ):
+        self.rules = rules
+        self.max_frames = max_frames if max_frames is not None else rules.max_frames
+        self.max_bytes = max_bytes if max_bytes is not None else rules.max_bytes
+        self._clock = clock
+        self.deadline = clock() + timeout if timeout > 0 else None
+        self.held: list[Event] = []
+        self.held_frames = 0
+        self.held_bytes = 0
+        self.events_seen = 0
+        self.decision: Decision | None = None
+
+    # -- inputs ----------------------------------------------------------------------------
+
+    def feed(self, event: Event) -> Decision:
+        self.events_seen += 1
+        if self.decision is not None:
+            passthrough = (event,) if self.decision.verdict is not Verdict.FAILOVER else ()
+            return _replace_release(self.decision, passthrough)
+        if self._expired():
+            return self._decide(Verdict.COMMIT, TIMEOUT, None, None, event)
+        if self.held_frames + event.frames > self.max_frames:
+            return self._decide(Verdict.COMMIT, FRAME_BUDGET, event.type, None, event)
+        if self.held_bytes + len(event.raw) > self.max_bytes:
+            return self._decide(Verdict.COMMIT, BYTE_BUDGET, event.type, None, event)
+        verdict, reason, error = self._judge(event)
+        if verdict is Verdict.HOLD:
+            self.held.append(event)
+            self.held_frames += event.frames
+            self.held_bytes += len(event.raw)
+            return _HOLD
+        return self._decide(verdict, reason, event.type, error, event)
+
+    def tick(self) -> Decision:
+        """Time passed: commits what is held once the time budget has expired."""
+        if self.decision is not None:
+            return _replace_release(self.decision, ())
+        if self._expired():
+            return self._decide(Verdict.COMMIT, TIMEOUT, None, None, None)
+        return _HOLD
+
+    def end(self) -> Decision:
+        """The upstream closed the stream. Inside the window, nothing useful came: fail over."""
+        if self.decision is not None:
+            return _replace_release(self.decision, ())
+        return self._decide(Verdict.FAILOVER, CLOSED_BEFORE_OUTPUT, None, None, None)
+
+    def fail_open(self, reason: str) -> Decision:
+        """The shell cannot observe the stream any more (e.g. a framing error): commit."""
+        if self.decision is not None:
+            return _replace_release(self.decision, ())
+        return self._decide(Verdict.COMMIT, reason, None, None, None)
+
+    @property
+    def holding(self) -> bool:
+        return self.decision is None
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _expired(self) -> bool:
+        return self.deadline is not None and self._clock() >= self.deadline
+
+    def _decide(self, verdict: Verdict, reason: str, trigger, error, event: Event | None) -> Decision:
+        if verdict is Verdict.FAILOVER:
+            release: tuple[Event, ...] = ()
+        else:
+            release = tuple(self.held) + ((event,) if event is not None else ())
+        self.held = []
+        self.decision = Decision(verdict, reason, trigger, error, release)
+        return self.decision
+
+    def _judge(self, event: Event) -> tuple[Verdict, str, Mapping | None]:
+        if event.is_heartbeat:
+            return Verdict.HOLD, HOLDING, None
+        payload = event.payload
+        if not isinstance(payload, dict):
+            return Verdict.COMMIT, NOT_JSON, None
+        kind = payload.get("type")
+        if kind in self.rules.bufferable_events:
+            return Verdict.HOLD, HOLDING, None
+        if kind == "response.output_item.added":
+            return (Verdict.HOLD, HOLDING, None) if self._empty_item(payload.get("item")) else (Verdict.COMMIT, OUTPUT, None)
+        if kind in ("response.content_part.added", "response.reasoning_summary_part.added"):
+            return (Verdict.HOLD, HOLDING, None) if self._empty_part(payload.get("part")) else (Verdict.COMMIT, OUTPUT, None)
+        if kind in ("error", "response.failed"):
+            error = stream_error(payload)
+            klass = self.rules.rejection_class(
+                error.get("code"), error.get("type"), error.get("message"), error.get("status")
+            )
+            if klass:
+                return Verdict.FAILOVER, klass, error
+            return Verdict.DELIVER, TERMINAL_ERROR, error
+        if kind == "response.incomplete":
+            return Verdict.DELIVER, INCOMPLETE, None
+        return Verdict.COMMIT, OUTPUT, None
+
+    def _empty_item(self, item: object) -> bool:
+        if not isinstance(item, dict) or item.get("type") not in self.rules.empty_items:
+            return False
+        kind = item["type"]
+        if kind == "message":
+            content = item.get("content") or []
+            return isinstance(content, list) and all(self._empty_part(part) for part in content)
+        if kind == "reasoning":
+            return not item.get("encrypted_content") and not item.get("summary") and not item.get("content")
+        if kind == "function_call":
+            return item.get("arguments", "") == ""
+        if kind == "custom_tool_call":
+            return item.get("input", "") == ""
+        return False
+
+    def _empty_part(self, part: object) -> bool:
+        if not isinstance(part, dict) or part.get("type") not in self.rules.empty_parts:
+            return False
+        field = "refusal" if part["type"] == "refusal" else "text"
+        return part.get(field, "") == ""
+
+
+def stream_error(payload: Mapping) -> dict:
+    """The error object of an `error` event (nested, flat, or WebSocket-wrapped with a status)
+    or of `response.failed` (`response.error`). Always a dict; `status` kept when present."""
+    if payload.get("type") == "response.failed":
+        response = payload.get("response")
+        found = response.get("error") if isinstance(response, dict) else None
+    else:
+        nested = payload.get("error")
+        found = nested if isinstance(nested, dict) else _flat_error(payload)
+    error = dict(found) if isinstance(found, dict) else {}
+    status = payload.get("status")
+    if isinstance(status, int) and not isinstance(status, bool):
+        error.setdefault("status", status)
+    return error
+
+
+def _flat_error(payload: Mapping) -> dict:
+    """A flat `error` event carries code/message at top level; its `type` is the event's."""
+    return {k: v for k, v in payload.items() if k not in ("type", "sequence_number", "status")}
+
+
+def _replace_release(decision: Decision, release: tuple[Event, ...]) -> Decision:
+    return Decision(decision.verdict, decision.reason, decision.trigger, decision.error, release)

@@ -1,0 +1,175 @@
+"""The error taxonomy and allow-list, loaded from a YAML rules file (`rules/default.yaml`).
+
+The strings that recognise rejections are data, not code, so a user can extend them without a
+release. A broken file is a `RulesError` that names the file, the field and the problem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .units import parse_size
+
+DEFAULT_RULES_PATH = Path(__file__).resolve().parents[2] / "rules" / "default.yaml"
+
+KNOWN_ITEM_TYPES = frozenset({"message", "reasoning", "function_call", "custom_tool_call"})
+KNOWN_PART_TYPES = frozenset({"output_text", "summary_text", "text", "reasoning_text", "refusal"})
+
+
+class RulesError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class RejectionRule:
+    klass: str
+    codes: frozenset[str] = frozenset()
+    types: frozenset[str] = frozenset()
+    messages: tuple[str, ...] = ()
+    require_message: tuple[str, ...] = ()
+    statuses: frozenset[int] = frozenset()
+
+    def matches(self, code: str, kind: str, message: str) -> bool:
+        """`code`, `kind` and `message` must already be lower-cased."""
+        hit = code in self.codes or kind in self.types or any(m in message for m in self.messages)
+        if not hit:
+            return False
+        return not self.require_message or any(m in message for m in self.require_message)
+
+
+@dataclass(frozen=True)
+class Rules:
+    source: str
+    max_frames: int = 48
+    max_bytes: int = 1024 * 1024
+    bufferable_events: frozenset[str] = frozenset()
+    empty_items: frozenset[str] = frozenset()
+    empty_parts: frozenset[str] = frozenset()
+    rejections: tuple[RejectionRule, ...] = field(default_factory=tuple)
+
+    def rejection_class(self, code: object, kind: object, message: object, status: object = None) -> str | None:
+        """The rejection class of an error, by its body first, then by its HTTP status."""
+        code_s, kind_s, msg_s = (_lower(code), _lower(kind), _lower(message))
+        for rule in self.rejections:
+            if rule.matches(code_s, kind_s, msg_s):
+                return rule.klass
+        if isinstance(status, int):
+            for rule in self.rejections:
+                if status in rule.statuses:
+                    return rule.klass
+        return None
+
+
+def _lower(value: object) -> str:
+    return value.lower() if isinstance(value, str) else ""
+
+
+def load_rules(path: str | Path | None = None) -> Rules:
+    source = Path(path).expanduser() if path else DEFAULT_RULES_PATH
+    try:
+        text = source.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RulesError(f"rules file {source}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RulesError(f"rules file {source}: not valid YAML: {exc}") from None
+    return parse_rules(doc, str(source))
+
+
+def parse_rules(doc: object, source: str = "<rules>") -> Rules:
+    where = f"rules file {source}"
+    top = _mapping(doc, where, {"version", "bootstrap", "bufferable", "rejections"})
+    if top.get("version", 1) != 1:
+        raise RulesError(f"{where}: version: unsupported value {top.get('version')!r} (expected 1)")
+    boot = _mapping(top.get("bootstrap", {}), f"{where}: bootstrap", {"max_frames", "max_bytes"})
+    buf = _mapping(top.get("bufferable"), f"{where}: bufferable", {"events", "empty_items", "empty_parts"})
+    return Rules(
+        source=source,
+        max_frames=_positive_int(boot.get("max_frames", 48), f"{where}: bootstrap.max_frames"),
+        max_bytes=_size(boot.get("max_bytes", "1MiB"), f"{where}: bootstrap.max_bytes"),
+        bufferable_events=_strings(buf.get("events", []), f"{where}: bufferable.events"),
+        empty_items=_known(buf.get("empty_items", []), KNOWN_ITEM_TYPES, f"{where}: bufferable.empty_items"),
+        empty_parts=_known(buf.get("empty_parts", []), KNOWN_PART_TYPES, f"{where}: bufferable.empty_parts"),
+        rejections=_rejections(top.get("rejections"), f"{where}: rejections"),
+    )
+
+
+def _mapping(value: object, where: str, allowed: set[str]) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise RulesError(f"{where}: expected a mapping, got {type(value).__name__}")
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise RulesError(f"{where}: unknown field(s) {', '.join(map(str, unknown))} (allowed: {', '.join(sorted(allowed))})")
+    return value
+
+
+def _strings(value: object, where: str) -> frozenset[str]:
+    return frozenset(_string_list(value, where))
+
+
+def _string_list(value: object, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise RulesError(f"{where}: expected a list of non-empty strings")
+    return tuple(v.lower() for v in value)
+
+
+def _known(value: object, known: frozenset[str], where: str) -> frozenset[str]:
+    values = _strings(value, where)
+    unknown = sorted(values - known)
+    if unknown:
+        raise RulesError(f"{where}: unknown type(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    return values
+
+
+def _positive_int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RulesError(f"{where}: expected a whole number >= 1, got {value!r}")
+    return value
+
+
+def _size(value: object, where: str) -> int:
+    try:
+        size = parse_size(value)
+    except ValueError as exc:
+        raise RulesError(f"{where}: {exc}") from None
+    if size < 1:
+        raise RulesError(f"{where}: must be at least 1 byte")
+    return size
+
+
+def _rejections(value: object, where: str) -> tuple[RejectionRule, ...]:
+    if not isinstance(value, list) or not value:
+        raise RulesError(f"{where}: expected a non-empty list of rules")
+    allowed = {"class", "codes", "types", "messages", "require_message", "statuses"}
+    rules = []
+    for i, item in enumerate(value):
+        here = f"{where}[{i}]"
+        entry = _mapping(item, here, allowed)
+        klass = entry.get("class")
+        if not isinstance(klass, str) or not klass:
+            raise RulesError(f"{here}.class: expected a non-empty string")
+        rule = RejectionRule(
+            klass=klass,
+            codes=_strings(entry.get("codes", []), f"{here}.codes"),
+            types=_strings(entry.get("types", []), f"{here}.types"),
+            messages=_string_list(entry.get("messages", []), f"{here}.messages"),
+            require_message=_string_list(entry.get("require_message", []), f"{here}.require_message"),
+            statuses=_statuses(entry.get("statuses", []), f"{here}.statuses"),
+        )
+        if not (rule.codes or rule.types or rule.messages or rule.statuses):
+            raise RulesError(f"{here}: needs at least one of codes, types, messages, statuses")
+        rules.append(rule)
+    return tuple(rules)
+
+
+def _statuses(value: object, where: str) -> frozenset[int]:
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and 100 <= v <= 599 for v in value
+    ):
+        raise RulesError(f"{where}: expected a list of HTTP status codes (100-599)")
+    return frozenset(value)
