@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import socket
 import tempfile
 import time
@@ -180,7 +181,7 @@ class Attempt:
 
     async def cancel(self, timeout: float = 5.0) -> None:
         """Close the attempt's upstream connection(s) and wait for replay() to return."""
-        if self.flow.killable:
+        if self.flow.killable and not os.environ.get("DEMO_NO_KILL"):
             # Only takes effect at the next hook boundary (check_killed), e.g. if the
             # attempt is still sitting in requestheaders/request -> error hook -> done.
             self.flow.kill()
@@ -288,6 +289,11 @@ class AttemptAddon:
                 200, json.dumps(summary), {"content-type": "application/json"}
             )
 
+        elif scen == "client_refused":
+            # no attempt: point the client flow itself at a dead port
+            flow.request.host, flow.request.port = "127.0.0.1", DEAD
+            flow.server_conn = Server(address=("127.0.0.1", DEAD))
+
         elif scen in ("redirect", "redirect_noserver", "redirect_via"):
             at = self._start(flow, ("127.0.0.1", A), "d1")
             kind, data = await at.next()
@@ -388,7 +394,8 @@ async def main():
 
     results = {}
     try:
-        for scen in ["cancel", "cancel_early", "race", "refused", "via", "redirect", "redirect_noserver", "redirect_via"]:
+        scens = os.environ.get("DEMO_SCENARIOS")
+        for scen in scens.split(",") if scens else ["cancel", "cancel_early", "race", "refused", "via", "redirect", "redirect_noserver", "redirect_via", "client_refused"]:
             print(f"\n===== scenario {scen} =====", flush=True)
             out = await asyncio.wait_for(client(pport, f"127.0.0.1:{A}", scen), 15)
             raw = b"".join(d for _, d in out)

@@ -1,0 +1,15 @@
+from pathlib import Path
+
+import pytest
+
+from codex_failover.rules import load_rules
+
+# Copies of ../shared/fixtures (wire/ and live-codex-0.169/), vendored so a clean clone tests alone.
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+WIRE = FIXTURES / "wire"
+LIVE = FIXTURES / "live"
+
+
+@pytest.fixture(scope="session")
+def rules():
+    return load_rules()
