@@ -169,8 +169,8 @@ class SSEFramer:
     # -- internals -------------------------------------------------------------------------
 
     def _drain(self, eof: bool) -> list[Event]:
+        events = self._cut_plain_blocks() if not self._cr_seen else []
         buf = self._buf
-        events: list[Event] = []
         start = 0
         n = len(buf)
         while start < n:
@@ -191,6 +191,27 @@ class SSEFramer:
             self._line_start -= start
             self._searched -= start
         return events
+
+    def _cut_plain_blocks(self) -> list[Event]:
+        """Fast path for LF-only input: cut every complete block with one C-level split.
+
+        Per-unit Python work (`_unit_end`, `count_lines`, the glue check) dominates on streams
+        of small events, so when the buffer holds only plain blocks (no comment or blank line
+        at a block start, nothing glued) they are cut in bulk. Anything else is left to the
+        general loop in `_drain`, which also handles the incomplete remainder.
+        """
+        buf = self._buf
+        if buf.find(b"\n\n", max(self._searched - 1, 0)) < 0:
+            return []  # no block completed by this chunk (keeps long events linear)
+        data = bytes(buf)
+        if data[0] in b":\n" or b"\n\n:" in data or b"\n\n\n" in data or b"}data:" in data or b"}event:" in data:
+            return []  # a lone comment/blank unit or a glued frame: take the general path
+        parts = data.split(b"\n\n")
+        rest = parts.pop()  # no blank line in it: the incomplete block, for the general loop
+        del buf[: len(data) - len(rest)]
+        self._line_start = self._searched = 0
+        # Without CR, frames = LF count: the part's own plus the two of its "\n\n".
+        return [Event(p + b"\n\n", p.count(b"\n") + 2) for p in parts]
 
     def _unit_end(self, buf: bytearray, start: int, eof: bool) -> int:
         """End offset of the unit starting at `start`, or -1 when more input is needed."""

@@ -1,0 +1,159 @@
+"""The mitmproxy addon: options, hooks and the `failover.status` command. Thin by design."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import traceback
+
+from mitmproxy import command, ctx, exceptions, http
+
+from . import responses
+from .attempt import ATTEMPT_TAG, Attempt
+from .codex_request import EndpointMatcher, asks_to_stream, is_websocket_upgrade
+from .config import ConfigError, PoolConfig, load_pool
+from .health import Health
+from .orchestrator import RELAY_TAG, ClientGone, RequestRun
+from .relay import Relay
+from .rules import RulesError, load_rules
+
+log = logging.getLogger("codex_failover")
+
+WEBSOCKET_MODES = ("downgrade", "passthrough")
+
+
+class FailoverAddon:
+    def __init__(self) -> None:
+        self.pool = PoolConfig()
+        self.rules = load_rules()
+        self.health = Health()
+        self.relay = Relay()
+        self.matcher = EndpointMatcher()
+        self.attempts: dict[str, Attempt] = {}
+        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task] = set()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def load(self, loader) -> None:
+        loader.add_option("failover_config", str, "", "codex-failover pool file (YAML): spare credentials and policy.")
+        loader.add_option("failover_rules", str, "", "codex-failover rules file (YAML); default: rules/default.yaml.")
+        loader.add_option("failover_websocket", str, "downgrade",
+                          "Codex WebSocket upgrades on model endpoints: downgrade (answer 426, Codex uses SSE) or passthrough.")
+
+    def configure(self, updated: set[str]) -> None:
+        if "failover_config" in updated or "failover_rules" in updated:
+            self._load_files()
+        if "failover_websocket" in updated and ctx.options.failover_websocket not in WEBSOCKET_MODES:
+            raise exceptions.OptionsError(
+                f"failover_websocket: {ctx.options.failover_websocket!r} is not one of {', '.join(WEBSOCKET_MODES)}")
+        if "connection_strategy" in updated or not updated or "failover_config" in updated:
+            # Eager connects to the real host at CONNECT time, before an attempt can pick its target.
+            if ctx.options.connection_strategy != "lazy":
+                log.info("codex-failover: setting connection_strategy=lazy (attempts choose their own upstream)")
+                ctx.options.connection_strategy = "lazy"
+
+    def _load_files(self) -> None:
+        try:
+            pool = load_pool(ctx.options.failover_config or None)
+            rules = load_rules(ctx.options.failover_rules or None)
+        except (ConfigError, RulesError) as exc:
+            raise exceptions.OptionsError(str(exc)) from None
+        self.pool, self.rules = pool, rules  # in-flight requests keep the objects they started with
+        self.matcher = EndpointMatcher(c.base_url for c in pool.credentials)
+        names = ", ".join(f"{c.name} ({c.kind})" for c in pool.credentials) or "none (client credential only)"
+        log.info("codex-failover: pool %s: credentials: %s", pool.source or "(no file)", names)
+
+    # `running`/`done` stay synchronous: a script hot reload calls them outside the event loop's
+    # await chain (DESIGN §2). Async work is started as a task.
+    def running(self) -> None:
+        self._spawn(self.relay.start())
+
+    def done(self) -> None:
+        self._spawn(self.relay.close())
+
+    def _spawn(self, coro) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(coro)
+        except RuntimeError:  # no loop any more (interpreter shutdown)
+            coro.close()
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.is_replay or ATTEMPT_TAG in flow.metadata or flow.response is not None:
+            return
+        req = flow.request
+        if not self.matcher.matches(req.host, req.port, req.path):
+            return
+        if is_websocket_upgrade(req.method, req.headers):
+            if ctx.options.failover_websocket == "downgrade":
+                flow.response = responses.websocket_downgrade()
+            return
+        if req.method != "POST" or not asks_to_stream(req.get_content(strict=False) or b""):
+            return
+        await self._hold(flow)
+
+    async def _hold(self, flow: http.HTTPFlow) -> None:
+        run = RequestRun(flow, self.pool, self.rules, self.health, self.relay, self.attempts,
+                         request_id=f"r{next(self._ids)}")
+        try:
+            await self.relay.start()
+            await run.run()
+        except ClientGone:
+            log.info("[%s] client went away while held; attempts cancelled", run.request_id)
+            flow.kill()
+        except Exception as exc:  # a bug must fail with a clear status, never hang the client
+            log.error("[%s] codex-failover internal error: %s\n%s", run.request_id, exc, traceback.format_exc())
+            flow.response = responses.internal_error(type(exc).__name__)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        attempt = self.attempts.get(flow.id)
+        if attempt is not None:
+            ctype = flow.response.headers.get("content-type", "")
+            attempt.on_responseheaders(200 <= flow.response.status_code < 300 and "text/event-stream" in ctype)
+        elif RELAY_TAG in flow.metadata:
+            flow.response.stream = True
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        attempt = self.attempts.pop(flow.id, None)
+        if attempt is not None:
+            attempt.on_response()
+        self._restore_client_request(flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        attempt = self.attempts.pop(flow.id, None)
+        if attempt is not None:
+            attempt.on_error()
+        self._restore_client_request(flow)
+
+    @staticmethod
+    def _restore_client_request(flow: http.HTTPFlow) -> None:
+        original = flow.metadata.pop(RELAY_TAG, None)
+        if original is not None:  # show the real request in mitmweb, not the relay hop
+            flow.request = original
+
+    # -- commands --------------------------------------------------------------------------
+
+    @command.command("failover.status")
+    def status(self) -> str:
+        """Each credential's state: ready, cooling until when and why, or out of rotation."""
+        lines = [f"codex-failover pool: {self.pool.source or '(no file: client credential only)'}"]
+        now = self.health.now()
+        for cred in self.pool.credentials:
+            state = self.health.state(cred.name)
+            text = state.status
+            if state.status == "cooling":
+                text += f" for {state.until - now:.0f}s more ({state.reason}, until {time.strftime('%H:%M:%S', time.localtime(state.until))})"
+            elif state.status == "out":
+                text += f" of rotation: {state.reason}"
+            lines.append(f"  {cred.name:<20} {cred.kind:<8} {cred.base_url:<45} {text}")
+        lines.append(f"  held streams waiting for the relay: {self.relay.pending}")
+        report = "\n".join(lines)
+        log.info(report)
+        return report

@@ -1,0 +1,119 @@
+"""Credentials as Codex keeps them: `auth.json` files and API keys. Pure: no network, no logging.
+
+The addon never refreshes a token (refresh tokens are single-use and a running Codex may own
+them); it only reads what `codex login` wrote.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CHATGPT = "chatgpt"
+APIKEY = "apikey"
+AUTH_CLAIM = "https://api.openai.com/auth"
+
+
+class AuthError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class AuthMaterial:
+    """What goes on the wire for one account. `repr` never shows the secret."""
+
+    kind: str  # CHATGPT or APIKEY
+    token: str = field(repr=False)
+    account_id: str | None = None
+    fedramp: bool = False
+    expires_at: float | None = None  # JWT `exp` of a ChatGPT access token
+
+    @property
+    def fingerprint(self) -> str:
+        """A stable, non-reversible id for matching the same secret seen twice."""
+        return fingerprint(self.token)
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        if self.kind == CHATGPT and self.account_id:
+            headers["ChatGPT-Account-ID"] = self.account_id
+        if self.fedramp:
+            headers["X-OpenAI-Fedramp"] = "true"
+        return headers
+
+
+def fingerprint(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()[:16]
+
+
+def jwt_claims(token: str) -> dict:
+    """The (unverified) claims of a JWT; {} when it is not one."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return {}
+    body = parts[1] + "=" * (-len(parts[1]) % 4)
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(body))
+    except (binascii.Error, ValueError):
+        return {}
+    return claims if isinstance(claims, dict) else {}
+
+
+def read_auth_file(path: str | Path) -> AuthMaterial:
+    path = Path(path).expanduser()
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise AuthError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise AuthError(f"{path} is not valid JSON (expected a Codex auth.json)") from None
+    if not isinstance(doc, dict):
+        raise AuthError(f"{path}: expected a JSON object (a Codex auth.json)")
+    return auth_from_document(doc, str(path))
+
+
+def auth_from_document(doc: dict, where: str) -> AuthMaterial:
+    tokens = doc.get("tokens")
+    if isinstance(tokens, dict) and isinstance(tokens.get("access_token"), str) and tokens["access_token"]:
+        return _chatgpt_material(tokens, where)
+    key = doc.get("OPENAI_API_KEY")
+    if isinstance(key, str) and key.strip():
+        return AuthMaterial(APIKEY, key.strip())
+    raise AuthError(f"{where}: holds neither tokens.access_token nor OPENAI_API_KEY (run `codex login`)")
+
+
+def _chatgpt_material(tokens: dict, where: str) -> AuthMaterial:
+    access = tokens["access_token"]
+    access_claims = jwt_claims(access)
+    account = tokens.get("account_id")
+    if not isinstance(account, str) or not account:
+        id_claims = jwt_claims(tokens.get("id_token") or "")
+        account = (id_claims.get(AUTH_CLAIM) or {}).get("chatgpt_account_id")
+    if not account:
+        raise AuthError(f"{where}: no account id (tokens.account_id or the id_token's chatgpt_account_id)")
+    auth_claim = access_claims.get(AUTH_CLAIM) or {}
+    exp = access_claims.get("exp")
+    return AuthMaterial(
+        CHATGPT,
+        access,
+        account_id=account,
+        fedramp=bool(auth_claim.get("chatgpt_account_is_fedramp")),
+        expires_at=float(exp) if isinstance(exp, (int, float)) else None,
+    )
+
+
+def auth_from_headers(headers) -> AuthMaterial | None:
+    """The client's own credential, from the request it sent (None without a bearer token)."""
+    value = headers.get("authorization", "")
+    if not value.lower().startswith("bearer "):
+        return None
+    token = value[7:].strip()
+    if not token:
+        return None
+    account = headers.get("chatgpt-account-id")
+    kind = CHATGPT if account or token.count(".") == 2 else APIKEY
+    return AuthMaterial(kind, token, account_id=account or None, fedramp=headers.get("x-openai-fedramp", "").lower() == "true")

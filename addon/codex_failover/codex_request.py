@@ -1,0 +1,71 @@
+"""Recognising Codex model requests and moving one to another credential. Pure (no mitmproxy):
+headers are anything with `get`, `__setitem__`, `__delitem__` and `__contains__`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Iterable
+from urllib.parse import urlsplit
+
+from .auth import AuthMaterial
+
+# Default endpoints; configured base URLs add to these.
+KNOWN_BASE_URLS = ("https://chatgpt.com/backend-api/codex", "https://api.openai.com/v1")
+RESPONSES = "/responses"
+_AUTH_HEADERS = ("authorization", "chatgpt-account-id", "x-openai-fedramp")
+TURN_STATE = "x-codex-turn-state"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    scheme: str
+    host: str
+    port: int
+    path: str  # the base URL's path + /responses
+
+    @classmethod
+    def from_base_url(cls, base_url: str) -> "Endpoint":
+        parts = urlsplit(base_url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        return cls(parts.scheme, (parts.hostname or "").lower(), port, parts.path.rstrip("/") + RESPONSES)
+
+
+class EndpointMatcher:
+    """Is (host, port, path) a model endpoint? A set lookup: cheap for all other traffic."""
+
+    def __init__(self, base_urls: Iterable[str] = ()):
+        endpoints = {Endpoint.from_base_url(u) for u in (*KNOWN_BASE_URLS, *base_urls)}
+        self._keys = {(e.host, e.port, e.path) for e in endpoints}
+
+    def matches(self, host: str, port: int, path: str) -> bool:
+        if not path.endswith(RESPONSES) and "?" not in path:
+            return False
+        return (host.lower(), port, path.split("?", 1)[0]) in self._keys
+
+
+def asks_to_stream(body: bytes) -> bool:
+    """A (decoded) JSON request body with `"stream": true`."""
+    if not body or body.lstrip()[:1] != b"{":
+        return False
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("stream") is True
+
+
+def is_websocket_upgrade(method: str, headers) -> bool:
+    return method == "GET" and headers.get("upgrade", "").lower() == "websocket"
+
+
+def swap_credential(headers, auth: AuthMaterial, moved: bool) -> None:
+    """Replace the identity headers with `auth`'s. A moved request drops the turn-state token,
+    which belongs to the account that issued it."""
+    for name in _AUTH_HEADERS:
+        if name in headers:
+            del headers[name]
+    for name, value in auth.headers().items():
+        headers[name] = value
+    if moved and TURN_STATE in headers:
+        del headers[TURN_STATE]

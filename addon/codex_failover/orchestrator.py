@@ -1,0 +1,348 @@
+"""One held Codex model request: plan attempts, run them, commit the winner or answer the client.
+
+This is the shell's decision loop. Every decision it takes comes from the pure core (planner,
+classifier, taxonomy, health); this module wires them to attempts, the relay and the flow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from mitmproxy import http
+from mitmproxy.connection import ConnectionState, Server
+
+from . import responses
+from .attempt import CHUNK, END, ERROR, Attempt, Item
+from .auth import auth_from_headers
+from .classifier import FRAMING_ERROR, BootstrapClassifier, Decision, Verdict
+from .codex_request import swap_credential
+from .config import PoolConfig
+from .framer import FramerError, SSEFramer
+from .health import Health
+from .planner import Candidate, Plan, make_plan
+from .relay import Relay, RelaySession, UpstreamBroken
+from .rules import Rules
+from .taxonomy import AUTH_REJECTED, DELIVER, FAILOVER, UPSTREAM_5XX, classify_response, cooldown_seconds, retry_after_seconds
+from .transport import PRE_DISPATCH, classify_connection_error
+
+log = logging.getLogger("codex_failover")
+
+RELAY_TAG = "codex_failover.relay"
+POLL = 0.25  # how often a held request checks that its client is still there
+# Rejections worth retrying on the same credential when it is the only one (with backoff).
+RETRY_SAME = {"overloaded", "slow_down", "server_error_retryable", "closed_before_output", UPSTREAM_5XX}
+SAME_CREDENTIAL_BACKOFF = (0.5, 1.0, 2.0, 4.0)
+
+
+class ClientGone(Exception):
+    pass
+
+
+@dataclass
+class AttemptLog:
+    n: int
+    credential: str
+    verdict: str
+    reason: str
+    elapsed_ms: int
+    status: int | None = None
+
+    def as_dict(self) -> dict:
+        return {"attempt": self.n, "credential": self.credential, "route": "direct",
+                "verdict": self.verdict, "reason": self.reason, "status": self.status}
+
+
+@dataclass
+class Rejection:
+    reason: str
+    error: dict | None
+    status: int | None
+    retry_after: str | None = None
+
+
+@dataclass
+class Outcome:
+    """How one attempt ended, from the request's point of view."""
+
+    kind: str  # "committed", "answered", "rejected", "broken"
+    rejection: Rejection | None = None
+    message: str = ""
+
+
+@dataclass
+class RequestRun:
+    flow: http.HTTPFlow
+    pool: PoolConfig
+    rules: Rules
+    health: Health
+    relay: Relay
+    registry: dict  # attempt flow id -> Attempt, so the addon's hooks can find attempts
+    request_id: str = ""
+    history: list[AttemptLog] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    async def run(self) -> None:
+        plan = make_plan(auth_from_headers(self.flow.request.headers), self.pool, self.health)
+        if not plan.candidates:
+            return self._answer_from_cooldown(plan)
+        queue = list(plan.candidates)
+        single = len(queue) == 1
+        last: Rejection | None = None
+        n = 0
+        policy = self.pool.policy
+        while queue and n < policy.max_attempts:
+            cand = queue.pop(0)
+            n += 1
+            outcome = await self._attempt(cand, n, policy.max_attempts if single else min(len(plan.candidates), policy.max_attempts))
+            if outcome.kind in ("committed", "answered"):
+                return
+            if outcome.kind == "broken":
+                return self._answer_broken(outcome.message)
+            last = outcome.rejection
+            if single and last.reason in RETRY_SAME and n < policy.max_attempts:
+                delay = self._same_credential_delay(cand, n)
+                if delay is not None:
+                    await self._sleep_holding(delay)
+                    queue.append(cand)
+        self._answer_exhausted(plan, last)
+
+    # -- one attempt -----------------------------------------------------------------------
+
+    async def _attempt(self, cand: Candidate, n: int, total: int) -> Outcome:
+        attempt = self._make_attempt(cand, n)
+        self.registry[attempt.flow.id] = attempt
+        attempt.start()
+        try:
+            outcome = await self._drive(attempt, cand)
+        except ClientGone:
+            await attempt.cancel()
+            self._record(attempt, cand, n, total, "cancelled", "client_gone", None)
+            raise
+        except BaseException:
+            await attempt.cancel()
+            raise
+        return outcome
+
+    def _make_attempt(self, cand: Candidate, n: int) -> Attempt:
+        attempt = Attempt(self.flow, f"{self.request_id}#{n}")
+        req = attempt.flow.request
+        if cand.base_url:
+            req.url = cand.base_url + "/responses"
+        if cand.auth is not None:
+            swap_credential(req.headers, cand.auth, moved=not cand.is_client)
+        attempt.flow.server_conn = Server(address=(req.host, req.port))
+        attempt.n, attempt.cand = n, cand
+        return attempt
+
+    async def _drive(self, attempt: Attempt, cand: Candidate) -> Outcome:
+        n = attempt.n
+        total = self.pool.policy.max_attempts
+        item = await self._next(attempt, time.monotonic() + self.pool.policy.response_timeout)
+        if item is None:
+            await attempt.cancel()
+            self._record(attempt, cand, n, total, "failed", "response_timeout", None)
+            return Outcome("broken", message=f"no response from upstream within {self.pool.policy.response_timeout:g}s")
+        if item.kind == ERROR:
+            return self._connection_failed(attempt, cand, item.data.decode(errors="replace"))
+        if attempt.streaming:
+            return await self._bootstrap(attempt, cand)
+        return await self._synchronous(attempt, cand)
+
+    def _connection_failed(self, attempt: Attempt, cand: Candidate, message: str) -> Outcome:
+        kind = classify_connection_error(message, response_started=False)
+        self._record(attempt, cand, attempt.n, self.pool.policy.max_attempts, "failed", kind, None)
+        if kind == PRE_DISPATCH:
+            return Outcome("rejected", Rejection(kind, {"message": message}, 502))
+        return Outcome("broken", message=message)
+
+    async def _synchronous(self, attempt: Attempt, cand: Candidate) -> Outcome:
+        item = await self._next(attempt, time.monotonic() + self.pool.policy.response_timeout)
+        if item is None or item.kind != END:
+            await attempt.cancel()
+            self._record(attempt, cand, attempt.n, self.pool.policy.max_attempts, "failed", "incomplete_response", None)
+            return Outcome("broken", message="upstream response did not complete")
+        resp = attempt.flow.response
+        verdict = classify_response(resp.status_code, resp.get_content(strict=False) or b"", self.rules)
+        if verdict.verdict == FAILOVER and not (verdict.reason == AUTH_REJECTED and cand.is_client):
+            rejection = Rejection(verdict.reason, dict(verdict.error or {}), resp.status_code, resp.headers.get("retry-after"))
+            self._reject(attempt, cand, rejection)
+            return Outcome("rejected", rejection)
+        # Success without a stream, another 4xx, or the client's own 401/403: as is.
+        self.flow.response = resp.copy()
+        self._succeeded(cand)
+        self._record(attempt, cand, attempt.n, self.pool.policy.max_attempts, "deliver", verdict.reason, resp.status_code, ok=True)
+        return Outcome("answered")
+
+    async def _bootstrap(self, attempt: Attempt, cand: Candidate) -> Outcome:
+        clf = BootstrapClassifier(self.rules, timeout=self.pool.policy.bootstrap_timeout)
+        framer = SSEFramer()
+        received = bytearray()
+        state = {"ended": False, "error": None}
+        decision: Decision | None = None
+        while decision is None or not decision.final:
+            item = await self._next(attempt, clf.deadline)
+            if item is None:
+                decision = clf.tick()
+            elif item.kind == CHUNK:
+                received += item.data
+                decision = self._feed(framer, clf, item.data)
+            elif item.kind == END:
+                state["ended"] = True
+                decision = self._finish(framer, clf)
+            else:  # the upstream broke while we held: deliver what came, then the break
+                state["error"] = item.data.decode(errors="replace")
+                decision = clf.fail_open("upstream_broken")
+        if decision.verdict is Verdict.FAILOVER:
+            resp = attempt.flow.response
+            rejection = Rejection(decision.reason, dict(decision.error or {}), resp.status_code, resp.headers.get("retry-after"))
+            await attempt.cancel()
+            self._reject(attempt, cand, rejection)
+            return Outcome("rejected", rejection)
+        self._commit(attempt, cand, decision, bytes(received), state)
+        return Outcome("committed")
+
+    @staticmethod
+    def _feed(framer: SSEFramer, clf: BootstrapClassifier, data: bytes) -> Decision:
+        decision = clf.tick()
+        try:
+            for event in framer.feed(data):
+                decision = clf.feed(event)
+                if decision.final:
+                    break
+        except FramerError:
+            decision = clf.fail_open(FRAMING_ERROR)
+        return decision
+
+    @staticmethod
+    def _finish(framer: SSEFramer, clf: BootstrapClassifier) -> Decision:
+        for event in framer.close():
+            decision = clf.feed(event)
+            if decision.final:
+                return decision
+        return clf.end()
+
+    # -- outcomes --------------------------------------------------------------------------
+
+    def _commit(self, attempt: Attempt, cand: Candidate, decision: Decision, held: bytes, state: dict) -> None:
+        resp = attempt.flow.response
+
+        async def body():
+            yield held
+            if state["error"] is not None:
+                raise UpstreamBroken(state["error"])
+            if state["ended"]:
+                return
+            while True:
+                item = await attempt.queue.get()
+                if item.kind == CHUNK:
+                    yield item.data
+                elif item.kind == END:
+                    return
+                else:
+                    raise UpstreamBroken(item.data.decode(errors="replace"))
+
+        session = RelaySession(resp.status_code, resp.reason, list(resp.headers.fields), body, attempt.cancel)
+        token = self.relay.register(session)
+        self._point_at_relay(token)
+        self._succeeded(cand)
+        verdict = decision.verdict.value
+        self._record(attempt, cand, attempt.n, self.pool.policy.max_attempts, verdict, decision.reason, resp.status_code, ok=True)
+
+    def _point_at_relay(self, token: str) -> None:
+        flow = self.flow
+        flow.metadata[RELAY_TAG] = flow.request.copy()  # restored for display once the response ends
+        req = flow.request
+        req.scheme, req.host, req.port = "http", "127.0.0.1", self.relay.port
+        req.path = f"/r/{token}"
+        for name in ("authorization", "cookie", "chatgpt-account-id"):
+            req.headers.pop(name, None)
+        flow.server_conn = Server(address=("127.0.0.1", self.relay.port))
+
+    def _reject(self, attempt: Attempt, cand: Candidate, rejection: Rejection) -> None:
+        policy = self.pool.policy
+        if rejection.reason == AUTH_REJECTED:
+            self.health.take_out(cand.key, f"HTTP {rejection.status} from upstream; run `codex login` for this account")
+            log.error("[%s] credential %s rejected with HTTP %s: taken out of rotation until its auth file changes or the proxy restarts",
+                      self.request_id, cand.name, rejection.status)
+        else:
+            seconds = cooldown_seconds(rejection.reason, rejection.error, rejection.retry_after, self.health.now(), policy)
+            self.health.cool(cand.key, seconds, rejection.reason)
+        self._record(attempt, cand, attempt.n, policy.max_attempts, FAILOVER, rejection.reason, rejection.status)
+
+    def _succeeded(self, cand: Candidate) -> None:
+        if self.health.state(cand.key).status == "cooling":
+            self.health.restore(cand.key)
+
+    def _same_credential_delay(self, cand: Candidate, n: int) -> float | None:
+        """Backoff before retrying the only credential; None when upstream asks for longer."""
+        policy = self.pool.policy
+        wait = self.health.recovers_in(cand.key)
+        backoff = SAME_CREDENTIAL_BACKOFF[min(n - 1, len(SAME_CREDENTIAL_BACKOFF) - 1)]
+        hinted = wait if wait is not None and wait < policy.overload_cooldown else None
+        delay = max(backoff, hinted or 0.0)
+        return delay if delay <= policy.max_retry_after else None
+
+    def _answer_exhausted(self, plan: Plan, last: Rejection | None) -> None:
+        retry_after = self._retry_after(plan)
+        self.flow.response = responses.exhausted(last, self.history, retry_after)
+        self._log_summary(f"exhausted -> {self.flow.response.status_code}")
+
+    def _answer_from_cooldown(self, plan: Plan) -> None:
+        retry_after = self._retry_after(plan)
+        reasons = [(c.name, why, self.health.state(c.key).reason) for c, why in plan.skipped]
+        self.flow.response = responses.all_cooling(reasons, retry_after)
+        self._log_summary(f"every credential cooling or out -> {self.flow.response.status_code} (not dialled)")
+
+    def _answer_broken(self, message: str) -> None:
+        self.flow.response = responses.upstream_failed(message, self.history)
+        self._log_summary(f"upstream failed -> {self.flow.response.status_code}")
+
+    def _retry_after(self, plan: Plan) -> int:
+        waits = [w for w in (self.health.recovers_in(k) for k in plan.all_keys) if w is not None]
+        soonest = min(waits) if waits else self.pool.policy.max_retry_after
+        return max(1, int(min(soonest, self.pool.policy.max_retry_after) + 0.999))
+
+    # -- waiting while the client is held --------------------------------------------------
+
+    async def _next(self, attempt: Attempt, deadline: float | None) -> Item | None:
+        """The attempt's next item; None at `deadline`; ClientGone if the client left."""
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            item = await attempt.next(POLL if left is None else min(POLL, left))
+            if item is not None:
+                return item
+            self._check_client()
+
+    async def _sleep_holding(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            await asyncio.sleep(min(POLL, left))
+            self._check_client()
+
+    def _check_client(self) -> None:
+        if not self.flow.client_conn.state & ConnectionState.CAN_READ:
+            raise ClientGone()
+
+    # -- visibility ------------------------------------------------------------------------
+
+    def _record(self, attempt: Attempt, cand: Candidate, n: int, total: int, verdict: str, reason: str,
+                status: int | None, ok: bool = False) -> None:
+        elapsed = int((time.monotonic() - attempt.started) * 1000)
+        entry = AttemptLog(n, cand.name, verdict, reason, elapsed, status)
+        self.history.append(entry)
+        attempt.flow.marked = "✅" if ok else "❌"
+        attempt.flow.comment = f"codex-failover {self.request_id} attempt {n}/{total}: {cand.name} {verdict} ({reason})"
+        self.flow.comment = "codex-failover attempts:\n" + "\n".join(
+            f"{e.n}. {e.credential}: {e.verdict} ({e.reason})" for e in self.history
+        )
+        log.info("[%s] attempt %d/%d credential=%s route=direct verdict=%s reason=%s status=%s elapsed=%dms",
+                 self.request_id, n, total, cand.name, verdict, reason, status, elapsed)
+
+    def _log_summary(self, what: str) -> None:
+        elapsed = int((time.monotonic() - self.started) * 1000)
+        log.warning("[%s] %s after %d attempt(s), %dms", self.request_id, what, len(self.history), elapsed)

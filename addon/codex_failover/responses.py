@@ -1,0 +1,80 @@
+"""Answers the addon gives the client itself: always a real status with an OpenAI-shaped JSON
+error body (`{"error": {"type", "code", "message", ...}}`), never a secret in it."""
+
+from __future__ import annotations
+
+import json
+
+from mitmproxy import http
+
+from .taxonomy import AUTH_REJECTED, exhausted_status
+
+# Error type and code by rejection class, when upstream's own error object has none.
+_DEFAULTS = {
+    "overloaded": ("service_unavailable_error", "server_is_overloaded"),
+    "slow_down": ("service_unavailable_error", "slow_down"),
+    "capacity": ("service_unavailable_error", "model_at_capacity"),
+    "rate_limited": ("rate_limit_error", "rate_limit_exceeded"),
+    "usage_limit": ("usage_limit_reached", "usage_limit_reached"),
+    "server_error_retryable": ("server_error", "server_error"),
+}
+_KEEP = ("type", "code", "message", "param", "resets_at", "resets_in_seconds", "plan_type")
+
+
+def _json(status: int, error: dict, headers: dict[str, str] | None = None) -> http.Response:
+    body = json.dumps({"error": error}, indent=None).encode()
+    all_headers = {"content-type": "application/json", "x-codex-failover": "1", **(headers or {})}
+    return http.Response.make(status, body, all_headers)
+
+
+def exhausted(last, history, retry_after: int) -> http.Response:
+    """Every attempt was rejected. The status follows the rejection that decided it."""
+    attempts = [h.as_dict() for h in history]
+    real = [h for h in history if h.reason != AUTH_REJECTED]
+    if last is None or last.reason == AUTH_REJECTED and not real:
+        error = {"type": "service_unavailable_error", "code": "no_usable_credential",
+                 "message": "codex-failover: no credential could serve this request (see attempts)."}
+        status = 503
+    else:
+        upstream = {k: v for k, v in (last.error or {}).items() if k in _KEEP and v is not None}
+        kind, code = _DEFAULTS.get(last.reason, ("service_unavailable_error", last.reason))
+        error = {"type": kind, "code": code, **upstream}
+        error["message"] = (f"{upstream.get('message') or 'Upstream rejected the request.'} "
+                            f"(codex-failover: {len(history)} attempt(s), last rejection: {last.reason})")
+        status = exhausted_status(last.reason)
+    error["attempts"] = attempts
+    return _json(status, error, {"retry-after": str(retry_after)})
+
+
+def all_cooling(skipped, retry_after: int) -> http.Response:
+    """Every credential is cooling or out of rotation: answered at once, nothing dialled."""
+    reasons = [r for _, status, r in skipped if status == "cooling"]
+    reason = reasons[0] if reasons else None
+    kind, code = _DEFAULTS.get(reason or "", ("service_unavailable_error", "no_usable_credential"))
+    error = {
+        "type": kind,
+        "code": code,
+        "message": "codex-failover: every credential is cooling down or out of rotation; not dialled.",
+        "credentials": [{"credential": name, "state": status, "reason": why} for name, status, why in skipped],
+    }
+    return _json(exhausted_status(reason or ""), error, {"retry-after": str(retry_after)})
+
+
+def upstream_failed(message: str, history) -> http.Response:
+    """A failure that must not be replayed (or nothing else could serve): the real reason."""
+    error = {"type": "upstream_error", "code": "upstream_connection_failed",
+             "message": f"codex-failover: {message}", "attempts": [h.as_dict() for h in history]}
+    return _json(502, error)
+
+
+def websocket_downgrade() -> http.Response:
+    """426 makes Codex switch the session to HTTP POST + SSE at once (DESIGN §3)."""
+    error = {"type": "invalid_request_error", "code": "websocket_not_supported",
+             "message": "codex-failover: use HTTP/SSE for model requests (failover_websocket=downgrade)."}
+    return _json(426, error)
+
+
+def internal_error(message: str) -> http.Response:
+    error = {"type": "server_error", "code": "codex_failover_internal_error",
+             "message": f"codex-failover internal error: {message}"}
+    return _json(502, error)

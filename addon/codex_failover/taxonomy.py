@@ -1,0 +1,121 @@
+"""What a synchronous upstream answer means, how long a rejection cools a credential, and which
+status an exhausted request gets. Pure: the strings themselves live in the rules file."""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+from .config import Policy
+from .rules import Rules
+
+FAILOVER = "failover"
+DELIVER = "deliver"
+COMMIT = "commit"
+
+AUTH_REJECTED = "auth_rejected"  # 401/403
+UPSTREAM_5XX = "upstream_5xx"
+CLIENT_ERROR = "client_error"
+OK = "ok"
+
+# Classes whose cooldown defaults to the policy's overload_cooldown when upstream names none.
+_NO_COOLDOWN = {"closed_before_output", UPSTREAM_5XX, AUTH_REJECTED}
+# Status for an exhausted request, by the class of the rejection that decided it. Codex treats
+# 429 as final for the turn and re-sends a 503 four times (DESIGN §3).
+_EXHAUSTED_STATUS = {"usage_limit": 429, "capacity": 429, "rate_limited": 429}
+_TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    verdict: str  # COMMIT (stream it), FAILOVER, DELIVER (answer the client with it as is)
+    reason: str
+    error: Mapping | None = None
+
+
+def error_object(body: bytes) -> dict:
+    """The `error` object of an OpenAI-style JSON error body ({} when there is none)."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    inner = doc.get("error")
+    if isinstance(inner, dict):
+        return dict(inner)
+    if isinstance(inner, str):
+        return {"message": inner}
+    return {k: doc[k] for k in ("code", "type", "message") if k in doc}
+
+
+def classify_response(status: int, body: bytes, rules: Rules) -> Outcome:
+    """A synchronous answer (headers and complete body known, not an event stream)."""
+    if 200 <= status < 300:
+        return Outcome(COMMIT, OK)
+    error = error_object(body)
+    error.setdefault("status", status)
+    if status in (401, 403):
+        return Outcome(FAILOVER, AUTH_REJECTED, error)
+    klass = rules.rejection_class(error.get("code"), error.get("type"), error.get("message"), status)
+    if klass:
+        return Outcome(FAILOVER, klass, error)
+    if status >= 500:
+        return Outcome(FAILOVER, UPSTREAM_5XX, error)
+    return Outcome(DELIVER, CLIENT_ERROR, error)
+
+
+def retry_after_seconds(value: str | None, now: float) -> float | None:
+    """`Retry-After` as seconds or as an HTTP-date."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+def cooldown_seconds(reason: str, error: Mapping | None, retry_after: str | None, now: float, policy: Policy) -> float:
+    """How long a rejection of class `reason` cools its credential (0: not at all)."""
+    if reason in _NO_COOLDOWN:
+        return 0.0
+    hinted = _hinted_seconds(error or {}, retry_after, now)
+    seconds = hinted if hinted is not None else policy.overload_cooldown
+    return min(max(seconds, 1.0), policy.max_cooldown)
+
+
+def _hinted_seconds(error: Mapping, retry_after: str | None, now: float) -> float | None:
+    header = retry_after_seconds(retry_after, now)
+    if header is not None:
+        return header
+    resets_in = error.get("resets_in_seconds")
+    if _number(resets_in):
+        return float(resets_in)
+    resets_at = error.get("resets_at")
+    if _number(resets_at):
+        at = float(resets_at)
+        if at > 1e11:  # milliseconds since the epoch
+            at /= 1000.0
+        return max(0.0, at - now)
+    message = error.get("message")
+    if isinstance(message, str) and (m := _TRY_AGAIN.search(message)):
+        value = float(m.group(1))
+        return value / 1000.0 if m.group(2).lower() == "ms" else value
+    return None
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def exhausted_status(reason: str) -> int:
+    return _EXHAUSTED_STATUS.get(reason, 503)

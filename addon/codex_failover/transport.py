@@ -1,0 +1,30 @@
+"""What a failed upstream connection means for replay safety. Pure: reads mitmproxy's error text.
+
+Only a failure proven to happen before any request byte left may be replayed elsewhere
+(DESIGN §5). Host-wide network loss is nobody's fault; TLS verification failures fail closed.
+"""
+
+from __future__ import annotations
+
+PRE_DISPATCH = "pre_dispatch"  # connection refused / timed out while connecting
+HOST_NETWORK = "host_network"  # name resolution failed, network unreachable
+TLS_FAILED = "tls_failed"  # certificate verification or handshake failure
+AMBIGUOUS = "ambiguous"  # the request may have been sent
+
+_PRE_DISPATCH = ("connect call failed", "connection refused", "errno 111", "connect timeout", "timed out connecting")
+_HOST_NETWORK = ("name or service not known", "nodename nor servname", "getaddrinfo", "temporary failure in name resolution",
+                 "network is unreachable", "no address associated", "errno -2", "errno -3", "errno 101")
+_TLS = ("certificate verify failed", "tls handshake", "ssl", "certificate")
+
+
+def classify_connection_error(message: str, response_started: bool) -> str:
+    if response_started:
+        return AMBIGUOUS
+    text = message.lower()
+    if any(s in text for s in _HOST_NETWORK):
+        return HOST_NETWORK
+    if any(s in text for s in _TLS):
+        return TLS_FAILED
+    if any(s in text for s in _PRE_DISPATCH):
+        return PRE_DISPATCH
+    return AMBIGUOUS

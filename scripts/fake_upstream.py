@@ -1,0 +1,323 @@
+#!/usr/bin/env python3
+"""A fake Responses API on 127.0.0.1 for rehearsals, tests, the demo and benchmarks.
+
+Each request's behaviour is chosen by its credential: the first scenario name found in the
+bearer token or the ChatGPT-Account-ID header (e.g. a key `sk-test-overload-1` is overloaded).
+Without one, it streams a normal answer. Every request is logged as one JSON line.
+
+    scripts/fake_upstream [--port 0] [--tls] [--pace 0.02] [--deltas 20] [--log FILE]
+
+It prints `{"listening": PORT, "tls": bool}` on its first stdout line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import ssl
+import sys
+import time
+import zlib
+
+SCENARIOS = {
+    "overload-eof": "overload `error` event after response.created, then EOF",
+    "overload-503": "synchronous HTTP 503 with server_is_overloaded",
+    "overload-529": "synchronous HTTP 529",
+    "overload": "response.created, in_progress, nested `error` (server_is_overloaded), response.failed",
+    "slow-down": "response.failed with slow_down after response.created",
+    "usage-limit": "HTTP 429 usage_limit_reached with resets_in_seconds",
+    "capacity": "response.failed: Selected model is at capacity",
+    "server-error": "`error` server_error with 'You can retry your request' advice",
+    "websearch-overload": "a web_search_call item, then an overload",
+    "delta-overload": "a text delta, then an overload",
+    "invalid": "HTTP 400 invalid_request_error",
+    "unauthorized": "HTTP 401",
+    "stall-first": "headers, then nothing for --stall seconds, then a normal answer",
+    "stall": "response.created, then nothing for --stall seconds, then a normal answer",
+    "cut": "response.created and some text, then the connection drops",
+    "good": "a normal streamed answer (reasoning summary + text)",
+}
+ORDER = sorted(SCENARIOS, key=len, reverse=True)  # longest name first: overload-eof before overload
+
+
+def scenario_of(headers: dict[str, str]) -> str:
+    ident = (headers.get("authorization", "") + " " + headers.get("chatgpt-account-id", "")).lower()
+    return next((name for name in ORDER if name in ident), "good")
+
+
+def label_of(headers: dict[str, str]) -> str:
+    """A short, non-secret name for the credential (what the answer says it was served by)."""
+    account = headers.get("chatgpt-account-id")
+    token = headers.get("authorization", "")[7:]
+    return account or (token[-24:] if token.startswith("sk-test") else "tok-" + hashlib.sha256(token.encode()).hexdigest()[:8])
+
+
+def sse(obj: dict) -> bytes:
+    return f"event: {obj['type']}\ndata: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+
+
+class Turn:
+    """Builds the events of one response."""
+
+    def __init__(self, label: str, deltas: int):
+        self.rid = "resp_" + hashlib.sha256(f"{label}{time.time_ns()}".encode()).hexdigest()[:24]
+        self.label = label
+        self.deltas = deltas
+        self.seq = 0
+
+    def ev(self, kind: str, **fields) -> bytes:
+        obj = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return sse(obj)
+
+    def handshake(self) -> list[bytes]:
+        resp = {"id": self.rid, "object": "response", "status": "in_progress", "model": "gpt-fake", "output": []}
+        return [self.ev("response.created", response=resp), self.ev("response.in_progress", response=resp)]
+
+    def answer(self) -> list[bytes]:
+        text = f"Hello from {self.label}."
+        words = [f" w{i}" for i in range(self.deltas)]
+        out = [
+            self.ev("response.output_item.added", output_index=0, item={"id": "rs_1", "type": "reasoning", "summary": []}),
+            self.ev("response.reasoning_summary_part.added", item_id="rs_1", output_index=0, summary_index=0,
+                    part={"type": "summary_text", "text": ""}),
+        ]
+        out += [self.ev("response.reasoning_summary_text.delta", item_id="rs_1", output_index=0, summary_index=0,
+                        delta=f"thinking {i} ") for i in range(max(1, self.deltas // 4))]
+        out.append(self.ev("response.output_item.done", output_index=0,
+                           item={"id": "rs_1", "type": "reasoning", "summary": [{"type": "summary_text", "text": "thinking"}]}))
+        out.append(self.ev("response.output_item.added", output_index=1,
+                           item={"id": "msg_1", "type": "message", "role": "assistant", "status": "in_progress", "content": []}))
+        out.append(self.ev("response.content_part.added", item_id="msg_1", output_index=1, content_index=0,
+                           part={"type": "output_text", "text": "", "annotations": []}))
+        for piece in [text, *words]:
+            out.append(self.ev("response.output_text.delta", item_id="msg_1", output_index=1, content_index=0, delta=piece))
+        full = text + "".join(words)
+        item = {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+                "content": [{"type": "output_text", "text": full, "annotations": []}]}
+        out.append(self.ev("response.output_item.done", output_index=1, item=item))
+        out.append(self.ev("response.completed", response={"id": self.rid, "object": "response", "status": "completed",
+                                                            "output": [item], "usage": {"input_tokens": 10, "output_tokens": self.deltas}}))
+        return out
+
+    def overload_error(self) -> bytes:
+        return self.ev("error", error={"type": "service_unavailable_error", "code": "server_is_overloaded",
+                                       "message": "Our servers are currently overloaded. Please try again later.", "param": None})
+
+    def failed(self, code: str, message: str) -> bytes:
+        return self.ev("response.failed", response={"id": self.rid, "status": "failed", "error": {"code": code, "message": message}})
+
+
+def json_error(status: int, error: dict, extra: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    return status, {"content-type": "application/json", **(extra or {})}, json.dumps({"error": error}).encode()
+
+
+SYNC = {
+    "overload-503": lambda: json_error(503, {"type": "service_unavailable_error", "code": "server_is_overloaded",
+                                             "message": "Our servers are currently overloaded. Please try again later."}),
+    "overload-529": lambda: json_error(529, {"type": "overloaded_error", "message": "Overloaded"}),
+    "usage-limit": lambda: json_error(429, {"type": "usage_limit_reached", "message": "The usage limit has been reached",
+                                            "plan_type": "plus", "resets_at": int(time.time()) + 3600, "resets_in_seconds": 3600}),
+    "invalid": lambda: json_error(400, {"type": "invalid_request_error", "code": "invalid_value",
+                                        "message": "Invalid value for 'input'.", "param": "input"}),
+    "unauthorized": lambda: json_error(401, {"type": "invalid_request_error", "code": "invalid_api_key",
+                                             "message": "Incorrect API key provided."}),
+}
+
+
+class FakeUpstream:
+    def __init__(self, pace: float = 0.02, deltas: int = 20, stall: float = 3600.0, log=None):
+        self.pace, self.deltas, self.stall = pace, deltas, stall
+        self.log = log
+        self.requests: list[dict] = []  # in-process users read this
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self, port: int = 0, tls: ssl.SSLContext | None = None) -> int:
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", port, ssl=tls)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def close(self) -> None:
+        if self.server:
+            self.server.close()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                method, path, headers = parse_head(head)
+                body = await read_body(reader, headers)
+                keep = await self.respond(method, path, headers, body, writer)
+                if not keep:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    async def respond(self, method, path, headers, body, writer) -> bool:
+        scenario = scenario_of(headers)
+        record = {"ts": round(time.time(), 3), "method": method, "path": path, "credential": label_of(headers),
+                  "scenario": scenario, "turn_state": headers.get("x-codex-turn-state")}
+        if not path.split("?")[0].endswith("/responses") or method != "POST":
+            record["scenario"] = "other"
+            self._log(record)
+            status, hdrs, data = (200, {"content-type": "application/json"}, json.dumps({"data": [], "path": path}).encode())
+            await write_full(writer, status, hdrs, data)
+            return True
+        record["body_bytes"] = len(body)
+        self._log(record)
+        if scenario in SYNC:
+            await write_full(writer, *SYNC[scenario]())
+            return True
+        await self.stream(scenario, label_of(headers), writer)
+        return False
+
+    def _log(self, record: dict) -> None:
+        self.requests.append(record)
+        if self.log:
+            self.log.write(json.dumps(record) + "\n")
+            self.log.flush()
+
+    async def stream(self, scenario: str, label: str, writer: asyncio.StreamWriter) -> None:
+        turn = Turn(label, self.deltas)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+                     b"x-codex-turn-state: ts-" + label.encode()[-8:] + b"\r\ntransfer-encoding: chunked\r\n\r\n")
+        await writer.drain()
+        if scenario == "stall-first":
+            await asyncio.sleep(self.stall)
+        events = turn.handshake()
+        ending = b"0\r\n\r\n"
+        if scenario == "overload":
+            events += [turn.overload_error(), turn.failed("server_is_overloaded", "Our servers are currently overloaded.")]
+        elif scenario == "overload-eof":
+            events += [turn.overload_error()]
+        elif scenario == "slow-down":
+            events += [turn.failed("slow_down", "Please slow down.")]
+        elif scenario == "capacity":
+            events += [turn.failed("server_error", "Selected model is at capacity. Please try a different model.")]
+        elif scenario == "server-error":
+            events += [turn.ev("error", error={"type": "server_error", "code": "server_error", "param": None,
+                                               "message": "An error occurred while processing your request. You can retry your request."})]
+        elif scenario == "websearch-overload":
+            events += [turn.ev("response.output_item.added", output_index=0,
+                               item={"id": "ws_1", "type": "web_search_call", "status": "in_progress"}),
+                       turn.overload_error(), turn.failed("server_is_overloaded", "overloaded")]
+        elif scenario == "delta-overload":
+            events += [turn.ev("response.output_text.delta", item_id="m", output_index=0, content_index=0, delta="Hi"),
+                       turn.overload_error(), turn.failed("server_is_overloaded", "overloaded")]
+        elif scenario == "stall":
+            await self._send(writer, events)
+            await asyncio.sleep(self.stall)
+            events = turn.answer()
+        elif scenario == "cut":
+            events += turn.answer()[:4]
+            ending = b""
+        else:
+            events += turn.answer()
+        await self._send(writer, events)
+        if ending:
+            writer.write(ending)
+            await writer.drain()
+
+    async def _send(self, writer: asyncio.StreamWriter, events: list[bytes]) -> None:
+        for ev in events:
+            writer.write(b"%x\r\n%b\r\n" % (len(ev), ev))
+            await writer.drain()
+            if self.pace:
+                await asyncio.sleep(self.pace)
+
+
+def parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
+    lines = head.decode("latin-1").split("\r\n")
+    method, path, _ = lines[0].split(" ", 2)
+    headers = {}
+    for line in lines[1:]:
+        if ":" in line:
+            k, v = line.split(":", 1)
+            headers[k.strip().lower()] = v.strip()
+    return method, path, headers
+
+
+async def read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        out = bytearray()
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                await reader.readuntil(b"\r\n")
+                return bytes(out)
+            out += await reader.readexactly(size + 2)
+            del out[-2:]
+    body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
+    if headers.get("content-encoding") == "deflate":
+        body = zlib.decompress(body)
+    return body
+
+
+async def write_full(writer: asyncio.StreamWriter, status: int, headers: dict[str, str], body: bytes) -> None:
+    head = [f"HTTP/1.1 {status} X"] + [f"{k}: {v}" for k, v in headers.items()] + [f"content-length: {len(body)}", "", ""]
+    writer.write("\r\n".join(head).encode() + body)
+    await writer.drain()
+
+
+def self_signed_context() -> ssl.SSLContext:
+    """A throwaway certificate for 127.0.0.1 (mitmproxy must run with ssl_insecure for it)."""
+    import datetime
+    import ipaddress
+    import tempfile
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fake-upstream")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=7))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                        x509.DNSName("localhost")]), critical=False)
+            .sign(key, hashes.SHA256()))
+    with tempfile.NamedTemporaryFile("wb", suffix=".pem", delete=False) as fh:
+        fh.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        fh.write(cert.public_bytes(serialization.Encoding.PEM))
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(fh.name)
+    return ctx
+
+
+async def amain(args) -> None:
+    log = open(args.log, "a") if args.log else None
+    fake = FakeUpstream(args.pace, args.deltas, args.stall, log)
+    port = await fake.start(args.port, self_signed_context() if args.tls else None)
+    print(json.dumps({"listening": port, "tls": args.tls}), flush=True)
+    await asyncio.Event().wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="scenarios:\n" + "\n".join(f"  {k:<20} {v}" for k, v in SCENARIOS.items()),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--tls", action="store_true", help="serve HTTPS with a throwaway self-signed certificate")
+    ap.add_argument("--pace", type=float, default=0.02, help="seconds between events (default 0.02)")
+    ap.add_argument("--deltas", type=int, default=20, help="text deltas per answer (default 20)")
+    ap.add_argument("--stall", type=float, default=3600.0, help="seconds a stall scenario waits (default 3600)")
+    ap.add_argument("--log", help="append one JSON line per request to this file (default: stdout)")
+    args = ap.parse_args()
+    if not args.log:
+        args.log = "/dev/stdout"
+    try:
+        asyncio.run(amain(args))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
