@@ -51,7 +51,7 @@ def label_of(headers: dict[str, str]) -> str:
     """A short, non-secret name for the credential (what the answer says it was served by)."""
     account = headers.get("chatgpt-account-id")
     token = headers.get("authorization", "")[7:]
-    return account or (token[-24:] if token.startswith("sk-test") else "tok-" + hashlib.sha256(token.encode()).hexdigest()[:8])
+    return account or (token[:64] if token.startswith("sk-test") else "tok-" + hashlib.sha256(token.encode()).hexdigest()[:8])
 
 
 def sse(obj: dict) -> bytes:
@@ -150,7 +150,7 @@ class FakeUpstream:
                 head = await reader.readuntil(b"\r\n\r\n")
                 method, path, headers = parse_head(head)
                 body = await read_body(reader, headers)
-                keep = await self.respond(method, path, headers, body, writer)
+                keep = await self.respond(method, path, headers, body, reader, writer)
                 if not keep:
                     break
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
@@ -158,7 +158,7 @@ class FakeUpstream:
         finally:
             writer.close()
 
-    async def respond(self, method, path, headers, body, writer) -> bool:
+    async def respond(self, method, path, headers, body, reader, writer) -> bool:
         scenario = scenario_of(headers)
         record = {"ts": round(time.time(), 3), "method": method, "path": path, "credential": label_of(headers),
                   "scenario": scenario, "turn_state": headers.get("x-codex-turn-state")}
@@ -173,7 +173,7 @@ class FakeUpstream:
         if scenario in SYNC:
             await write_full(writer, *SYNC[scenario]())
             return True
-        await self.stream(scenario, label_of(headers), writer)
+        await self.stream(scenario, label_of(headers), reader, writer)
         return False
 
     def _log(self, record: dict) -> None:
@@ -182,13 +182,24 @@ class FakeUpstream:
             self.log.write(json.dumps(record) + "\n")
             self.log.flush()
 
-    async def stream(self, scenario: str, label: str, writer: asyncio.StreamWriter) -> None:
+    async def _stall(self, reader: asyncio.StreamReader, label: str) -> bool:
+        """Wait --stall seconds, noticing (and logging) a peer that closes meanwhile."""
+        try:
+            data = await asyncio.wait_for(reader.read(1), self.stall)
+        except TimeoutError:
+            return True
+        if not data:
+            self._log({"ts": round(time.time(), 3), "event": "peer_closed", "credential": label})
+            return False
+        return True
+
+    async def stream(self, scenario: str, label: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         turn = Turn(label, self.deltas)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
                      b"x-codex-turn-state: ts-" + label.encode()[-8:] + b"\r\ntransfer-encoding: chunked\r\n\r\n")
         await writer.drain()
-        if scenario == "stall-first":
-            await asyncio.sleep(self.stall)
+        if scenario == "stall-first" and not await self._stall(reader, label):
+            return
         events = turn.handshake()
         ending = b"0\r\n\r\n"
         if scenario == "overload":
@@ -211,7 +222,8 @@ class FakeUpstream:
                        turn.overload_error(), turn.failed("server_is_overloaded", "overloaded")]
         elif scenario == "stall":
             await self._send(writer, events)
-            await asyncio.sleep(self.stall)
+            if not await self._stall(reader, label):
+                return
             events = turn.answer()
         elif scenario == "cut":
             events += turn.answer()[:4]

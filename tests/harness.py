@@ -1,0 +1,175 @@
+"""Processes for end-to-end tests: the fake upstream and a real `mitmdump -s addon/failover.py`,
+both on 127.0.0.1, each stopped by its PID; and a small HTTP client that talks through the proxy.
+Every wait is bounded; every mitmdump gets its own temporary confdir."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+MITMDUMP = str(Path(sys.executable).parent / "mitmdump")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+
+class FakeUpstreamProcess:
+    def __init__(self, tmp: Path, *args: str):
+        self.log_path = tmp / "fake.jsonl"
+        self.proc = subprocess.Popen(
+            [PYTHON, str(ROOT / "scripts" / "fake_upstream.py"), "--port", "0", "--log", str(self.log_path), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        line = self.proc.stdout.readline()  # {"listening": PORT, ...}; bounded by the process itself
+        self.port = json.loads(line)["listening"]
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def requests(self) -> list[dict]:
+        if not self.log_path.exists():
+            return []
+        return [json.loads(x) for x in self.log_path.read_text().splitlines() if x.strip()]
+
+    def model_requests(self) -> list[dict]:
+        return [r for r in self.requests() if r.get("scenario") not in (None, "other") and "event" not in r]
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+
+class ProxyProcess:
+    def __init__(self, tmp: Path, pool_yaml: str | None, env: dict[str, str] | None = None, extra: list[str] | None = None):
+        self.port = free_port()
+        self.confdir = tmp / "conf"
+        args = [MITMDUMP, "--listen-host", "127.0.0.1", "-p", str(self.port), "--set", f"confdir={self.confdir}",
+                "-s", str(ROOT / "addon" / "failover.py")]
+        if pool_yaml is not None:
+            pool = tmp / "pool.yaml"
+            pool.write_text(pool_yaml)
+            args += ["--set", f"failover_config={pool}"]
+        args += extra or []
+        self.log_path = tmp / "mitmdump.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        wait_port(self.port, self.proc)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        stop(self.proc)
+        self._log.close()
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    first_byte_s: float | None = None
+    chunks: list[tuple[float, bytes]] = field(default_factory=list)
+
+    def events(self) -> list[dict]:
+        out = []
+        for line in self.body.decode().splitlines():
+            if line.startswith("data:"):
+                out.append(json.loads(line[5:]))
+        return out
+
+    def json(self) -> dict:
+        return json.loads(self.body)
+
+
+def post_responses(proxy_port: int, url: str, token: str, body: dict | None = None, timeout: float = 30.0,
+                   headers: dict[str, str] | None = None, ca: Path | None = None) -> Reply:
+    """POST a Codex-like streaming request through the proxy and read the whole answer."""
+    payload = json.dumps(body if body is not None else {"model": "gpt-fake", "stream": True, "input": [], "store": False})
+    all_headers = {"authorization": f"Bearer {token}", "content-type": "application/json", "accept": "text/event-stream",
+                   **(headers or {})}
+    conn = _connect(proxy_port, url, timeout, ca)
+    started = time.monotonic()
+    conn.request("POST", _target(url, ca), body=payload, headers=all_headers)
+    resp = conn.getresponse()
+    reply = Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, b"")
+    data = bytearray()
+    while chunk := resp.read1(65536):
+        now = time.monotonic() - started
+        reply.first_byte_s = reply.first_byte_s if reply.first_byte_s is not None else now
+        reply.chunks.append((now, chunk))
+        data += chunk
+    reply.body = bytes(data)
+    conn.close()
+    return reply
+
+
+def request(proxy_port: int, method: str, url: str, headers: dict[str, str] | None = None, body: bytes | None = None,
+            timeout: float = 15.0) -> Reply:
+    conn = _connect(proxy_port, url, timeout, None)
+    conn.request(method, url, body=body, headers=headers or {})
+    resp = conn.getresponse()
+    reply = Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+    conn.close()
+    return reply
+
+
+def _connect(proxy_port: int, url: str, timeout: float, ca: Path | None):
+    if ca is None:
+        return http.client.HTTPConnection("127.0.0.1", proxy_port, timeout=timeout)
+    host, port = url.split("://", 1)[1].split("/", 1)[0].split(":")
+    conn = http.client.HTTPSConnection("127.0.0.1", proxy_port, timeout=timeout,
+                                       context=ssl.create_default_context(cafile=str(ca)))
+    conn.set_tunnel(host, int(port))
+    return conn
+
+
+def _target(url: str, ca: Path | None) -> str:
+    return "/" + url.split("://", 1)[1].split("/", 1)[1] if ca is not None else url
+
+
+def pool_yaml(base_url: str, creds: list[tuple[str, str]], **policy) -> tuple[str, dict[str, str]]:
+    """A pool file with API-key credentials (name, key) pointing at `base_url`, and the env it needs."""
+    lines, env = ["credentials:"], {}
+    for name, key in creds:
+        var = "KEY_" + name.upper().replace("-", "_")
+        env[var] = key
+        lines += [f"  - name: {name}", f"    api_key_env: {var}", f"    base_url: {base_url}/v1"]
+    settings = {"max_attempts": 4, "bootstrap_timeout": "5s", **policy}
+    lines.append("policy:")
+    lines += [f"  {k}: {json.dumps(v) if isinstance(v, bool) else v}" for k, v in settings.items()]
+    return "\n".join(lines) + "\n", env

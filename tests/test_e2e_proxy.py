@@ -1,0 +1,213 @@
+"""End to end: a real `mitmdump -s addon/failover.py`, the fake upstream, a client through the proxy."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from harness import FakeUpstreamProcess, ProxyProcess, pool_yaml, post_responses, request
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def fake(tmp_path):
+    upstream = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "10", "--stall", "30")
+    yield upstream
+    upstream.stop()
+
+
+@pytest.fixture
+def start_proxy(tmp_path):
+    procs = []
+
+    def start(fake, creds, **policy):
+        text, env = pool_yaml(fake.base, creds, **policy)
+        proxy = ProxyProcess(tmp_path, text, env)
+        procs.append(proxy)
+        return proxy
+
+    yield start
+    for proc in procs:
+        proc.stop()
+
+
+def url(fake):
+    return f"{fake.base}/v1/responses"
+
+
+def types(reply):
+    return [e["type"] for e in reply.events()]
+
+
+def test_own_credential_overloaded_spare_serves(fake, start_proxy):
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")])
+    reply = post_responses(proxy.port, url(fake), "sk-test-client-overload")
+    assert reply.status == 200
+    kinds = types(reply)
+    assert kinds.count("response.created") == 1 and "error" not in kinds and "response.failed" not in kinds
+    assert kinds[-1] == "response.completed"
+    assert "Hello from sk-test-spare-good" in reply.body.decode()
+    served = [r["credential"] for r in fake.model_requests()]
+    assert served == ["sk-test-client-overload", "sk-test-spare-good"]
+    log = proxy.log()
+    assert "attempt 1/" in log and "verdict=failover reason=overloaded" in log and "verdict=commit" in log
+    assert "sk-test-" not in log  # never a secret in the log
+
+
+def test_three_overloaded_then_one_good(fake, start_proxy):
+    proxy = start_proxy(fake, [("a", "sk-test-a-overload"), ("b", "sk-test-b-overload-eof"), ("c", "sk-test-c-good")])
+    reply = post_responses(proxy.port, url(fake), "sk-test-client-slow-down")
+    assert reply.status == 200 and types(reply)[-1] == "response.completed"
+    assert "Hello from sk-test-c-good" in reply.body.decode()
+    assert len(fake.model_requests()) == 4
+
+
+def test_all_overloaded_gives_503_with_attempts_and_retry_after(fake, start_proxy):
+    proxy = start_proxy(fake, [("a", "sk-test-a-overload"), ("b", "sk-test-b-overload-503")], max_retry_after="3s")
+    reply = post_responses(proxy.port, url(fake), "sk-test-client-overload")
+    assert reply.status == 503
+    assert 1 <= int(reply.headers["retry-after"]) <= 3
+    error = reply.json()["error"]
+    assert error["code"] == "server_is_overloaded" and error["type"] == "service_unavailable_error"
+    assert [a["credential"] for a in error["attempts"]] == ["client", "a", "b"]
+    assert all(a["verdict"] == "failover" for a in error["attempts"])
+    assert "sk-test" not in reply.body.decode()
+    # Every credential is cooling now: the next request is answered at once, nothing dialled.
+    before = len(fake.model_requests())
+    started = time.monotonic()
+    again = post_responses(proxy.port, url(fake), "sk-test-client-overload")
+    assert again.status == 503 and time.monotonic() - started < 1.0
+    assert len(fake.model_requests()) == before
+    assert {c["state"] for c in again.json()["error"]["credentials"]} == {"cooling"}
+
+
+def test_usage_limit_cools_the_credential_and_the_next_request_skips_it(fake, start_proxy):
+    proxy = start_proxy(fake, [("limited", "sk-test-limited-usage-limit"), ("good", "sk-test-good-good")],
+                        use_client_credential=False)
+    first = post_responses(proxy.port, url(fake), "sk-test-client-good")
+    second = post_responses(proxy.port, url(fake), "sk-test-client-good")
+    assert first.status == second.status == 200
+    served = [r["credential"] for r in fake.model_requests()]
+    assert served == ["sk-test-limited-usage-limit", "sk-test-good-good", "sk-test-good-good"]
+
+
+@pytest.mark.parametrize("scenario,first_type", [("delta-overload", "response.output_text.delta"),
+                                                  ("websearch-overload", "response.output_item.added")])
+def test_output_before_the_overload_is_delivered_in_stream(fake, start_proxy, scenario, first_type):
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")])
+    reply = post_responses(proxy.port, url(fake), f"sk-test-client-{scenario}")
+    assert reply.status == 200
+    kinds = types(reply)
+    assert first_type in kinds and "error" in kinds and "response.failed" in kinds
+    assert len(fake.model_requests()) == 1  # no failover
+
+
+def test_invalid_request_passes_through(fake, start_proxy):
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")])
+    reply = post_responses(proxy.port, url(fake), "sk-test-client-invalid")
+    assert reply.status == 400 and reply.json()["error"]["code"] == "invalid_value"
+    assert len(fake.model_requests()) == 1
+
+
+def test_pooled_credentials_401_never_reaches_the_client(fake, start_proxy):
+    proxy = start_proxy(fake, [("broken", "sk-test-broken-unauthorized"), ("good", "sk-test-good-good")])
+    reply = post_responses(proxy.port, url(fake), "sk-test-client-overload")
+    assert reply.status == 200 and "Hello from sk-test-good-good" in reply.body.decode()
+    assert "taken out of rotation" in proxy.log()
+    # Out of rotation: never dialled again.
+    post_responses(proxy.port, url(fake), "sk-test-client2-overload")
+    assert [r["credential"] for r in fake.model_requests()].count("sk-test-broken-unauthorized") == 1
+
+
+def test_pooled_401_alone_becomes_503_not_401(fake, start_proxy):
+    proxy = start_proxy(fake, [("broken", "sk-test-broken-unauthorized")])
+    reply = post_responses(proxy.port, url(fake), "sk-test-client-overload")
+    assert reply.status == 503
+
+
+def test_clients_own_401_is_returned_as_is(fake, start_proxy):
+    proxy = start_proxy(fake, [("good", "sk-test-good-good")])
+    reply = post_responses(proxy.port, url(fake), "sk-test-client-unauthorized")
+    assert reply.status == 401 and len(fake.model_requests()) == 1
+
+
+def test_client_disconnect_cancels_the_upstream(fake, start_proxy):
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")], bootstrap_timeout="60s")
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+    body = json.dumps({"stream": True, "input": []}).encode()
+    sock.sendall(
+        f"POST {url(fake)} HTTP/1.1\r\nHost: 127.0.0.1:{fake.port}\r\nauthorization: Bearer sk-test-client-stall\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body
+    )
+    deadline = time.monotonic() + 5
+    while not fake.model_requests() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)
+    sock.close()
+    closed_at = time.monotonic()
+    while time.monotonic() - closed_at < 3:
+        if any(r.get("event") == "peer_closed" for r in fake.requests()):
+            break
+        time.sleep(0.02)
+    else:
+        pytest.fail("upstream attempt was not cancelled within 3 s of the client leaving")
+    assert time.monotonic() - closed_at < 1.0
+    assert "client went away" in proxy.log()
+
+
+def test_two_clients_concurrently(fake, start_proxy):
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")], bootstrap_timeout="60s")
+    slow = {}
+
+    def held():
+        try:
+            slow["reply"] = post_responses(proxy.port, url(fake), "sk-test-client-stall", timeout=3)
+        except OSError as exc:
+            slow["error"] = exc
+
+    thread = threading.Thread(target=held, daemon=True)
+    thread.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    fast = post_responses(proxy.port, url(fake), "sk-test-other-good")
+    assert fast.status == 200 and time.monotonic() - started < 2.0
+    thread.join(timeout=10)
+
+
+def test_client_sees_the_first_event_before_upstream_finishes(tmp_path, start_proxy):
+    slow = FakeUpstreamProcess(tmp_path, "--pace", "0.05", "--deltas", "20")
+    try:
+        proxy = start_proxy(slow, [("spare", "sk-test-spare-good")])
+        reply = post_responses(proxy.port, url(slow), "sk-test-client-overload")
+        assert reply.status == 200 and len(reply.chunks) > 5
+        total = reply.chunks[-1][0]
+        assert reply.first_byte_s < total - 0.5  # streamed live, not buffered
+    finally:
+        slow.stop()
+
+
+def test_non_codex_traffic_untouched(fake, start_proxy):
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")])
+    models = request(proxy.port, "GET", f"{fake.base}/v1/models", headers={"authorization": "Bearer sk-test-client-overload"})
+    assert models.status == 200 and json.loads(models.body)["path"] == "/v1/models"
+    # A non-streaming call to /responses is not held either: it goes straight through.
+    plain = request(proxy.port, "POST", url(fake), headers={"authorization": "Bearer sk-test-client-invalid",
+                                                            "content-type": "application/json"},
+                    body=json.dumps({"stream": False, "input": []}).encode())
+    assert plain.status == 400
+    assert [r["credential"] for r in fake.requests()] == ["sk-test-client-overload", "sk-test-client-invalid"]
+    assert "attempt 1/" not in proxy.log()
+
+
+def test_websocket_upgrade_gets_426(fake, start_proxy):
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")])
+    reply = request(proxy.port, "GET", url(fake), headers={
+        "upgrade": "websocket", "connection": "Upgrade", "sec-websocket-version": "13",
+        "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==", "authorization": "Bearer sk-test-client-good"})
+    assert reply.status == 426
+    assert fake.requests() == []
