@@ -211,3 +211,21 @@ def test_websocket_upgrade_gets_426(fake, start_proxy):
         "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==", "authorization": "Bearer sk-test-client-good"})
     assert reply.status == 426
     assert fake.requests() == []
+
+
+def test_https_through_connect_with_the_proxy_ca(tmp_path):
+    tls_fake = FakeUpstreamProcess(tmp_path, "--tls", "--pace", "0.002", "--deltas", "5")
+    base = f"https://127.0.0.1:{tls_fake.port}"
+    text, env = pool_yaml(base, [("spare", "sk-test-spare-good")])
+    # The fake's certificate is self-signed: only this test tells mitmproxy not to verify it.
+    proxy = ProxyProcess(tmp_path, text, env, extra=["--set", "ssl_insecure=true"])
+    try:
+        ca = proxy.confdir / "mitmproxy-ca-cert.pem"
+        reply = post_responses(proxy.port, f"{base}/v1/responses", "sk-test-client-overload", ca=ca)
+        assert reply.status == 200
+        kinds = types(reply)
+        assert kinds.count("response.created") == 1 and "error" not in kinds and kinds[-1] == "response.completed"
+        assert "Hello from sk-test-spare-good" in reply.body.decode()
+    finally:
+        proxy.stop()
+        tls_fake.stop()

@@ -93,8 +93,9 @@ def parse_pool(doc: object, source: str, environ: Mapping[str, str], base_dir: P
     if doc is None:
         doc = {}
     top = _mapping(doc, where, {"credentials", "policy"})
-    policy = _policy(top.get("policy") or {}, f"{where}: policy")
-    creds = top.get("credentials") or []
+    policy = _policy({} if top.get("policy") is None else top["policy"], f"{where}: policy")
+    creds = top.get("credentials")
+    creds = [] if creds is None else creds
     if not isinstance(creds, list):
         raise ConfigError(f"{where}: credentials: expected a list")
     seen: set[str] = set()

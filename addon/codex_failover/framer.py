@@ -140,8 +140,9 @@ class SSEFramer:
         if not self._cr_seen and b"\r" in chunk:
             self._cr_seen = True
         self._buf += chunk
-        events = self._drain(eof=False)
-        self._check_bounds()
+        events = self._drain(False)
+        if len(self._buf) > self.max_line_bytes:  # else no bound can be broken: skip the call
+            self._check_bounds()
         return events
 
     def close(self) -> list[Event]:
@@ -172,13 +173,19 @@ class SSEFramer:
         buf = self._buf
         events: list[Event] = []
         start = 0
-        if not self._cr_seen and buf.find(b"\n\n", max(self._searched - 1, 0)) >= 0:
-            start = self._line_start = self._searched = self._cut_plain_blocks(buf, events)
         n = len(buf)
+        # LF-only input starting with a block: try the bulk cut once the first block is complete.
+        bulk = n > 0 and not self._cr_seen and buf[0] not in b":\n"
         while start < n:
             end = self._unit_end(buf, start, eof)
             if end < 0:
                 break
+            if bulk:
+                bulk = False  # once per drain: a failed try costs one pass, never quadratic
+                cut = _cut_plain_blocks(buf, end, events)
+                if cut:
+                    start = self._line_start = self._searched = cut
+                    continue
             raw = bytes(buf[start:end])
             if buf[start] in b":\r\n":  # a lone comment or blank line
                 events.append(Event(raw, 1))
@@ -187,35 +194,12 @@ class SSEFramer:
             else:
                 events.append(Event(raw, count_lines(raw, self._cr_seen)))
             start = end
-            self._line_start = self._searched = start
+            self._line_start = self._searched = end
         if start:
             del buf[:start]
             self._line_start -= start
             self._searched -= start
         return events
-
-    @staticmethod
-    def _cut_plain_blocks(buf: bytearray, events: list[Event]) -> int:
-        """LF-only fast path: cut all complete blocks from `start` on with one C-level split.
-
-        On a stream of small events the per-unit Python work above dominates, so when all
-        complete units after `start` (a unit boundary) are plain blocks, with no lone comment
-        or blank line and nothing glued, they are cut in bulk; they are then exactly the units
-        the general loop would find. Returns where that loop resumes: at the incomplete rest,
-        or at `start` when the fast path does not apply.
-        """
-        tail = bytes(buf)
-        if _GLUED.search(tail):
-            return 0
-        parts = tail.split(b"\n\n")
-        rest = parts.pop()  # no blank line in it: left to the general loop
-        # Empty parts, and parts starting with ":" or LF, are lone comment/blank units. They
-        # all sort below b";" (so do a few odd field names, which merely take the slow path).
-        if not parts or min(parts) < b";":
-            return 0
-        # Without CR the frames are the LFs: the part's own plus the two of its blank line.
-        events.extend([Event(part + b"\n\n", part.count(b"\n") + 2) for part in parts])
-        return len(tail) - len(rest)
 
     def _unit_end(self, buf: bytearray, start: int, eof: bool) -> int:
         """End offset of the unit starting at `start`, or -1 when more input is needed."""
@@ -296,10 +280,35 @@ def count_lines(raw: bytes, cr_seen: bool) -> int:
     return ends + (0 if raw[-1:] in (b"\n", b"\r") else 1)
 
 
+def _cut_plain_blocks(buf: bytearray, first_end: int, events: list[Event]) -> int:
+    """LF-only fast path: cut every complete block in `buf` at once; 0 if it does not apply.
+
+    On a stream of small events the per-unit Python work in `_drain` dominates, so when the
+    buffer holds only plain blocks (no lone comment or blank line, nothing glued, no CR) the
+    complete ones are cut with one C-level split; they are exactly the units `_drain` would
+    find. `buf` starts with a block that ends at `first_end`, as `_unit_end` found (so a long
+    first block is not scanned for blank lines again). Appends the events and returns where
+    the incomplete rest starts, for `_drain` to carry on from.
+    """
+    data = bytes(buf)
+    if _GLUED.search(data):
+        return 0
+    parts = data[first_end:].split(b"\n\n")
+    rest = parts.pop()  # no blank line in it: left to the general loop
+    # Empty parts, and parts starting with ":" or LF, are lone comment/blank units. They all
+    # sort below b";" (so do parts starting with an odd field name: they just go the slow way).
+    if parts and min(parts) < b";":
+        return 0
+    # Without CR the frames are the LFs: the part's own plus the two of its blank line.
+    events.append(Event(data[:first_end], data.count(b"\n", 0, first_end)))
+    events += [Event(part + b"\n\n", part.count(b"\n") + 2) for part in parts]
+    return len(data) - len(rest)
+
+
 _JSON_TOKEN = re.compile(rb'[{}"\r\n]')
 _STRING_TOKEN = re.compile(rb'["\\\r\n]')
 _DATA_OBJECT = re.compile(rb"data: ?{")
-_GLUED = re.compile(rb"\}(?:data|event):")  # one regex pass beats two `in` scans
+_GLUED = re.compile(rb"\}(?:data|event):")  # one regex pass: faster than two `in` scans
 
 
 def _split_glued(raw: bytes, cr_seen: bool) -> list[Event]:

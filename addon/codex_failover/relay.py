@@ -109,22 +109,33 @@ class Relay:
         return session
 
     async def _serve(self, session: RelaySession, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Stream the session until it ends, or until the reader leaves (then stop at once)."""
+        loop = asyncio.get_running_loop()
+        pump = loop.create_task(self._pump(session, writer))
+        gone = loop.create_task(reader.read(1))  # b"" when the reader leaves; it never sends more
+        done, _ = await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if pump in done:
+            gone.cancel()
+            pump.result()  # re-raise an upstream failure: the connection closes without the last chunk
+            return
+        pump.cancel()
+        try:
+            await pump
+        except (asyncio.CancelledError, ConnectionError):
+            pass
+
+    @staticmethod
+    async def _pump(session: RelaySession, writer: asyncio.StreamWriter) -> None:
         head = [f"HTTP/1.1 {session.status} {session.reason or 'OK'}".encode()]
         head += [k + b": " + v for k, v in session.headers if k.lower() not in _HOP_BY_HOP]
         head += [b"transfer-encoding: chunked", b"connection: close", b"", b""]
         writer.write(b"\r\n".join(head))
-        gone = asyncio.get_running_loop().create_task(reader.read(1))  # b"" when the reader leaves
-        try:
-            async for chunk in session.body():
-                if gone.done():
-                    return
-                if chunk:
-                    writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-                    await writer.drain()
-            writer.write(b"0\r\n\r\n")
-            await writer.drain()
-        finally:
-            gone.cancel()
+        async for chunk in session.body():
+            if chunk:
+                writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
 
 
 async def _discard_body(reader: asyncio.StreamReader, header_lines: list[bytes]) -> None:

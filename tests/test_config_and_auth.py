@@ -1,0 +1,127 @@
+"""Pool file loading (all-or-nothing, clear errors, no secrets), auth.json reading."""
+
+import json
+
+import pytest
+
+from codex_failover.auth import APIKEY, CHATGPT, AuthError, auth_from_headers, read_auth_file
+from codex_failover.config import ConfigError, Policy, load_pool
+
+from conftest import WIRE
+
+AUTH = WIRE / "auth"
+
+
+def write(tmp_path, text, name="pool.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_no_pool_file_means_client_only():
+    pool = load_pool(None)
+    assert pool.credentials == () and pool.policy == Policy()
+
+
+def test_full_pool(tmp_path):
+    path = write(tmp_path, f"""
+credentials:
+  - name: work
+    auth_file: {AUTH / 'auth.chatgpt.example.json'}
+  - name: spare-key
+    api_key_env: SPARE_OPENAI_KEY
+    base_url: https://api.openai.com/v1/
+policy:
+  max_attempts: 3
+  bootstrap_timeout: 20s
+  overload_cooldown: 1m
+  use_client_credential: false
+  max_retry_after: 2s
+""")
+    pool = load_pool(path, {"SPARE_OPENAI_KEY": "sk-secret-value"})
+    work, spare = pool.credentials
+    assert (work.name, work.kind, work.base_url) == ("work", CHATGPT, "https://chatgpt.com/backend-api/codex")
+    assert work.auth.account_id == "2b1c1a9e-0000-4000-8000-000000000001"
+    assert (spare.kind, spare.base_url, spare.source) == (APIKEY, "https://api.openai.com/v1", "$SPARE_OPENAI_KEY")
+    assert pool.policy == Policy(max_attempts=3, bootstrap_timeout=20, overload_cooldown=60,
+                                 use_client_credential=False, max_retry_after=2)
+    assert "sk-secret-value" not in repr(pool)
+
+
+def test_example_pool_file_documents_every_policy_field():
+    from pathlib import Path
+    from dataclasses import fields
+    text = (Path(__file__).resolve().parents[1] / "rules" / "pool.example.yaml").read_text()
+    for f in fields(Policy):
+        assert f"{f.name}:" in text, f"rules/pool.example.yaml does not document policy.{f.name}"
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("credentials: {}", "credentials: expected a list"),
+        ("bogus: 1", "unknown field(s) bogus"),
+        ("credentials:\n  - name: a\n", "credentials[0] (a): give exactly one of auth_file or api_key_env"),
+        ("credentials:\n  - name: a b\n    api_key_env: K\n", "credentials[0].name"),
+        ("credentials:\n  - name: a\n    api_key_env: MISSING\n", "credentials[0].api_key_env: environment variable MISSING is not set"),
+        ("credentials:\n  - name: a\n    auth_file: /nonexistent/auth.json\n", "credentials[0].auth_file: cannot read"),
+        ("credentials:\n  - {name: a, api_key_env: K}\n  - {name: a, api_key_env: K}\n", "credentials[1].name: duplicate name 'a'"),
+        ("credentials:\n  - {name: a, api_key_env: K, base_url: 'ftp://x'}\n", "credentials[0].base_url"),
+        ("credentials:\n  - {name: a, api_key_env: K, base_url: 'https://u:p@x/v1'}\n", "credentials in the URL"),
+        ("credentials:\n  - {name: a, api_key_env: K, extra: 1}\n", "credentials[0]: unknown field(s) extra"),
+        ("policy: {max_attempts: 0}", "policy.max_attempts"),
+        ("policy: {bootstrap_timeout: soon}", "policy.bootstrap_timeout: not a duration"),
+        ("policy: {use_client_credential: 'yes'}", "policy.use_client_credential: expected true or false"),
+        ("policy: {response_timeout: 0}", "policy.response_timeout: must be > 0"),
+        ("policy: {nope: 1}", "policy: unknown field(s) nope"),
+        ("credentials: [", "not valid YAML"),
+    ],
+)
+def test_broken_pool_files_name_file_field_and_problem(tmp_path, text, needle):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_pool(path, {"K": "sk-secret-value"})
+    message = str(info.value)
+    assert str(path) in message and needle in message
+    assert "sk-secret-value" not in message
+
+
+def test_auth_file_without_credentials(tmp_path):
+    bad = write(tmp_path, json.dumps({"OPENAI_API_KEY": None, "tokens": None}), "auth.json")
+    with pytest.raises(AuthError, match="neither tokens.access_token nor OPENAI_API_KEY"):
+        read_auth_file(bad)
+    notjson = write(tmp_path, "{", "broken.json")
+    with pytest.raises(AuthError, match="not valid JSON"):
+        read_auth_file(notjson)
+
+
+def test_read_auth_files():
+    chatgpt = read_auth_file(AUTH / "auth.chatgpt.example.json")
+    assert chatgpt.kind == CHATGPT and chatgpt.expires_at == 1790864000
+    assert chatgpt.headers()["ChatGPT-Account-ID"] == "2b1c1a9e-0000-4000-8000-000000000001"
+    key = read_auth_file(AUTH / "auth.apikey.example.json")
+    assert key.kind == APIKEY and key.headers() == {"Authorization": "Bearer sk-test-key"}
+    assert "sk-test-key" not in repr(key)
+
+
+def test_account_id_falls_back_to_id_token_claim(tmp_path):
+    doc = json.loads((AUTH / "auth.chatgpt.example.json").read_text())
+    del doc["tokens"]["account_id"]
+    path = write(tmp_path, json.dumps(doc), "auth.json")
+    assert read_auth_file(path).account_id == "2b1c1a9e-0000-4000-8000-000000000001"
+
+
+def test_client_credential_from_headers():
+    assert auth_from_headers({"authorization": "Bearer sk-abc"}).kind == APIKEY
+    chatgpt = auth_from_headers({"authorization": "Bearer a.b.c", "chatgpt-account-id": "acct"})
+    assert chatgpt.kind == CHATGPT and chatgpt.account_id == "acct"
+    assert auth_from_headers({}) is None and auth_from_headers({"authorization": "Basic x"}) is None
+
+
+def test_example_pool_file_loads(tmp_path):
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "rules" / "pool.example.yaml").read_text()
+    path = write(tmp_path, text.replace("~/.codex-work/auth.json", str(AUTH / "auth.chatgpt.example.json")))
+    pool = load_pool(path, {"SPARE_OPENAI_KEY": "sk-x"})
+    assert [c.name for c in pool.credentials] == ["work", "spare-key"]
+    assert pool.policy == Policy()  # the example shows the defaults
