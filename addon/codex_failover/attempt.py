@@ -38,11 +38,11 @@ class Item:
 class Attempt:
     """One replayed copy of the client's request, streaming into an asyncio queue."""
 
-    def __init__(self, client_flow: http.HTTPFlow, label: str):
+    def __init__(self, client_flow: http.HTTPFlow, label: str, n: int):
         self.flow = client_flow.copy()
         self.flow.is_replay = "request"
         self.flow.metadata[ATTEMPT_TAG] = label
-        self.flow.server_conn = Server(address=(self.flow.request.host, self.flow.request.port))
+        self.n = n
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self.streaming = False
         self.captured = bytearray()
@@ -51,6 +51,8 @@ class Attempt:
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
+        """Send it. The request's URL and headers must be final: the target is read now."""
+        self.flow.server_conn = Server(address=(self.flow.request.host, self.flow.request.port))
         self._handler = ReplayHandler(self.flow, ctx.options)
         self._task = asyncio.get_running_loop().create_task(self._handler.replay())
 

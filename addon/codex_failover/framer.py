@@ -170,22 +170,56 @@ class SSEFramer:
     # -- internals -------------------------------------------------------------------------
 
     def _drain(self, eof: bool) -> list[Event]:
+        if not self._cr_seen:
+            events = self._drain_plain()
+            if events is not None:
+                return events
+        return self._drain_units(eof)
+
+    def _drain_plain(self) -> list[Event] | None:
+        """Fast path for LF-only input: cut all complete blocks at once; None if it does not apply.
+
+        On a stream of small events the per-unit Python work of `_drain_units` dominates. When
+        the buffer holds only plain blocks (no lone comment or blank line, nothing glued), the
+        complete ones are cut with one C-level split instead: they are exactly the units
+        `_drain_units` would find, and the state left behind is the one it would leave.
+        """
+        buf = self._buf
+        if not buf or buf[0] in b":\n":
+            return None
+        first_end = self._plain_block_end(buf, 0)
+        if first_end < 0:
+            return []  # the first block is still incomplete
+        data = bytes(buf)
+        if _GLUED.search(data):
+            return None
+        # The first block is known; split the rest (so a long first block is not rescanned).
+        parts = data[first_end:].split(b"\n\n")
+        rest = parts.pop()  # after the last blank line, so it holds none
+        # Empty parts and parts starting with ":" or LF hold lone comment/blank units; they all
+        # sort below b";" (as do parts starting with odd field names, which just go the slow way).
+        if parts and min(parts) < b";" or rest[:1] in (b":", b"\n"):
+            return None
+        # No CR, so frames are LFs: a part has its own plus the two of its blank line.
+        events = [Event(data[:first_end], data.count(b"\n", 0, first_end))]
+        events += [Event(part + b"\n\n", part.count(b"\n") + 2) for part in parts]
+        del buf[: len(data) - len(rest)]
+        # What `_plain_block_end` records for the incomplete rest: its last line start, and
+        # that it holds no blank line.
+        self._line_start = rest.rfind(b"\n") + 1
+        self._searched = len(rest)
+        return events
+
+    def _drain_units(self, eof: bool) -> list[Event]:
+        """The general path: one unit at a time, any line ends, comments, glued frames."""
         buf = self._buf
         events: list[Event] = []
         start = 0
         n = len(buf)
-        # LF-only input starting with a block: try the bulk cut once the first block is complete.
-        bulk = n > 0 and not self._cr_seen and buf[0] not in b":\n"
         while start < n:
             end = self._unit_end(buf, start, eof)
             if end < 0:
                 break
-            if bulk:
-                bulk = False  # once per drain: a failed try costs one pass, never quadratic
-                cut = _cut_plain_blocks(buf, end, events)
-                if cut:
-                    start = self._line_start = self._searched = cut
-                    continue
             raw = bytes(buf[start:end])
             if buf[start] in b":\r\n":  # a lone comment or blank line
                 events.append(Event(raw, 1))
@@ -209,15 +243,23 @@ class SSEFramer:
         if first in (0x0A, 0x0D):  # blank line at block start
             return self._line_end(buf, start, eof)
         if not self._cr_seen:
-            i = buf.find(b"\n\n", max(self._searched - 1, start))
-            if i >= 0:
-                return i + 2
-            last = buf.rfind(b"\n", max(self._searched, start))
-            if last >= 0:
-                self._line_start = last + 1
-            self._searched = len(buf)
-            return -1
+            return self._plain_block_end(buf, start)
         return self._block_end_general(buf, start, eof)
+
+    def _plain_block_end(self, buf: bytearray, start: int) -> int:
+        """LF only: end of the block at `start` (after its blank line), or -1 when incomplete.
+
+        `_searched` is how far this block is known to hold no blank line, so each byte is
+        searched about once however the input is chunked.
+        """
+        i = buf.find(b"\n\n", max(self._searched - 1, start))
+        if i >= 0:
+            return i + 2
+        last = buf.rfind(b"\n", max(self._searched, start))
+        if last >= 0:
+            self._line_start = last + 1
+        self._searched = len(buf)
+        return -1
 
     def _line_end(self, buf: bytearray, start: int, eof: bool) -> int:
         """End of the line starting at `start` (after its terminator), or -1."""
@@ -278,31 +320,6 @@ def count_lines(raw: bytes, cr_seen: bool) -> int:
     else:
         ends = raw.count(b"\n")
     return ends + (0 if raw[-1:] in (b"\n", b"\r") else 1)
-
-
-def _cut_plain_blocks(buf: bytearray, first_end: int, events: list[Event]) -> int:
-    """LF-only fast path: cut every complete block in `buf` at once; 0 if it does not apply.
-
-    On a stream of small events the per-unit Python work in `_drain` dominates, so when the
-    buffer holds only plain blocks (no lone comment or blank line, nothing glued, no CR) the
-    complete ones are cut with one C-level split; they are exactly the units `_drain` would
-    find. `buf` starts with a block that ends at `first_end`, as `_unit_end` found (so a long
-    first block is not scanned for blank lines again). Appends the events and returns where
-    the incomplete rest starts, for `_drain` to carry on from.
-    """
-    data = bytes(buf)
-    if _GLUED.search(data):
-        return 0
-    parts = data[first_end:].split(b"\n\n")
-    rest = parts.pop()  # no blank line in it: left to the general loop
-    # Empty parts, and parts starting with ":" or LF, are lone comment/blank units. They all
-    # sort below b";" (so do parts starting with an odd field name: they just go the slow way).
-    if parts and min(parts) < b";":
-        return 0
-    # Without CR the frames are the LFs: the part's own plus the two of its blank line.
-    events.append(Event(data[:first_end], data.count(b"\n", 0, first_end)))
-    events += [Event(part + b"\n\n", part.count(b"\n") + 2) for part in parts]
-    return len(data) - len(rest)
 
 
 _JSON_TOKEN = re.compile(rb'[{}"\r\n]')

@@ -83,6 +83,7 @@ class RequestRun:
     request_id: str = ""
     history: list[AttemptLog] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
+    total: int = 0  # attempts planned for this request (for "attempt n/N")
 
     async def run(self) -> None:
         plan = make_plan(auth_from_headers(self.flow.request.headers), self.pool, self.health)
@@ -93,10 +94,11 @@ class RequestRun:
         last: Rejection | None = None
         n = 0
         policy = self.pool.policy
+        self.total = policy.max_attempts if single else len(queue)
         while queue and n < policy.max_attempts:
             cand = queue.pop(0)
             n += 1
-            outcome = await self._attempt(cand, n, policy.max_attempts if single else min(len(plan.candidates), policy.max_attempts))
+            outcome = await self._attempt(cand, n)
             if outcome.kind in ("committed", "answered"):
                 return
             if outcome.kind == "broken":
@@ -111,7 +113,7 @@ class RequestRun:
 
     # -- one attempt -----------------------------------------------------------------------
 
-    async def _attempt(self, cand: Candidate, n: int, total: int) -> Outcome:
+    async def _attempt(self, cand: Candidate, n: int) -> Outcome:
         attempt = self._make_attempt(cand, n)
         self.registry[attempt.flow.id] = attempt
         attempt.start()
@@ -119,7 +121,7 @@ class RequestRun:
             outcome = await self._drive(attempt, cand)
         except ClientGone:
             await attempt.cancel()
-            self._record(attempt, cand, n, total, "cancelled", "client_gone", None)
+            self._record(attempt, cand, "cancelled", "client_gone", None)
             raise
         except BaseException:
             await attempt.cancel()
@@ -127,23 +129,19 @@ class RequestRun:
         return outcome
 
     def _make_attempt(self, cand: Candidate, n: int) -> Attempt:
-        attempt = Attempt(self.flow, f"{self.request_id}#{n}")
+        attempt = Attempt(self.flow, f"{self.request_id}#{n}", n)
         req = attempt.flow.request
         if cand.base_url:
             req.url = cand.base_url + "/responses"
         if cand.auth is not None:
             swap_credential(req.headers, cand.auth, moved=not cand.is_client)
-        attempt.flow.server_conn = Server(address=(req.host, req.port))
-        attempt.n, attempt.cand = n, cand
         return attempt
 
     async def _drive(self, attempt: Attempt, cand: Candidate) -> Outcome:
-        n = attempt.n
-        total = self.pool.policy.max_attempts
         item = await self._next(attempt, time.monotonic() + self.pool.policy.response_timeout)
         if item is None:
             await attempt.cancel()
-            self._record(attempt, cand, n, total, "failed", "response_timeout", None)
+            self._record(attempt, cand, "failed", "response_timeout", None)
             return Outcome("broken", message=f"no response from upstream within {self.pool.policy.response_timeout:g}s")
         if item.kind == ERROR:
             return self._connection_failed(attempt, cand, item.data.decode(errors="replace"))
@@ -153,7 +151,7 @@ class RequestRun:
 
     def _connection_failed(self, attempt: Attempt, cand: Candidate, message: str) -> Outcome:
         kind = classify_connection_error(message, response_started=False)
-        self._record(attempt, cand, attempt.n, self.pool.policy.max_attempts, "failed", kind, None)
+        self._record(attempt, cand, "failed", kind, None)
         if kind == PRE_DISPATCH:
             return Outcome("rejected", Rejection(kind, {"message": message}, 502))
         return Outcome("broken", message=message)
@@ -162,7 +160,7 @@ class RequestRun:
         item = await self._next(attempt, time.monotonic() + self.pool.policy.response_timeout)
         if item is None or item.kind != END:
             await attempt.cancel()
-            self._record(attempt, cand, attempt.n, self.pool.policy.max_attempts, "failed", "incomplete_response", None)
+            self._record(attempt, cand, "failed", "incomplete_response", None)
             return Outcome("broken", message="upstream response did not complete")
         resp = attempt.flow.response
         verdict = classify_response(resp.status_code, resp.get_content(strict=False) or b"", self.rules)
@@ -173,7 +171,7 @@ class RequestRun:
         # Success without a stream, another 4xx, or the client's own 401/403: as is.
         self.flow.response = resp.copy()
         self._succeeded(cand)
-        self._record(attempt, cand, attempt.n, self.pool.policy.max_attempts, "deliver", verdict.reason, resp.status_code, ok=True)
+        self._record(attempt, cand, "deliver", verdict.reason, resp.status_code, ok=True)
         return Outcome("answered")
 
     async def _bootstrap(self, attempt: Attempt, cand: Candidate) -> Outcome:
@@ -249,7 +247,7 @@ class RequestRun:
         self._point_at_relay(token)
         self._succeeded(cand)
         verdict = decision.verdict.value
-        self._record(attempt, cand, attempt.n, self.pool.policy.max_attempts, verdict, decision.reason, resp.status_code, ok=True)
+        self._record(attempt, cand, verdict, decision.reason, resp.status_code, ok=True)
 
     def _point_at_relay(self, token: str) -> None:
         flow = self.flow
@@ -270,7 +268,7 @@ class RequestRun:
         else:
             seconds = cooldown_seconds(rejection.reason, rejection.error, rejection.retry_after, self.health.now(), policy)
             self.health.cool(cand.key, seconds, rejection.reason)
-        self._record(attempt, cand, attempt.n, policy.max_attempts, FAILOVER, rejection.reason, rejection.status)
+        self._record(attempt, cand, FAILOVER, rejection.reason, rejection.status)
 
     def _succeeded(self, cand: Candidate) -> None:
         if self.health.state(cand.key).status == "cooling":
@@ -330,8 +328,9 @@ class RequestRun:
 
     # -- visibility ------------------------------------------------------------------------
 
-    def _record(self, attempt: Attempt, cand: Candidate, n: int, total: int, verdict: str, reason: str,
-                status: int | None, ok: bool = False) -> None:
+    def _record(self, attempt: Attempt, cand: Candidate, verdict: str, reason: str, status: int | None,
+                ok: bool = False) -> None:
+        n, total = attempt.n, self.total
         elapsed = int((time.monotonic() - attempt.started) * 1000)
         entry = AttemptLog(n, cand.name, verdict, reason, elapsed, status)
         self.history.append(entry)
