@@ -40,6 +40,7 @@ class Policy:
     response_timeout: float = 120.0
     max_cooldown: float = 7 * 24 * 3600.0
     cross_kind: bool = False
+    encrypted_reasoning: str = "strip"  # or "pin": see replay_safety.py
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ _POLICY_FIELDS = {
     "response_timeout": "duration",
     "max_cooldown": "duration",
     "cross_kind": "bool",
+    "encrypted_reasoning": ("strip", "pin"),
 }
 
 
@@ -130,6 +132,9 @@ def _policy(doc: object, where: str) -> Policy:
         elif kind == "bool":
             if not isinstance(value, bool):
                 raise ConfigError(f"{here}: expected true or false, got {value!r}")
+        elif isinstance(kind, tuple):
+            if value not in kind:
+                raise ConfigError(f"{here}: expected one of {', '.join(kind)}, got {value!r}")
         else:
             try:
                 value = parse_duration(value)

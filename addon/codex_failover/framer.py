@@ -185,7 +185,7 @@ class SSEFramer:
         `_drain_units` would find, and the state left behind is the one it would leave.
         """
         buf = self._buf
-        if not buf or buf[0] in b":\n":
+        if not buf or buf[0] in b":\n":  # nothing, or a lone comment/blank line first
             return None
         first_end = self._plain_block_end(buf, 0)
         if first_end < 0:
@@ -198,7 +198,7 @@ class SSEFramer:
         rest = parts.pop()  # after the last blank line, so it holds none
         # Empty parts and parts starting with ":" or LF hold lone comment/blank units; they all
         # sort below b";" (as do parts starting with odd field names, which just go the slow way).
-        if parts and min(parts) < b";" or rest[:1] in (b":", b"\n"):
+        if (parts and min(parts) < b";") or rest[:1] in (b":", b"\n"):
             return None
         # No CR, so frames are LFs: a part has its own plus the two of its blank line.
         events = [Event(data[:first_end], data.count(b"\n", 0, first_end))]

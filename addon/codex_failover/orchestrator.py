@@ -7,6 +7,7 @@ classifier, taxonomy, health); this module wires them to attempts, the relay and
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from .config import PoolConfig
 from .framer import FramerError, SSEFramer
 from .health import Health
 from .planner import Candidate, Plan, make_plan
+from .replay_safety import PIN_HEADER, MovePolicy, assess, parse_body, strip_encrypted_reasoning
 from .relay import Relay, RelaySession, UpstreamBroken
 from .rules import Rules
 from .taxonomy import AUTH_REJECTED, DELIVER, FAILOVER, UPSTREAM_5XX, classify_response, cooldown_seconds, retry_after_seconds
@@ -84,9 +86,17 @@ class RequestRun:
     history: list[AttemptLog] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     total: int = 0  # attempts planned for this request (for "attempt n/N")
+    move: MovePolicy = MovePolicy(True)
+    body: object = None  # the parsed request body
 
     async def run(self) -> None:
-        plan = make_plan(auth_from_headers(self.flow.request.headers), self.pool, self.health)
+        req = self.flow.request
+        self.body = parse_body(req.get_content(strict=False) or b"")
+        self.move = assess(self.body, req.headers, self.pool.policy.encrypted_reasoning)
+        if not self.move.movable:
+            log.info("[%s] stays on its own credential: %s", self.request_id, self.move.why_pinned)
+            self.flow.comment = f"codex-failover: stays on its own credential: {self.move.why_pinned}"
+        plan = make_plan(auth_from_headers(req.headers), self.pool, self.health, self.move.movable)
         if not plan.candidates:
             return self._answer_from_cooldown(plan)
         queue = list(plan.candidates)
@@ -135,6 +145,10 @@ class RequestRun:
             req.url = cand.base_url + "/responses"
         if cand.auth is not None:
             swap_credential(req.headers, cand.auth, moved=not cand.is_client)
+        if not cand.is_client and self.move.strip_reasoning:
+            stripped = strip_encrypted_reasoning(self.body)
+            req.content = json.dumps(stripped, separators=(",", ":"), ensure_ascii=False).encode()
+        req.headers.pop(PIN_HEADER, None)
         return attempt
 
     async def _drive(self, attempt: Attempt, cand: Candidate) -> Outcome:
@@ -285,13 +299,13 @@ class RequestRun:
 
     def _answer_exhausted(self, plan: Plan, last: Rejection | None) -> None:
         retry_after = self._retry_after(plan)
-        self.flow.response = responses.exhausted(last, self.history, retry_after)
+        self.flow.response = responses.exhausted(last, self.history, retry_after, self.move.why_pinned)
         self._log_summary(f"exhausted -> {self.flow.response.status_code}")
 
     def _answer_from_cooldown(self, plan: Plan) -> None:
         retry_after = self._retry_after(plan)
         reasons = [(c.name, why, self.health.state(c.key).reason) for c, why in plan.skipped]
-        self.flow.response = responses.all_cooling(reasons, retry_after)
+        self.flow.response = responses.all_cooling(reasons, retry_after, self.move.why_pinned)
         self._log_summary(f"every credential cooling or out -> {self.flow.response.status_code} (not dialled)")
 
     def _answer_broken(self, message: str) -> None:
@@ -336,7 +350,8 @@ class RequestRun:
         self.history.append(entry)
         attempt.flow.marked = "✅" if ok else "❌"
         attempt.flow.comment = f"codex-failover {self.request_id} attempt {n}/{total}: {cand.name} {verdict} ({reason})"
-        self.flow.comment = "codex-failover attempts:\n" + "\n".join(
+        pinned = f" (stays on its own credential: {self.move.why_pinned})" if self.move.why_pinned else ""
+        self.flow.comment = f"codex-failover attempts{pinned}:\n" + "\n".join(
             f"{e.n}. {e.credential}: {e.verdict} ({e.reason})" for e in self.history
         )
         log.info("[%s] attempt %d/%d credential=%s route=direct verdict=%s reason=%s status=%s elapsed=%dms",

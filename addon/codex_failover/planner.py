@@ -34,7 +34,8 @@ class Plan:
         return tuple(c.key for c in self.candidates) + tuple(c.key for c, _ in self.skipped)
 
 
-def make_plan(client_auth: AuthMaterial | None, pool: PoolConfig, health: Health) -> Plan:
+def make_plan(client_auth: AuthMaterial | None, pool: PoolConfig, health: Health, movable: bool = True) -> Plan:
+    """Candidates in policy order. A request that may not move gets only its own credential."""
     policy = pool.policy
     ordered: list[Candidate] = []
     pooled = {c.auth.fingerprint: c for c in pool.credentials}
@@ -42,10 +43,10 @@ def make_plan(client_auth: AuthMaterial | None, pool: PoolConfig, health: Health
     client = _as_candidate(own, is_client=True) if own else Candidate(
         client_key(client_auth), CLIENT, None, None, True
     )
-    if policy.use_client_credential or not pool.credentials:
+    if policy.use_client_credential or not pool.credentials or not movable:
         ordered.append(client)
     kind = client_auth.kind if client_auth else None
-    for cred in pool.credentials:
+    for cred in pool.credentials if movable else ():
         if cred is own or (kind and cred.kind != kind and not policy.cross_kind):
             continue
         ordered.append(_as_candidate(cred, is_client=False))

@@ -27,7 +27,7 @@ def _json(status: int, error: dict, headers: dict[str, str] | None = None) -> ht
     return http.Response.make(status, body, all_headers)
 
 
-def exhausted(last, history, retry_after: int) -> http.Response:
+def exhausted(last, history, retry_after: int, pinned: str | None = None) -> http.Response:
     """Every attempt was rejected. The status follows the rejection that decided it."""
     attempts = [h.as_dict() for h in history]
     real = [h for h in history if h.reason != AUTH_REJECTED]
@@ -43,10 +43,12 @@ def exhausted(last, history, retry_after: int) -> http.Response:
                             f"(codex-failover: {len(history)} attempt(s), last rejection: {last.reason})")
         status = exhausted_status(last.reason)
     error["attempts"] = attempts
+    if pinned:
+        error["not_moved_because"] = pinned
     return _json(status, error, {"retry-after": str(retry_after)})
 
 
-def all_cooling(skipped, retry_after: int) -> http.Response:
+def all_cooling(skipped, retry_after: int, pinned: str | None = None) -> http.Response:
     """Every credential is cooling or out of rotation: answered at once, nothing dialled."""
     reasons = [r for _, status, r in skipped if status == "cooling"]
     reason = reasons[0] if reasons else None
@@ -57,6 +59,8 @@ def all_cooling(skipped, retry_after: int) -> http.Response:
         "message": "codex-failover: every credential is cooling down or out of rotation; not dialled.",
         "credentials": [{"credential": name, "state": status, "reason": why} for name, status, why in skipped],
     }
+    if pinned:
+        error["not_moved_because"] = pinned
     return _json(exhausted_status(reason or ""), error, {"retry-after": str(retry_after)})
 
 
