@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from harness import FakeUpstreamProcess, ProxyProcess, pool_yaml, post_responses, request
+from harness import FakeUpstreamProcess, ProxyProcess, free_port, pool_yaml, post_responses, request
 
 pytestmark = pytest.mark.e2e
 
@@ -229,3 +229,23 @@ def test_https_through_connect_with_the_proxy_ca(tmp_path):
     finally:
         proxy.stop()
         tls_fake.stop()
+
+
+def test_saved_flows_hold_no_pooled_secret(fake, tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    text = (f"credentials:\n  - {{name: dead, api_key_env: KEY_DEAD, base_url: {dead}/v1}}\n"
+            f"  - {{name: good, api_key_env: KEY_GOOD, base_url: {fake.base}/v1}}\n")
+    saved = tmp_path / "flows.mitm"
+    proxy = ProxyProcess(tmp_path, text, {"KEY_DEAD": "sk-test-secret-dead", "KEY_GOOD": "sk-test-secret-good"},
+                         extra=["-w", str(saved)])
+    try:
+        reply = post_responses(proxy.port, url(fake), "sk-test-client-overload")
+        assert reply.status == 200 and "Hello from sk-test-secret-good" in reply.body.decode()
+        assert "credential=dead route=direct verdict=failed reason=pre_dispatch" in proxy.log()
+        assert "Addon error" not in proxy.log()
+    finally:
+        proxy.stop()
+    data = saved.read_bytes()
+    assert b"sk-test-client-overload" in data  # the client's own flow is saved as the client sent it
+    # (The fake upstream echoes a test key in its answer text, so look for it as a credential.)
+    assert b"sk-test-secret-dead" not in data and b"Bearer sk-test-secret-good" not in data

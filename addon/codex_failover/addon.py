@@ -126,6 +126,13 @@ class FailoverAddon:
             attempt.on_response()
         self._restore_client_request(flow)
 
+    def server_connect_error(self, data) -> None:
+        # Runs before the attempt's `error` hook, which built-in addons (save_stream) see first:
+        # the request never left, so redact it now and no saved flow holds a spare's secret.
+        for attempt in self.attempts.values():
+            if attempt.owns(data):
+                attempt.redact()
+
     def error(self, flow: http.HTTPFlow) -> None:
         attempt = self.attempts.pop(flow.id, None)
         if attempt is not None:

@@ -58,7 +58,14 @@ class Attempt:
 
     # -- called from the addon's hooks for this attempt's flow (synchronous) ---------------
 
+    def redact(self) -> None:
+        """Once the request is on the wire, the flow (shown in mitmweb, maybe saved) keeps no secret."""
+        for name in ("authorization", "cookie"):
+            if name in self.flow.request.headers:
+                self.flow.request.headers[name] = "<redacted by codex-failover>"
+
     def on_responseheaders(self, stream: bool) -> None:
+        self.redact()
         self.streaming = stream
         if stream:
             self.flow.response.stream = self._on_chunk
@@ -78,6 +85,7 @@ class Attempt:
         self.queue.put_nowait(Item(END))
 
     def on_error(self) -> None:
+        self.redact()
         self.queue.put_nowait(Item(ERROR, (self.flow.error.msg if self.flow.error else "error").encode()))
 
     # -- used by the request handler ---------------------------------------------------------
@@ -102,6 +110,10 @@ class Attempt:
             await asyncio.wait_for(asyncio.shield(self._task), timeout)
         except (TimeoutError, asyncio.CancelledError):
             self._task.cancel()
+
+    def owns(self, hook_data) -> bool:
+        """Do connection-hook data belong to this attempt? Each handler has its own client copy."""
+        return self._handler is not None and self._handler.client.id == hook_data.client.id
 
     @property
     def done(self) -> bool:
