@@ -41,6 +41,7 @@ class Policy:
     max_cooldown: float = 7 * 24 * 3600.0
     cross_kind: bool = False
     encrypted_reasoning: str = "strip"  # or "pin": see replay_safety.py
+    cooldown_wait: float = 2.0  # hold a request this long at most for a cooling credential to recover
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ _POLICY_FIELDS = {
     "max_cooldown": "duration",
     "cross_kind": "bool",
     "encrypted_reasoning": ("strip", "pin"),
+    "cooldown_wait": "duration",
 }
 
 

@@ -96,9 +96,17 @@ class RequestRun:
         if not self.move.movable:
             log.info("[%s] stays on its own credential: %s", self.request_id, self.move.why_pinned)
             self.flow.comment = f"codex-failover: stays on its own credential: {self.move.why_pinned}"
-        plan = make_plan(auth_from_headers(req.headers), self.pool, self.health, self.move.movable)
+        client_auth = auth_from_headers(req.headers)
+        plan = make_plan(client_auth, self.pool, self.health, self.move.movable)
         if not plan.candidates:
-            return self._answer_from_cooldown(plan)
+            wait = self._soonest_recovery(plan)
+            if wait is None or wait > self.pool.policy.cooldown_wait:
+                return self._answer_from_cooldown(plan)
+            log.info("[%s] every credential is cooling; holding %.1fs for the first to recover", self.request_id, wait)
+            await self._sleep_holding(wait)
+            plan = make_plan(client_auth, self.pool, self.health, self.move.movable)
+            if not plan.candidates:
+                return self._answer_from_cooldown(plan)
         queue = list(plan.candidates)
         single = len(queue) == 1
         last: Rejection | None = None
@@ -312,10 +320,14 @@ class RequestRun:
         self.flow.response = responses.upstream_failed(message, self.history)
         self._log_summary(f"upstream failed -> {self.flow.response.status_code}")
 
-    def _retry_after(self, plan: Plan) -> int:
+    def _soonest_recovery(self, plan: Plan) -> float | None:
         waits = [w for w in (self.health.recovers_in(k) for k in plan.all_keys) if w is not None]
-        soonest = min(waits) if waits else self.pool.policy.max_retry_after
-        return max(1, int(min(soonest, self.pool.policy.max_retry_after) + 0.999))
+        return min(waits) if waits else None
+
+    def _retry_after(self, plan: Plan) -> int:
+        soonest = self._soonest_recovery(plan)
+        cap = self.pool.policy.max_retry_after
+        return max(1, int(min(cap if soonest is None else soonest, cap) + 0.999))
 
     # -- waiting while the client is held --------------------------------------------------
 

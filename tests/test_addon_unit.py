@@ -1,0 +1,25 @@
+"""The addon object without a running proxy: status report, option validation."""
+
+from codex_failover.addon import FailoverAddon
+from codex_failover.auth import APIKEY, AuthMaterial
+from codex_failover.config import Credential, PoolConfig
+
+
+def make_addon():
+    addon = FailoverAddon()
+    creds = tuple(Credential(n, AuthMaterial(APIKEY, f"sk-secret-{n}"), "https://api.openai.com/v1", "$X")
+                  for n in ("ready-one", "cool-one", "out-one"))
+    addon.pool = PoolConfig(creds, source="/etc/pool.yaml")
+    return addon
+
+
+def test_status_shows_each_credentials_state_and_no_secret():
+    addon = make_addon()
+    addon.health.cool("cool-one", 42, "overloaded")
+    addon.health.take_out("out-one", "HTTP 401 from upstream")
+    report = addon.status()
+    lines = {line.split()[0]: line for line in report.splitlines()[1:] if line.strip() and not line.strip().startswith("held")}
+    assert "ready" in lines["ready-one"]
+    assert "cooling for 42s more (overloaded" in lines["cool-one"]
+    assert "out of rotation: HTTP 401 from upstream" in lines["out-one"]
+    assert "sk-secret" not in report and "/etc/pool.yaml" in report
