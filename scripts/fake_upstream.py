@@ -99,7 +99,7 @@ class Turn:
                 "content": [{"type": "output_text", "text": full, "annotations": []}]}
         out.append(self.ev("response.output_item.done", output_index=1, item=item))
         out.append(self.ev("response.completed", response={"id": self.rid, "object": "response", "status": "completed",
-                                                            "output": [item], "usage": {"input_tokens": 10, "output_tokens": self.deltas}}))
+                                                            "output": [item], "usage": usage(10, self.deltas)}))
         return out
 
     def overload_error(self) -> bytes:
@@ -108,6 +108,21 @@ class Turn:
 
     def failed(self, code: str, message: str) -> bytes:
         return self.ev("response.failed", response={"id": self.rid, "status": "failed", "error": {"code": code, "message": message}})
+
+
+def usage(input_tokens: int, output_tokens: int) -> dict:
+    """A complete Responses `usage` object (Codex 0.169 rejects a response.completed without total_tokens)."""
+    return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": input_tokens + output_tokens}
+
+
+def other_body(path: str) -> dict:
+    """The answer to anything that is not a model request. Codex's model catalog
+    (`GET …/codex/models`) needs a `models` list: an empty one makes it use its bundled catalog."""
+    body = {"data": [], "path": path}
+    if path.split("?")[0].endswith("/codex/models"):
+        body["models"] = []
+    return body
 
 
 def json_error(status: int, error: dict, extra: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
@@ -165,7 +180,7 @@ class FakeUpstream:
         if not path.split("?")[0].endswith("/responses") or method != "POST":
             record["scenario"] = "other"
             self._log(record)
-            status, hdrs, data = (200, {"content-type": "application/json"}, json.dumps({"data": [], "path": path}).encode())
+            status, hdrs, data = (200, {"content-type": "application/json"}, json.dumps(other_body(path)).encode())
             await write_full(writer, status, hdrs, data)
             return True
         record["body_bytes"] = len(body)

@@ -1,0 +1,280 @@
+"""The real Codex CLI through a real `mitmdump -s addon/failover.py`, against the fake upstream.
+
+`codex exec` runs in API-key mode with the client's own key overloaded (`sk-test-client-overload`,
+an in-stream `server_is_overloaded`); the pool holds one healthy spare. The turn must complete with
+the spare's answer, and Codex must never see an error.
+
+Codex comes from npm (`@openai/codex`, version CODEX_VERSION, cached in CODEX_CACHE and reused);
+the test is skipped when node/npm are missing or the install fails. Nothing else leaves the machine:
+
+- Codex gets a clean environment: a temporary CODEX_HOME and HOME, `CODEX_API_KEY`, and
+  HTTP(S)_PROXY/ALL_PROXY pointing at mitmdump, `CODEX_CA_CERTIFICATE` = mitmdump's CA.
+- mitmdump's `map_remote` rewrites every URL whose host is not 127.0.0.1 to the fake upstream
+  (api.openai.com, chatgpt.com's model catalog and plugin list, api.github.com, the OTel metrics
+  endpoint ab.chatgpt.com...). 127.0.0.1 is left alone: the addon's loopback relay and the pool's
+  base_url live there.
+- In mitmproxy 12.3.1 the script addon's `request` hook runs BEFORE map_remote (ScriptLoader sits
+  ahead of MapRemote in the default addon list). So the addon recognises Codex's POST by its real
+  URL, https://api.openai.com/v1/responses; its attempts are client replays, which run every addon
+  again, so map_remote sends the client-credential attempt to the fake, and the spare's attempt goes
+  to the pool's base_url (the fake) directly.
+- A recorder addon (written to the temp dir, loaded as a second `-s`) logs every request Codex asked
+  for, every answer and every upstream connection mitmdump made; the test asserts that each upstream
+  connection went to 127.0.0.1.
+
+Override the Codex version with CODEX_FAILOVER_CODEX_VERSION (e.g. 0.171.0) and the cache with
+CODEX_FAILOVER_CODEX_CACHE.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import FakeUpstreamProcess, ProxyProcess, pool_yaml
+
+pytestmark = pytest.mark.e2e
+
+# 0.169.0 is the version the wire facts and fixtures in shared/fixtures/live-codex-0.169 come from.
+CODEX_VERSION = os.environ.get("CODEX_FAILOVER_CODEX_VERSION", "0.169.0")
+CODEX_CACHE = Path(os.environ.get("CODEX_FAILOVER_CODEX_CACHE", Path.home() / ".cache" / "codex-failover-tests"))
+INSTALL_TIMEOUT = 300.0
+CODEX_TIMEOUT = 90.0
+CLIENT_KEY = "sk-test-client-overload"
+SPARE_KEY = "sk-test-spare-good"
+
+RECORDER = r'''
+"""Test-only mitmproxy addon: one JSON line per request asked, answer given, upstream connection made."""
+import json
+import os
+import time
+
+
+class Recorder:
+    def __init__(self):
+        self.out = open(os.environ["CODEX_TEST_RECORD"], "a", buffering=1)
+
+    def _write(self, **record):
+        record["t"] = time.time()
+        self.out.write(json.dumps(record) + "\n")
+
+    def server_connect(self, data):
+        address = data.server.address
+        self._write(kind="server_connect", host=address[0] if address else None, port=address[1] if address else None)
+
+    def requestheaders(self, flow):  # before any request hook: the URL the client asked for
+        self._write(kind="request", replay=bool(flow.is_replay), method=flow.request.method, url=flow.request.pretty_url,
+                    http_version=flow.request.http_version, upgrade=flow.request.headers.get("upgrade", ""))
+
+    def _done(self, kind, flow):
+        self._write(kind=kind, replay=bool(flow.is_replay), method=flow.request.method, url=flow.request.pretty_url,
+                    status=flow.response.status_code if flow.response else None,
+                    error=flow.error.msg if flow.error else None)
+
+    def response(self, flow):
+        self._done("response", flow)
+
+    def error(self, flow):
+        self._done("error", flow)
+
+
+addons = [Recorder()]
+'''
+
+
+# -- installing the real Codex CLI ----------------------------------------------------------------
+
+
+def _run_bounded(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """Run `cmd` in its own process group; on timeout kill that group (by its id) and raise."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            start_new_session=True, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=10)
+        raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _codex_works(binary: Path, node_dir: str) -> str | None:
+    """`codex --version` output if the installed binary runs, else None."""
+    if not binary.exists():
+        return None
+    try:
+        res = _run_bounded([str(binary), "--version"], 30, env={"PATH": f"{node_dir}:/usr/bin:/bin", "HOME": "/nonexistent"})
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return res.stdout.strip() if res.returncode == 0 and "codex" in res.stdout else None
+
+
+@pytest.fixture(scope="session")
+def codex_bin() -> Path:
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if not node or not npm:
+        pytest.skip("the real Codex CLI test needs node and npm on PATH (npm install @openai/codex)")
+    node_dir = str(Path(node).parent)
+    target = CODEX_CACHE / f"codex-{CODEX_VERSION}"
+    binary = target / "node_modules" / ".bin" / "codex"
+    CODEX_CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CODEX_CACHE / ".install.lock", "w") as lock:
+        deadline = time.monotonic() + INSTALL_TIMEOUT + 30
+        while True:  # another test run may be installing the same version: bounded wait
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.skip(f"another process holds {CODEX_CACHE / '.install.lock'} for too long")
+                time.sleep(0.5)
+        if _codex_works(binary, node_dir) is None:
+            started = time.monotonic()
+            staging = CODEX_CACHE / f".staging-{CODEX_VERSION}-{os.getpid()}"
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir()
+            try:
+                res = _run_bounded([npm, "install", "--prefix", str(staging), "--no-audit", "--no-fund", "--no-save",
+                                    "--loglevel=error", f"@openai/codex@{CODEX_VERSION}"], INSTALL_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                shutil.rmtree(staging, ignore_errors=True)
+                pytest.skip(f"npm install @openai/codex@{CODEX_VERSION} took longer than {INSTALL_TIMEOUT:.0f}s")
+            if res.returncode != 0:
+                shutil.rmtree(staging, ignore_errors=True)
+                pytest.skip(f"npm install @openai/codex@{CODEX_VERSION} failed ({res.returncode}): {res.stderr.strip()[-500:]}")
+            shutil.rmtree(target, ignore_errors=True)
+            staging.rename(target)  # only a complete install ever sits at `target`
+            print(f"\n[codex-cli] installed @openai/codex@{CODEX_VERSION} in {time.monotonic() - started:.1f}s -> {target}")
+        version = _codex_works(binary, node_dir)
+    if version is None:
+        pytest.skip(f"@openai/codex@{CODEX_VERSION} installed in {target} but `codex --version` does not run here")
+    help_text = _run_bounded([str(binary), "exec", "--help"], 30,
+                             env={"PATH": f"{node_dir}:/usr/bin:/bin", "HOME": "/nonexistent"}).stdout
+    missing = [flag for flag in ("--json", "--skip-git-repo-check", "--sandbox", "--cd") if flag not in help_text]
+    if missing:
+        pytest.fail(f"{version}: `codex exec --help` lacks {missing}; this test needs updating for it")
+    return binary
+
+
+# -- the scenario ---------------------------------------------------------------------------------
+
+
+def _events(stdout: str) -> list[dict]:
+    out = []
+    for line in stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def test_real_codex_turn_completes_with_the_spare_when_its_own_key_is_overloaded(tmp_path, codex_bin, capsys,
+                                                                               record_property):
+    fake = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "5")
+    proxy = None
+    try:
+        recorder = tmp_path / "recorder.py"
+        recorder.write_text(RECORDER)
+        record_path = tmp_path / "record.jsonl"
+        pool, pool_env = pool_yaml(fake.base, [("spare", SPARE_KEY)])
+        to_fake = rf"|^https?://(?!127\.0\.0\.1[:/])[^/]+|{fake.base}"
+        # connection_strategy=lazy (the addon sets it too): a CONNECT never makes mitmdump resolve or
+        # dial the named host itself, even if the addon failed to load.
+        proxy = ProxyProcess(tmp_path, pool, {**pool_env, "CODEX_TEST_RECORD": str(record_path)},
+                             extra=["--set", "connection_strategy=lazy", "--set", f"map_remote={to_fake}",
+                                    "-s", str(recorder)])
+        ca = proxy.confdir / "mitmproxy-ca-cert.pem"
+        assert ca.exists(), "mitmdump did not write its CA certificate"
+        deadline = time.monotonic() + 5
+        while "codex-failover: pool" not in proxy.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "codex-failover: pool" in proxy.log(), f"the addon did not load its pool file:\n{proxy.log()}"
+
+        home, codex_home, work = tmp_path / "home", tmp_path / "codex-home", tmp_path / "work"
+        for d in (home, codex_home, work):
+            d.mkdir()
+        proxy_url = f"http://127.0.0.1:{proxy.port}"
+        env = {  # clean: none of the developer's keys, proxies or ~/.codex leak in
+            "PATH": f"{Path(shutil.which('node')).parent}:/usr/bin:/bin",
+            "HOME": str(home), "CODEX_HOME": str(codex_home), "LANG": "C.UTF-8",
+            "CODEX_API_KEY": CLIENT_KEY, "CODEX_CA_CERTIFICATE": str(ca),
+            "HTTPS_PROXY": proxy_url, "https_proxy": proxy_url, "HTTP_PROXY": proxy_url, "http_proxy": proxy_url,
+            "ALL_PROXY": proxy_url, "all_proxy": proxy_url, "NO_PROXY": "", "no_proxy": "",
+        }
+        cmd = [str(codex_bin), "exec", "--json", "--skip-git-repo-check", "--sandbox", "read-only", "--cd", str(work), "say hi"]
+        started = time.monotonic()
+        try:
+            run = _run_bounded(cmd, CODEX_TIMEOUT, env=env, cwd=work)
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"codex exec did not finish within {CODEX_TIMEOUT:.0f}s (killed)\n--- codex stdout ---\n{exc.output}"
+                        f"\n--- codex stderr ---\n{(exc.stderr or '')[-3000:]}\n--- mitmdump log ---\n{proxy.log()[-6000:]}")
+        took = time.monotonic() - started
+        record_property("codex_exec_seconds", round(took, 2))
+        records = _records(record_path)
+        asked = [r for r in records if r["kind"] == "request" and not r["replay"]]
+        with capsys.disabled():
+            print(f"\n[codex-cli] {codex_bin.parent.parent.parent.name}: codex exec took {took:.2f}s, exit {run.returncode}; "
+                  f"{len(asked)} requests: " + ", ".join(f"{r['method']} {r['url'].split('?')[0]}" for r in asked))
+
+        fake_log = fake.log_path.read_text() if fake.log_path.exists() else ""
+        context = (f"\n--- codex stdout ---\n{run.stdout}\n--- codex stderr ---\n{run.stderr[-3000:]}"
+                   f"\n--- mitmdump log ---\n{proxy.log()[-6000:]}\n--- fake log ---\n{fake_log}")
+        events = _events(run.stdout)
+
+        # Codex: exit 0, the spare's answer, no error of any kind, the turn completed.
+        assert run.returncode == 0, context
+        messages = [e["item"].get("text", "") for e in events
+                    if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "agent_message"]
+        assert any(f"Hello from {SPARE_KEY}" in m for m in messages), context
+        assert not [e for e in events if e.get("type") in ("error", "turn.failed")], context
+        assert not [e for e in events if e.get("type") == "item.completed" and e["item"].get("type") == "error"], context
+        assert events and events[-1].get("type") == "turn.completed", context
+
+        # The fake: the client's overloaded attempt first, then the spare; one POST from Codex in all.
+        served = [(r["method"], r["path"], r["credential"], r["scenario"]) for r in fake.model_requests()]
+        assert served == [("POST", "/v1/responses", CLIENT_KEY, "overload"),
+                          ("POST", "/v1/responses", SPARE_KEY, "good")], context
+        posts = [r for r in asked if r["method"] == "POST" and r["url"].split("?")[0].endswith("/responses")]
+        assert [r["url"] for r in posts] == ["https://api.openai.com/v1/responses"], context
+
+        # The addon: failover on the overload, commit on the spare; no secret in its log.
+        log = proxy.log()
+        assert "credential=client" in log and "verdict=failover reason=overloaded" in log, context
+        assert "credential=spare" in log and "verdict=commit" in log, context
+        assert "sk-test-" not in log, context
+
+        # WebSocket first: the upgrade was answered 426 by the proxy (it never reached the upstream),
+        # and Codex moved to HTTP POST + SSE at once: a single upgrade, before the POST.
+        upgrades = [r for r in asked if r["upgrade"].lower() == "websocket"]
+        assert [r["url"] for r in upgrades] == ["https://api.openai.com/v1/responses"], context
+        answers = [r for r in records if r["kind"] == "response" and not r["replay"] and r["method"] == "GET"
+                   and r["url"] == "https://api.openai.com/v1/responses"]
+        assert [r["status"] for r in answers] == [426], context
+        assert upgrades[0]["t"] < posts[0]["t"], context
+        assert not [r for r in fake.requests() if r.get("method") == "GET" and r.get("path", "").endswith("/responses")]
+        with capsys.disabled():
+            print(f"[codex-cli] WebSocket upgrade -> 426, HTTP POST ({posts[0]['http_version']}) "
+                  f"{(posts[0]['t'] - upgrades[0]['t']) * 1000:.0f} ms later")
+
+        # Loopback only: every upstream connection mitmdump opened went to 127.0.0.1.
+        connects = [(r["host"], r["port"]) for r in records if r["kind"] == "server_connect"]
+        assert connects and all(host == "127.0.0.1" for host, _ in connects), connects
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        fake.stop()
