@@ -249,3 +249,9 @@ def test_saved_flows_hold_no_pooled_secret(fake, tmp_path):
     assert b"sk-test-client-overload" in data  # the client's own flow is saved as the client sent it
     # (The fake upstream echoes a test key in its answer text, so look for it as a credential.)
     assert b"sk-test-secret-dead" not in data and b"Bearer sk-test-secret-good" not in data
+
+
+def test_max_retry_after_zero_sends_no_retry_after(fake, start_proxy):
+    proxy = start_proxy(fake, [("a", "sk-test-a-overload")], max_retry_after="0")
+    reply = post_responses(proxy.port, url(fake), "sk-test-client-overload")
+    assert reply.status == 503 and "retry-after" not in reply.headers

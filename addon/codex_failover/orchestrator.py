@@ -324,9 +324,13 @@ class RequestRun:
         waits = [w for w in (self.health.recovers_in(k) for k in plan.all_keys) if w is not None]
         return min(waits) if waits else None
 
-    def _retry_after(self, plan: Plan) -> int:
-        soonest = self._soonest_recovery(plan)
+    def _retry_after(self, plan: Plan) -> int | None:
+        """Seconds for Retry-After: the soonest recovery, capped; None (no header) when the cap is 0.
+        Codex sits through it silently before each of its re-sends (DESIGN §3)."""
         cap = self.pool.policy.max_retry_after
+        if cap <= 0:
+            return None
+        soonest = self._soonest_recovery(plan)
         return max(1, int(min(cap if soonest is None else soonest, cap) + 0.999))
 
     # -- waiting while the client is held --------------------------------------------------

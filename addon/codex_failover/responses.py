@@ -21,13 +21,17 @@ _DEFAULTS = {
 _KEEP = ("type", "code", "message", "param", "resets_at", "resets_in_seconds", "plan_type")
 
 
+def _retry_after(seconds: int | None) -> dict[str, str]:
+    return {} if seconds is None else {"retry-after": str(seconds)}
+
+
 def _json(status: int, error: dict, headers: dict[str, str] | None = None) -> http.Response:
     body = json.dumps({"error": error}, indent=None).encode()
     all_headers = {"content-type": "application/json", "x-codex-failover": "1", **(headers or {})}
     return http.Response.make(status, body, all_headers)
 
 
-def exhausted(last, history, retry_after: int, pinned: str | None = None) -> http.Response:
+def exhausted(last, history, retry_after: int | None, pinned: str | None = None) -> http.Response:
     """Every attempt was rejected. The status follows the rejection that decided it."""
     attempts = [h.as_dict() for h in history]
     real = [h for h in history if h.reason != AUTH_REJECTED]
@@ -45,10 +49,10 @@ def exhausted(last, history, retry_after: int, pinned: str | None = None) -> htt
     error["attempts"] = attempts
     if pinned:
         error["not_moved_because"] = pinned
-    return _json(status, error, {"retry-after": str(retry_after)})
+    return _json(status, error, _retry_after(retry_after))
 
 
-def all_cooling(skipped, retry_after: int, pinned: str | None = None) -> http.Response:
+def all_cooling(skipped, retry_after: int | None, pinned: str | None = None) -> http.Response:
     """Every credential is cooling or out of rotation: answered at once, nothing dialled."""
     reasons = [r for _, status, r in skipped if status == "cooling"]
     reason = reasons[0] if reasons else None
@@ -61,7 +65,7 @@ def all_cooling(skipped, retry_after: int, pinned: str | None = None) -> http.Re
     }
     if pinned:
         error["not_moved_because"] = pinned
-    return _json(exhausted_status(reason or ""), error, {"retry-after": str(retry_after)})
+    return _json(exhausted_status(reason or ""), error, _retry_after(retry_after))
 
 
 def upstream_failed(message: str, history) -> http.Response:
