@@ -37,9 +37,12 @@ SCENARIOS = {
     "stall-first": "headers, then nothing for --stall seconds, then a normal answer",
     "stall": "response.created, then nothing for --stall seconds, then a normal answer",
     "cut": "response.created and some text, then the connection drops",
+    "overload-once": "the credential's first request is overloaded in-stream, later ones are answered",
     "good": "a normal streamed answer (reasoning summary + text)",
 }
 ORDER = sorted(SCENARIOS, key=len, reverse=True)  # longest name first: overload-eof before overload
+_REJECTION = (b'"type":"error"', b'"type":"response.failed"')
+_OUTPUT = (b'"type":"response.reasoning_summary_text.delta"', b'"type":"response.output_text.delta"')
 
 
 def scenario_of(headers: dict[str, str]) -> str:
@@ -143,9 +146,11 @@ SYNC = {
 
 
 class FakeUpstream:
-    def __init__(self, pace: float = 0.02, deltas: int = 20, stall: float = 3600.0, log=None):
+    def __init__(self, pace: float = 0.02, deltas: int = 20, stall: float = 3600.0, log=None, trace: bool = False):
         self.pace, self.deltas, self.stall = pace, deltas, stall
         self.log = log
+        self.trace = trace  # log when the first rejection / output event of a response is written
+        self.seen: dict[str, int] = {}  # requests per credential (for overload-once)
         self.requests: list[dict] = []  # in-process users read this
         self.server: asyncio.Server | None = None
         self.port = 0
@@ -188,8 +193,18 @@ class FakeUpstream:
         if scenario in SYNC:
             await write_full(writer, *SYNC[scenario]())
             return True
+        if scenario == "overload-once":
+            label = label_of(headers)
+            self.seen[label] = self.seen.get(label, 0) + 1
+            scenario = "overload" if self.seen[label] == 1 else "good"
         await self.stream(scenario, label_of(headers), reader, writer)
         return False
+
+    def _trace(self, ev: bytes, label: str, traced: set[str]) -> None:
+        for kind, markers in (("rejection_sent", _REJECTION), ("first_output_sent", _OUTPUT)):
+            if kind not in traced and any(m in ev for m in markers):
+                traced.add(kind)
+                self._log({"ts": time.time(), "event": kind, "credential": label})
 
     def _log(self, record: dict) -> None:
         self.requests.append(record)
@@ -236,7 +251,7 @@ class FakeUpstream:
             events += [turn.ev("response.output_text.delta", item_id="m", output_index=0, content_index=0, delta="Hi"),
                        turn.overload_error(), turn.failed("server_is_overloaded", "overloaded")]
         elif scenario == "stall":
-            await self._send(writer, events)
+            await self._send(writer, events, label)
             if not await self._stall(reader, label):
                 return
             events = turn.answer()
@@ -245,15 +260,18 @@ class FakeUpstream:
             ending = b""
         else:
             events += turn.answer()
-        await self._send(writer, events)
+        await self._send(writer, events, label)
         if ending:
             writer.write(ending)
             await writer.drain()
 
-    async def _send(self, writer: asyncio.StreamWriter, events: list[bytes]) -> None:
+    async def _send(self, writer: asyncio.StreamWriter, events: list[bytes], label: str = "") -> None:
+        traced: set[str] = set()
         for ev in events:
             writer.write(b"%x\r\n%b\r\n" % (len(ev), ev))
             await writer.drain()
+            if self.trace:
+                self._trace(ev, label, traced)
             if self.pace:
                 await asyncio.sleep(self.pace)
 
@@ -321,7 +339,7 @@ def self_signed_context() -> ssl.SSLContext:
 
 async def amain(args) -> None:
     log = open(args.log, "a") if args.log else None
-    fake = FakeUpstream(args.pace, args.deltas, args.stall, log)
+    fake = FakeUpstream(args.pace, args.deltas, args.stall, log, args.trace)
     port = await fake.start(args.port, self_signed_context() if args.tls else None)
     print(json.dumps({"listening": port, "tls": args.tls}), flush=True)
     await asyncio.Event().wait()
@@ -336,6 +354,7 @@ def main() -> None:
     ap.add_argument("--pace", type=float, default=0.02, help="seconds between events (default 0.02)")
     ap.add_argument("--deltas", type=int, default=20, help="text deltas per answer (default 20)")
     ap.add_argument("--stall", type=float, default=3600.0, help="seconds a stall scenario waits (default 3600)")
+    ap.add_argument("--trace", action="store_true", help="also log when each response's first rejection/output event is sent")
     ap.add_argument("--log", help="append one JSON line per request to this file (default: stdout)")
     args = ap.parse_args()
     if not args.log:

@@ -255,3 +255,27 @@ def test_max_retry_after_zero_sends_no_retry_after(fake, start_proxy):
     proxy = start_proxy(fake, [("a", "sk-test-a-overload")], max_retry_after="0")
     reply = post_responses(proxy.port, url(fake), "sk-test-client-overload")
     assert reply.status == 503 and "retry-after" not in reply.headers
+
+
+def test_without_a_pool_the_own_credential_is_retried_with_backoff(fake, tmp_path):
+    # No credentials: only tell the addon that the fake is a model endpoint.
+    proxy = ProxyProcess(tmp_path, f"base_urls: [{fake.base}/v1]\n")
+    try:
+        started = time.monotonic()
+        reply = post_responses(proxy.port, url(fake), "sk-test-client-overload-once")
+        elapsed = time.monotonic() - started
+    finally:
+        proxy.stop()
+    assert reply.status == 200 and types(reply)[-1] == "response.completed" and "error" not in types(reply)
+    assert [r["credential"] for r in fake.model_requests()] == ["sk-test-client-overload-once"] * 2
+    assert elapsed >= 0.5  # the first backoff step
+
+
+def test_holds_for_a_credential_recovering_within_cooldown_wait(fake, start_proxy):
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-overload-once")], overload_cooldown="1s", cooldown_wait="3s")
+    first = post_responses(proxy.port, url(fake), "sk-test-client-overload")
+    assert first.status == 503
+    started = time.monotonic()
+    second = post_responses(proxy.port, url(fake), "sk-test-client-overload")
+    assert second.status == 200 and "Hello from sk-test-spare-overload-once" in second.body.decode()
+    assert 0.5 <= time.monotonic() - started < 3.5

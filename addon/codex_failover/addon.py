@@ -62,7 +62,7 @@ class FailoverAddon:
         except (ConfigError, RulesError) as exc:
             raise exceptions.OptionsError(str(exc)) from None
         self.pool, self.rules = pool, rules  # in-flight requests keep the objects they started with
-        self.matcher = EndpointMatcher(c.base_url for c in pool.credentials)
+        self.matcher = EndpointMatcher(pool.gated_base_urls)
         names = ", ".join(f"{c.name} ({c.kind})" for c in pool.credentials) or "none (client credential only)"
         log.info("codex-failover: pool %s: credentials: %s", pool.source or "(no file)", names)
 

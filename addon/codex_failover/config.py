@@ -61,6 +61,11 @@ class PoolConfig:
     credentials: tuple[Credential, ...] = ()
     policy: Policy = field(default_factory=Policy)
     source: str | None = None
+    base_urls: tuple[str, ...] = ()  # more model endpoints to gate (e.g. Codex's openai_base_url)
+
+    @property
+    def gated_base_urls(self) -> tuple[str, ...]:
+        return (*self.base_urls, *(c.base_url for c in self.credentials))
 
 
 _POLICY_FIELDS = {
@@ -96,7 +101,7 @@ def parse_pool(doc: object, source: str, environ: Mapping[str, str], base_dir: P
     where = f"pool file {source}"
     if doc is None:
         doc = {}
-    top = _mapping(doc, where, {"credentials", "policy"})
+    top = _mapping(doc, where, {"credentials", "policy", "base_urls"})
     policy = _policy({} if top.get("policy") is None else top["policy"], f"{where}: policy")
     creds = top.get("credentials")
     creds = [] if creds is None else creds
@@ -110,7 +115,11 @@ def parse_pool(doc: object, source: str, environ: Mapping[str, str], base_dir: P
             raise ConfigError(f"{where}: credentials[{i}].name: duplicate name {cred.name!r}")
         seen.add(cred.name)
         parsed.append(cred)
-    return PoolConfig(tuple(parsed), policy, source)
+    urls = top.get("base_urls")
+    if urls is not None and not isinstance(urls, list):
+        raise ConfigError(f"{where}: base_urls: expected a list of URLs")
+    base_urls = tuple(_base_url(u, f"{where}: base_urls[{i}]") for i, u in enumerate(urls or []))
+    return PoolConfig(tuple(parsed), policy, source, base_urls)
 
 
 def _mapping(value: object, where: str, allowed: set[str]) -> Mapping[str, Any]:

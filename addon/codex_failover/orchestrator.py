@@ -27,7 +27,7 @@ from .planner import Candidate, Plan, make_plan
 from .replay_safety import PIN_HEADER, MovePolicy, assess, parse_body, strip_encrypted_reasoning
 from .relay import Relay, RelaySession, UpstreamBroken
 from .rules import Rules
-from .taxonomy import AUTH_REJECTED, DELIVER, FAILOVER, UPSTREAM_5XX, classify_response, cooldown_seconds, retry_after_seconds
+from .taxonomy import AUTH_REJECTED, FAILOVER, UPSTREAM_5XX, classify_response, cooldown_seconds, hinted_seconds
 from .transport import PRE_DISPATCH, classify_connection_error
 
 log = logging.getLogger("codex_failover")
@@ -97,37 +97,59 @@ class RequestRun:
             log.info("[%s] stays on its own credential: %s", self.request_id, self.move.why_pinned)
             self.flow.comment = f"codex-failover: stays on its own credential: {self.move.why_pinned}"
         client_auth = auth_from_headers(req.headers)
+        policy = self.pool.policy
         plan = make_plan(client_auth, self.pool, self.health, self.move.movable)
-        if not plan.candidates:
-            wait = self._soonest_recovery(plan)
-            if wait is None or wait > self.pool.policy.cooldown_wait:
-                return self._answer_from_cooldown(plan)
-            log.info("[%s] every credential is cooling; holding %.1fs for the first to recover", self.request_id, wait)
-            await self._sleep_holding(wait)
-            plan = make_plan(client_auth, self.pool, self.health, self.move.movable)
-            if not plan.candidates:
-                return self._answer_from_cooldown(plan)
-        queue = list(plan.candidates)
-        single = len(queue) == 1
+        only = self._only_credential(plan)
+        self.total = policy.max_attempts if only else min(policy.max_attempts, len(plan.all_keys))
+        tried: set[str] = set()
         last: Rejection | None = None
         n = 0
-        policy = self.pool.policy
-        self.total = policy.max_attempts if single else len(queue)
-        while queue and n < policy.max_attempts:
-            cand = queue.pop(0)
+        while n < policy.max_attempts:
+            queue = [c for c in plan.candidates if c.key not in tried]
+            if not queue:
+                queue = await self._wait_for_candidate(plan, only, last, n, tried)
+                if not queue:
+                    break
+            cand = queue[0]
             n += 1
+            tried.add(cand.key)
             outcome = await self._attempt(cand, n)
             if outcome.kind in ("committed", "answered"):
                 return
             if outcome.kind == "broken":
                 return self._answer_broken(outcome.message)
             last = outcome.rejection
-            if single and last.reason in RETRY_SAME and n < policy.max_attempts:
-                delay = self._same_credential_delay(cand, n)
-                if delay is not None:
-                    await self._sleep_holding(delay)
-                    queue.append(cand)
+            plan = make_plan(client_auth, self.pool, self.health, self.move.movable)
+        if last is None:
+            return self._answer_from_cooldown(plan)
         self._answer_exhausted(plan, last)
+
+    @staticmethod
+    def _only_credential(plan: Plan) -> Candidate | None:
+        """The request's one and only credential (no pool alternative, or pinned), if so."""
+        everyone = [*plan.candidates, *(c for c, _ in plan.skipped)]
+        return everyone[0] if len(everyone) == 1 else None
+
+    async def _wait_for_candidate(self, plan: Plan, only: Candidate | None, last: Rejection | None, n: int,
+                                  tried: set[str]) -> list[Candidate]:
+        """Nothing ready and untried. The only credential is retried after a backoff (its own
+        cooldown notwithstanding); otherwise wait for an untried one that recovers within
+        `cooldown_wait`. An empty list: give up."""
+        if only is not None and last is not None:
+            if last.reason not in RETRY_SAME:
+                return []
+            delay = self._same_credential_delay(last, n)
+            if delay is None:
+                return []
+            await self._sleep_holding(delay)
+            return [only]
+        waits = [w for k in plan.all_keys if k not in tried and (w := self.health.recovers_in(k)) is not None]
+        if not waits or min(waits) > self.pool.policy.cooldown_wait:
+            return []
+        log.info("[%s] no credential ready; holding %.1fs for the first to recover", self.request_id, min(waits))
+        await self._sleep_holding(min(waits))
+        fresh = make_plan(auth_from_headers(self.flow.request.headers), self.pool, self.health, self.move.movable)
+        return [c for c in fresh.candidates if c.key not in tried]
 
     # -- one attempt -----------------------------------------------------------------------
 
@@ -296,14 +318,12 @@ class RequestRun:
         if self.health.state(cand.key).status == "cooling":
             self.health.restore(cand.key)
 
-    def _same_credential_delay(self, cand: Candidate, n: int) -> float | None:
-        """Backoff before retrying the only credential; None when upstream asks for longer."""
-        policy = self.pool.policy
-        wait = self.health.recovers_in(cand.key)
-        backoff = SAME_CREDENTIAL_BACKOFF[min(n - 1, len(SAME_CREDENTIAL_BACKOFF) - 1)]
-        hinted = wait if wait is not None and wait < policy.overload_cooldown else None
-        delay = max(backoff, hinted or 0.0)
-        return delay if delay <= policy.max_retry_after else None
+    def _same_credential_delay(self, last: Rejection, n: int) -> float | None:
+        """Backoff before retrying the only credential: 0.5 s, 1 s, 2 s, 4 s, or longer if upstream
+        said so; None when that exceeds `cooldown_wait` (then the client is told instead)."""
+        hinted = hinted_seconds(last.error or {}, last.retry_after, self.health.now()) or 0.0
+        delay = max(SAME_CREDENTIAL_BACKOFF[min(n - 1, len(SAME_CREDENTIAL_BACKOFF) - 1)], hinted)
+        return delay if delay <= self.pool.policy.cooldown_wait else None
 
     def _answer_exhausted(self, plan: Plan, last: Rejection | None) -> None:
         retry_after = self._retry_after(plan)

@@ -88,12 +88,13 @@ def cooldown_seconds(reason: str, error: Mapping | None, retry_after: str | None
     """How long a rejection of class `reason` cools its credential (0: not at all)."""
     if reason in _NO_COOLDOWN:
         return 0.0
-    hinted = _hinted_seconds(error or {}, retry_after, now)
+    hinted = hinted_seconds(error or {}, retry_after, now)
     seconds = hinted if hinted is not None else policy.overload_cooldown
     return min(max(seconds, 1.0), policy.max_cooldown)
 
 
-def _hinted_seconds(error: Mapping, retry_after: str | None, now: float) -> float | None:
+def hinted_seconds(error: Mapping, retry_after: str | None, now: float) -> float | None:
+    """When upstream says to come back: Retry-After, resets_in_seconds, resets_at, "try again in"."""
     header = retry_after_seconds(retry_after, now)
     if header is not None:
         return header
