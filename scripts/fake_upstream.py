@@ -180,7 +180,7 @@ class FakeUpstream:
 
     async def respond(self, method, path, headers, body, reader, writer) -> bool:
         scenario = scenario_of(headers)
-        record = {"ts": round(time.time(), 3), "method": method, "path": path, "credential": label_of(headers),
+        record = {"ts": time.time(), "method": method, "path": path, "credential": label_of(headers),
                   "scenario": scenario, "turn_state": headers.get("x-codex-turn-state")}
         if not path.split("?")[0].endswith("/responses") or method != "POST":
             record["scenario"] = "other"

@@ -1,6 +1,11 @@
+import sys
 from pathlib import Path
 
 import pytest
+
+# The process harness (fake upstream, mitmdump, client) lives in scripts/ and is shared with the
+# demo and the measurement scripts.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from codex_failover.rules import load_rules
 

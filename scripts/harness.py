@@ -1,4 +1,4 @@
-"""Processes for end-to-end tests: the fake upstream and a real `mitmdump -s addon/failover.py`,
+"""Processes for end-to-end tests, the demo and measurements: the fake upstream and a real `mitmdump -s addon/failover.py`,
 both on 127.0.0.1, each stopped by its PID; and a small HTTP client that talks through the proxy.
 Every wait is bounded; every mitmdump gets its own temporary confdir."""
 
@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 PYTHON = sys.executable
 MITMDUMP = str(Path(sys.executable).parent / "mitmdump")
 
@@ -74,11 +74,13 @@ class FakeUpstreamProcess:
 
 
 class ProxyProcess:
-    def __init__(self, tmp: Path, pool_yaml: str | None, env: dict[str, str] | None = None, extra: list[str] | None = None):
+    def __init__(self, tmp: Path, pool_yaml: str | None, env: dict[str, str] | None = None, extra: list[str] | None = None,
+                 addon: bool = True):
         self.port = free_port()
         self.confdir = tmp / "conf"
-        args = [MITMDUMP, "--listen-host", "127.0.0.1", "-p", str(self.port), "--set", f"confdir={self.confdir}",
-                "-s", str(ROOT / "addon" / "failover.py")]
+        args = [MITMDUMP, "--listen-host", "127.0.0.1", "-p", str(self.port), "--set", f"confdir={self.confdir}"]
+        if addon:
+            args += ["-s", str(ROOT / "addon" / "failover.py")]
         if pool_yaml is not None:
             pool = tmp / "pool.yaml"
             pool.write_text(pool_yaml)
@@ -102,8 +104,19 @@ class Reply:
     status: int
     headers: dict[str, str]
     body: bytes
-    first_byte_s: float | None = None
-    chunks: list[tuple[float, bytes]] = field(default_factory=list)
+    first_byte_s: float | None = None  # seconds after the request was sent
+    first_byte_at: float | None = None  # wall clock (time.time()), to compare with other processes
+    chunks: list[tuple[float, bytes]] = field(default_factory=list)  # (seconds after sending, bytes)
+    started_at: float = 0.0  # wall clock when the request was sent
+
+    def first_seen_at(self, marker: bytes) -> float | None:
+        """Wall clock when `marker` had fully arrived (it may straddle chunks)."""
+        seen = b""
+        for t, chunk in self.chunks:
+            seen += chunk
+            if marker in seen:
+                return self.started_at + t
+        return None
 
     def events(self) -> list[dict]:
         out = []
@@ -123,14 +136,15 @@ def post_responses(proxy_port: int, url: str, token: str, body: dict | None = No
     all_headers = {"authorization": f"Bearer {token}", "content-type": "application/json", "accept": "text/event-stream",
                    **(headers or {})}
     conn = _connect(proxy_port, url, timeout, ca)
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     conn.request("POST", _target(url, ca), body=payload, headers=all_headers)
     resp = conn.getresponse()
-    reply = Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, b"")
+    reply = Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, b"", started_at=started_at)
     data = bytearray()
     while chunk := resp.read1(65536):
         now = time.monotonic() - started
-        reply.first_byte_s = reply.first_byte_s if reply.first_byte_s is not None else now
+        if reply.first_byte_s is None:
+            reply.first_byte_s, reply.first_byte_at = now, time.time()
         reply.chunks.append((now, chunk))
         data += chunk
     reply.body = bytes(data)
