@@ -19,7 +19,6 @@ import json
 import ssl
 import sys
 import time
-import zlib
 
 SCENARIOS = {
     "overload-eof": "overload `error` event after response.created, then EOF",
@@ -189,6 +188,7 @@ class FakeUpstream:
             await write_full(writer, status, hdrs, data)
             return True
         record["body_bytes"] = len(body)
+        record.update(request_facts(body, headers))
         self._log(record)
         if scenario in SYNC:
             await write_full(writer, *SYNC[scenario]())
@@ -269,7 +269,11 @@ class FakeUpstream:
         traced: set[str] = set()
         for ev in events:
             writer.write(b"%x\r\n%b\r\n" % (len(ev), ev))
-            await writer.drain()
+            try:
+                await writer.drain()
+            except ConnectionError:
+                self._log({"ts": time.time(), "event": "peer_closed", "credential": label})
+                raise
             if self.trace:
                 self._trace(ev, label, traced)
             if self.pace:
@@ -297,10 +301,27 @@ async def read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> by
                 return bytes(out)
             out += await reader.readexactly(size + 2)
             del out[-2:]
-    body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
-    if headers.get("content-encoding") == "deflate":
-        body = zlib.decompress(body)
-    return body
+    return await reader.readexactly(int(headers.get("content-length", "0") or 0))
+
+
+def request_facts(body: bytes, headers: dict[str, str]) -> dict:
+    """What the log records about a model request body (never its content)."""
+    try:
+        if headers.get("content-encoding"):
+            from mitmproxy.net import encoding  # zstd, gzip, br, deflate, as mitmproxy does them
+
+            body = encoding.decode(body, headers["content-encoding"])
+        doc = json.loads(body)
+    except Exception:  # noqa: BLE001 - a fake logs what it can
+        return {"body_json": False}
+    items = doc.get("input") if isinstance(doc.get("input"), list) else []
+    return {
+        "body_json": True,
+        "previous_response_id": doc.get("previous_response_id"),
+        "encrypted_reasoning": sum(1 for i in items if isinstance(i, dict) and i.get("type") == "reasoning"
+                                   and i.get("encrypted_content")),
+        "input_items": len(items),
+    }
 
 
 async def write_full(writer: asyncio.StreamWriter, status: int, headers: dict[str, str], body: bytes) -> None:

@@ -279,3 +279,104 @@ def test_holds_for_a_credential_recovering_within_cooldown_wait(fake, start_prox
     second = post_responses(proxy.port, url(fake), "sk-test-client-overload")
     assert second.status == 200 and "Hello from sk-test-spare-overload-once" in second.body.decode()
     assert 0.5 <= time.monotonic() - started < 3.5
+
+
+def test_zstd_request_body_is_recognised_and_moved(fake, start_proxy):
+    from conftest import LIVE
+
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")])
+    body = (LIVE / "chatgpt_http_post_responses.body.zst").read_bytes()
+    conn_reply = _raw_post(proxy.port, url(fake), "sk-test-client-overload", body,
+                           {"content-encoding": "zstd", "x-codex-turn-state": "turn-of-client"})
+    assert b"Hello from sk-test-spare-good" in conn_reply
+    client, spare = fake.model_requests()
+    assert client["turn_state"] == "turn-of-client" and spare["turn_state"] is None  # dropped when moved
+    assert client["body_bytes"] == spare["body_bytes"] == len(body)  # the same zstd bytes, untouched
+
+
+def _raw_post(port, target, token, body, headers):
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", target, body=body, headers={"authorization": f"Bearer {token}",
+                                                      "content-type": "application/json", **headers})
+    data = conn.getresponse().read()
+    conn.close()
+    return data
+
+
+def test_client_disconnect_after_commit_cancels_the_upstream(tmp_path, start_proxy):
+    slow = FakeUpstreamProcess(tmp_path, "--pace", "0.2", "--deltas", "40")
+    try:
+        proxy = start_proxy(slow, [("spare", "sk-test-spare-good")])
+        sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+        body = json.dumps({"stream": True, "input": []}).encode()
+        sock.sendall(f"POST {url(slow)} HTTP/1.1\r\nHost: x\r\nauthorization: Bearer sk-test-client-good\r\n"
+                     f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+        received = b""
+        while b"response.output_text.delta" not in received and b"summary_text.delta" not in received:
+            received += sock.recv(65536)
+        sock.close()
+        closed_at = time.monotonic()
+        while time.monotonic() - closed_at < 5:
+            if any(r.get("event") == "peer_closed" for r in slow.requests()):
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("the committed upstream stream kept running after the client left")
+        assert time.monotonic() - closed_at < 1.0
+    finally:
+        slow.stop()
+
+
+def test_broken_pool_file_stops_the_proxy_with_a_clear_message(tmp_path):
+    import subprocess
+
+    from harness import MITMDUMP, ROOT
+
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("credentials:\n  - name: x\n    api_key_env: CODEX_FAILOVER_TEST_UNSET\n")
+    proc = subprocess.run([MITMDUMP, "--listen-host", "127.0.0.1", "-p", str(free_port()), "--set", f"confdir={tmp_path}",
+                           "-s", str(ROOT / "addon" / "failover.py"), "--set", f"failover_config={pool}"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0
+    assert f"pool file {pool}: credentials[0].api_key_env: environment variable CODEX_FAILOVER_TEST_UNSET" in proc.stdout + proc.stderr
+
+
+def test_upstream_mode_is_refused_with_an_explanation(tmp_path):
+    import subprocess
+
+    from harness import MITMDUMP, ROOT
+
+    proc = subprocess.run([MITMDUMP, "--listen-host", "127.0.0.1", "-p", str(free_port()), "--set", f"confdir={tmp_path}",
+                           "--mode", "upstream:http://127.0.0.1:9", "-s", str(ROOT / "addon" / "failover.py")],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0 and "does not work with --mode upstream" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("encoding", ["identity", "zstd"])
+def test_encrypted_reasoning_is_stripped_when_the_request_moves(fake, start_proxy, encoding):
+    from conftest import WIRE
+
+    body = (WIRE / "http" / "responses_request_body.json").read_bytes()
+    headers = {}
+    if encoding == "zstd":
+        from mitmproxy.net.encoding import encode
+
+        body, headers = encode(body, "zstd"), {"content-encoding": "zstd"}
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")])
+    assert b"Hello from sk-test-spare-good" in _raw_post(proxy.port, url(fake), "sk-test-client-overload", body, headers)
+    client, spare = fake.model_requests()
+    assert client["encrypted_reasoning"] == 1 and spare["encrypted_reasoning"] == 0
+    assert spare["body_json"] and spare["input_items"] == client["input_items"]
+
+
+def test_previous_response_id_never_moves(fake, start_proxy):
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")], cooldown_wait="1s")
+    body = json.dumps({"stream": True, "previous_response_id": "resp_1", "input": []})
+    reply = post_responses(proxy.port, url(fake), "sk-test-client-overload", body=json.loads(body))
+    assert reply.status == 503
+    assert "previous_response_id" in reply.json()["error"]["not_moved_because"]
+    assert {r["credential"] for r in fake.model_requests()} == {"sk-test-client-overload"}
+    assert len(fake.model_requests()) == 3  # retried on its own credential: 0.5 s, then 1 s backoff
+    assert "stays on its own credential" in proxy.log()

@@ -49,6 +49,12 @@ class FailoverAddon:
         if "failover_websocket" in updated and ctx.options.failover_websocket not in WEBSOCKET_MODES:
             raise exceptions.OptionsError(
                 f"failover_websocket: {ctx.options.failover_websocket!r} is not one of {', '.join(WEBSOCKET_MODES)}")
+        if "mode" in updated and any(m.startswith("upstream:") for m in ctx.options.mode):
+            # Upstream mode rewrites every replay's `via` and would tunnel the relay hop away from
+            # 127.0.0.1: the addon cannot work under it.
+            raise exceptions.OptionsError(
+                "codex-failover does not work with --mode upstream:… (attempts choose their own upstream and "
+                "the committed stream is relayed over 127.0.0.1). Run in regular mode (the default).")
         if "connection_strategy" in updated or not updated or "failover_config" in updated:
             # Eager connects to the real host at CONNECT time, before an attempt can pick its target.
             if ctx.options.connection_strategy != "lazy":
