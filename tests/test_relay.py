@@ -2,7 +2,6 @@
 
 import asyncio
 
-import pytest
 
 from codex_failover.relay import Relay, RelaySession, UpstreamBroken
 

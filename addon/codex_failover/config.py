@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-import yaml
-
 from .auth import APIKEY, CHATGPT, AuthError, AuthMaterial, auth_from_document, read_auth_file
 from .units import parse_duration
+from .yaml_file import read_yaml
 
 DEFAULT_BASE_URL = {
     CHATGPT: "https://chatgpt.com/backend-api/codex",
@@ -86,14 +85,7 @@ def load_pool(path: str | Path | None, environ: Mapping[str, str] | None = None)
     if not path:
         return PoolConfig()
     source = Path(path).expanduser()
-    try:
-        text = source.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"pool file {source}: cannot read it ({exc.strerror or exc})") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"pool file {source}: not valid YAML: {exc}") from None
+    doc = read_yaml(source, "pool file", ConfigError)
     return parse_pool(doc, str(source), os.environ if environ is None else environ, source.parent)
 
 

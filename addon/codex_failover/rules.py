@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from .units import parse_size
+from .yaml_file import read_yaml
 
 DEFAULT_RULES_PATH = Path(__file__).resolve().parents[2] / "rules" / "default.yaml"
 
@@ -70,15 +69,7 @@ def _lower(value: object) -> str:
 
 def load_rules(path: str | Path | None = None) -> Rules:
     source = Path(path).expanduser() if path else DEFAULT_RULES_PATH
-    try:
-        text = source.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RulesError(f"rules file {source}: cannot read it ({exc.strerror or exc})") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise RulesError(f"rules file {source}: not valid YAML: {exc}") from None
-    return parse_rules(doc, str(source))
+    return parse_rules(read_yaml(source, "rules file", RulesError), str(source))
 
 
 def parse_rules(doc: object, source: str = "<rules>") -> Rules:
