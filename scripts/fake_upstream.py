@@ -150,6 +150,7 @@ class FakeUpstream:
         self.log = log
         self.trace = trace  # log when the first rejection / output event of a response is written
         self.seen: dict[str, int] = {}  # requests per credential (for overload-once)
+        self.forced: dict[str, int] = {}  # credential label -> model requests still to overload
         self.requests: list[dict] = []  # in-process users read this
         self.server: asyncio.Server | None = None
         self.port = 0
@@ -181,22 +182,33 @@ class FakeUpstream:
         scenario = scenario_of(headers)
         record = {"ts": time.time(), "method": method, "path": path, "credential": label_of(headers),
                   "scenario": scenario, "turn_state": headers.get("x-codex-turn-state")}
+        if path == "/_fake/overload" and method == "POST":
+            # Test control: overload the next `count` model requests of `credential` in-stream.
+            order = json.loads(body or b"{}")
+            self.forced[order["credential"]] = self.forced.get(order["credential"], 0) + int(order.get("count", 1))
+            self._log({"ts": time.time(), "event": "control", **order})
+            await write_full(writer, 200, {"content-type": "application/json"}, b"{}")
+            return True
         if not path.split("?")[0].endswith("/responses") or method != "POST":
             record["scenario"] = "other"
             self._log(record)
             status, hdrs, data = (200, {"content-type": "application/json"}, json.dumps(other_body(path)).encode())
             await write_full(writer, status, hdrs, data)
             return True
+        if self.forced.get(record["credential"], 0) > 0:
+            self.forced[record["credential"]] -= 1
+            scenario = record["scenario"] = "overload"
         record["body_bytes"] = len(body)
+        record["session"] = headers.get("session-id") or headers.get("session_id")
         record.update(request_facts(body, headers))
         self._log(record)
-        if scenario in SYNC:
-            await write_full(writer, *SYNC[scenario]())
-            return True
         if scenario == "overload-once":
             label = label_of(headers)
             self.seen[label] = self.seen.get(label, 0) + 1
             scenario = "overload" if self.seen[label] == 1 else "good"
+        if scenario in SYNC:
+            await write_full(writer, *SYNC[scenario]())
+            return True
         await self.stream(scenario, label_of(headers), reader, writer)
         return False
 

@@ -380,3 +380,71 @@ def test_previous_response_id_never_moves(fake, start_proxy):
     assert {r["credential"] for r in fake.model_requests()} == {"sk-test-client-overload"}
     assert len(fake.model_requests()) == 3  # retried on its own credential: 0.5 s, then 1 s backoff
     assert "stays on its own credential" in proxy.log()
+
+
+def test_session_sticks_to_its_credential_and_moves_on_failover(fake, start_proxy):
+    proxy = start_proxy(fake, [("a", "sk-test-a-good"), ("b", "sk-test-b-good")], use_client_credential=False,
+                        overload_cooldown="1s")
+
+    def turn(session):
+        reply = post_responses(proxy.port, url(fake), "sk-test-client-good", headers={"session-id": session})
+        assert reply.status == 200
+        return reply.body.decode().split("Hello from ", 1)[1].split(".", 1)[0]
+
+    assert turn("s1") == "sk-test-a-good" and turn("s2") == "sk-test-a-good"
+    fake.overload_next("sk-test-a-good")
+    assert turn("s1") == "sk-test-b-good"  # failover: s1 now lives on b
+    time.sleep(1.1)  # a has recovered
+    assert turn("s1") == "sk-test-b-good"  # stays on b: its prompt cache is there
+    assert turn("s2") == "sk-test-a-good"  # s2 never moved
+    assert turn("s3") == "sk-test-a-good"  # a new session: the policy's first choice
+
+
+def test_expired_chatgpt_token_is_skipped_and_never_sent(fake, tmp_path):
+    import base64
+
+    def jwt(claims):
+        enc = lambda d: base64.urlsafe_b64encode(json.dumps(d).encode()).rstrip(b"=").decode()  # noqa: E731
+        return f"{enc({'alg': 'none'})}.{enc(claims)}.sig"
+
+    auth = {"expired": time.time() - 60, "fresh": time.time() + 3600}
+    lines = ["credentials:"]
+    for name, exp in auth.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"tokens": {"access_token": jwt({"exp": exp}), "account_id": f"acct-{name}-good"}}))
+        lines += [f"  - name: {name}", f"    auth_file: {path}", f"    base_url: {fake.base}/v1"]
+    proxy = ProxyProcess(tmp_path, "\n".join(lines) + "\n")
+    try:
+        reply = post_responses(proxy.port, url(fake), jwt({"exp": time.time() + 60}),
+                               headers={"chatgpt-account-id": "acct-client-overload"})
+        assert reply.status == 200 and "Hello from acct-fresh-good" in reply.body.decode()
+        assert [r["credential"] for r in fake.model_requests()] == ["acct-client-overload", "acct-fresh-good"]
+        assert "credential expired: its ChatGPT access token expired" in proxy.log()
+    finally:
+        proxy.stop()
+
+
+def test_auth_file_rewritten_on_disk_brings_its_credential_back(fake, tmp_path):
+    path = tmp_path / "auth.json"
+    path.write_text(json.dumps({"OPENAI_API_KEY": "sk-test-work-unauthorized"}))
+    proxy = ProxyProcess(tmp_path, f"credentials:\n  - {{name: work, auth_file: {path}, base_url: {fake.base}/v1}}\n")
+    try:
+        assert post_responses(proxy.port, url(fake), "sk-test-client-overload").status == 503
+        assert "taken out of rotation" in proxy.log()
+        path.write_text(json.dumps({"OPENAI_API_KEY": "sk-test-work-good"}))  # the user logged in again
+        time.sleep(1.1)  # the addon looks at auth files at most once a second
+        reply = post_responses(proxy.port, url(fake), "sk-test-client-overload")
+        assert reply.status == 200 and "Hello from sk-test-work-good" in reply.body.decode()
+        assert "credential work: auth file changed on disk; reloaded, in rotation" in proxy.log()
+    finally:
+        proxy.stop()
+
+
+def test_encrypted_reasoning_pinned_by_policy_stays(fake, start_proxy):
+    from conftest import WIRE
+
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")], encrypted_reasoning="pin", cooldown_wait="0")
+    body = (WIRE / "http" / "responses_request_body.json").read_bytes()
+    data = _raw_post(proxy.port, url(fake), "sk-test-client-overload", body, {})
+    assert b"encrypted reasoning and encrypted_reasoning is pin" in data
+    assert [r["credential"] for r in fake.model_requests()] == ["sk-test-client-overload"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -11,7 +12,9 @@ import traceback
 from mitmproxy import command, ctx, exceptions, http
 
 from . import responses
+from .affinity import Affinity
 from .attempt import ATTEMPT_TAG, Attempt
+from .auth_watch import AuthWatch
 from .codex_request import EndpointMatcher, asks_to_stream, is_websocket_upgrade
 from .config import ConfigError, PoolConfig, load_pool
 from .health import Health
@@ -29,10 +32,14 @@ class FailoverAddon:
         self.pool = PoolConfig()
         self.rules = load_rules()
         self.health = Health()
+        self.affinity = Affinity()
         self.relay = Relay()
         self.matcher = EndpointMatcher()
         self.attempts: dict[str, Attempt] = {}
         self._ids = itertools.count(1)
+        self._notices: set = set()
+        self.auth_watch = AuthWatch()
+        self._auth_checked = 0.0
         self._tasks: set[asyncio.Task] = set()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -68,6 +75,8 @@ class FailoverAddon:
         except (ConfigError, RulesError) as exc:
             raise exceptions.OptionsError(str(exc)) from None
         self.pool, self.rules = pool, rules  # in-flight requests keep the objects they started with
+        self.auth_watch.remember(pool.credentials)
+        self.affinity.idle, self.affinity.max_sessions = pool.policy.session_idle, pool.policy.max_sessions
         self.matcher = EndpointMatcher(pool.gated_base_urls)
         names = ", ".join(f"{c.name} ({c.kind})" for c in pool.credentials) or "none (client credential only)"
         log.info("codex-failover: pool %s: credentials: %s", pool.source or "(no file)", names)
@@ -103,11 +112,29 @@ class FailoverAddon:
             return
         if req.method != "POST" or not asks_to_stream(req.get_content(strict=False) or b""):
             return
+        self._refresh_auth_files()
         await self._hold(flow)
 
+    def _refresh_auth_files(self) -> None:
+        """At most once a second: reload auth files that changed; a reloaded credential is back in
+        rotation (a 401 that took it out was fixed by a new `codex login`)."""
+        now = time.monotonic()
+        if now - self._auth_checked < 1.0:
+            return
+        self._auth_checked = now
+        creds, reloaded, problems = self.auth_watch.refresh(self.pool.credentials)
+        for line in problems:
+            log.warning(line)
+        if reloaded:
+            self.pool = dataclasses.replace(self.pool, credentials=creds)
+            for name in reloaded:
+                self.health.restore(name)
+                log.info("credential %s: auth file changed on disk; reloaded, in rotation", name)
+
     async def _hold(self, flow: http.HTTPFlow) -> None:
+        n = next(self._ids)
         run = RequestRun(flow, self.pool, self.rules, self.health, self.relay, self.attempts,
-                         request_id=f"r{next(self._ids)}")
+                         affinity=self.affinity, rotation=n, notices=self._notices, request_id=f"r{n}")
         try:
             await self.relay.start()
             await run.run()
@@ -161,6 +188,8 @@ class FailoverAddon:
         for cred in self.pool.credentials:
             state = self.health.state(cred.name)
             text = state.status
+            if cred.auth.expires_at is not None and cred.auth.expires_at <= now:
+                text = "expired (run `codex login` for this account)"
             if state.status == "cooling":
                 text += f" for {state.until - now:.0f}s more ({state.reason}, until {time.strftime('%H:%M:%S', time.localtime(state.until))})"
             elif state.status == "out":

@@ -41,6 +41,9 @@ class Policy:
     cross_kind: bool = False
     encrypted_reasoning: str = "strip"  # or "pin": see replay_safety.py
     cooldown_wait: float = 2.0  # hold a request this long at most for a cooling credential to recover
+    selection: str = "fill-first"  # or "round-robin", among credentials of one priority
+    session_idle: float = 3600.0  # a session's stickiness to a credential expires after this idle time
+    max_sessions: int = 10000  # sessions remembered at most (least recently used forgotten first)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class Credential:
     auth: AuthMaterial
     base_url: str
     source: str  # where the secret came from (a path or an env var name), never the secret
+    priority: int = 0  # lower is tried earlier
+    auth_file: str | None = None  # re-read when it changes on disk
 
     @property
     def kind(self) -> str:
@@ -78,6 +83,9 @@ _POLICY_FIELDS = {
     "cross_kind": "bool",
     "encrypted_reasoning": ("strip", "pin"),
     "cooldown_wait": "duration",
+    "selection": ("fill-first", "round-robin"),
+    "session_idle": "duration",
+    "max_sessions": "count",
 }
 
 
@@ -129,9 +137,10 @@ def _policy(doc: object, where: str) -> Policy:
     for key, value in fields.items():
         here = f"{where}.{key}"
         kind = _POLICY_FIELDS[key]
-        if kind == "int":
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 32:
-                raise ConfigError(f"{here}: expected a whole number from 1 to 32, got {value!r}")
+        if kind in ("int", "count"):
+            top = 32 if kind == "int" else 10_000_000
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+                raise ConfigError(f"{here}: expected a whole number from 1 to {top}, got {value!r}")
         elif kind == "bool":
             if not isinstance(value, bool):
                 raise ConfigError(f"{here}: expected true or false, got {value!r}")
@@ -150,7 +159,7 @@ def _policy(doc: object, where: str) -> Policy:
 
 
 def _credential(doc: object, where: str, environ: Mapping[str, str], base_dir: Path) -> Credential:
-    entry = _mapping(doc, where, {"name", "auth_file", "api_key_env", "base_url"})
+    entry = _mapping(doc, where, {"name", "auth_file", "api_key_env", "base_url", "priority"})
     name = entry.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(f"{where}.name: expected 1-64 characters of letters, digits, '.', '_' or '-', got {name!r}")
@@ -162,7 +171,11 @@ def _credential(doc: object, where: str, environ: Mapping[str, str], base_dir: P
     else:
         auth, source = _api_key_env(entry["api_key_env"], f"{where}.api_key_env", environ)
     base_url = entry.get("base_url", DEFAULT_BASE_URL[auth.kind])
-    return Credential(name, auth, _base_url(base_url, f"{where}.base_url"), source)
+    priority = entry.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ConfigError(f"{where}.priority: expected a whole number (lower is tried first), got {priority!r}")
+    return Credential(name, auth, _base_url(base_url, f"{where}.base_url"), source, priority,
+                      source if has_file else None)
 
 
 def _auth_file(value: object, where: str, base_dir: Path) -> tuple[AuthMaterial, str]:

@@ -16,6 +16,7 @@ from mitmproxy import http
 from mitmproxy.connection import ConnectionState, Server
 
 from . import responses
+from .affinity import Affinity, session_of
 from .attempt import CHUNK, END, ERROR, Attempt, Item
 from .auth import auth_from_headers
 from .classifier import FRAMING_ERROR, BootstrapClassifier, Decision, Verdict
@@ -82,12 +83,16 @@ class RequestRun:
     health: Health
     relay: Relay
     registry: dict  # attempt flow id -> Attempt, so the addon's hooks can find attempts
+    affinity: Affinity = field(default_factory=Affinity)
+    rotation: int = 0  # this request's turn in round-robin selection
+    notices: set = field(default_factory=set)  # one-time warnings already logged (shared by the addon)
     request_id: str = ""
     history: list[AttemptLog] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     total: int = 0  # attempts planned for this request (for "attempt n/N")
     move: MovePolicy = MovePolicy(True)
     body: object = None  # the parsed request body
+    session: str | None = None  # the Codex session (thread) id, for affinity
 
     async def run(self) -> None:
         req = self.flow.request
@@ -98,7 +103,8 @@ class RequestRun:
             self.flow.comment = f"codex-failover: stays on its own credential: {self.move.why_pinned}"
         client_auth = auth_from_headers(req.headers)
         policy = self.pool.policy
-        plan = make_plan(client_auth, self.pool, self.health, self.move.movable)
+        self.session = session_of(req.headers, self.body)
+        plan = self._plan(client_auth)
         only = self._only_credential(plan)
         self.total = policy.max_attempts if only else min(policy.max_attempts, len(plan.all_keys))
         tried: set[str] = set()
@@ -119,10 +125,22 @@ class RequestRun:
             if outcome.kind == "broken":
                 return self._answer_broken(outcome.message)
             last = outcome.rejection
-            plan = make_plan(client_auth, self.pool, self.health, self.move.movable)
+            plan = self._plan(client_auth)
         if last is None:
             return self._answer_from_cooldown(plan)
         self._answer_exhausted(plan, last)
+
+    def _plan(self, client_auth) -> Plan:
+        sticky = self.affinity.get(self.session)
+        plan = make_plan(client_auth, self.pool, self.health, self.move.movable, sticky, self.rotation)
+        for cand, why in plan.skipped:
+            if why == "expired" and (cand.name, cand.auth.expires_at) not in self.notices:
+                self.notices.add((cand.name, cand.auth.expires_at))
+                log.warning("credential %s: its ChatGPT access token expired at %s; it is skipped until refreshed. "
+                            "Refresh it with `codex login` for that account (CODEX_HOME set to the folder of its "
+                            "auth.json); codex-failover never refreshes tokens itself.", cand.name,
+                            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(cand.auth.expires_at)))
+        return plan
 
     @staticmethod
     def _only_credential(plan: Plan) -> Candidate | None:
@@ -148,7 +166,7 @@ class RequestRun:
             return []
         log.info("[%s] no credential ready; holding %.1fs for the first to recover", self.request_id, min(waits))
         await self._sleep_holding(min(waits))
-        fresh = make_plan(auth_from_headers(self.flow.request.headers), self.pool, self.health, self.move.movable)
+        fresh = self._plan(auth_from_headers(self.flow.request.headers))
         return [c for c in fresh.candidates if c.key not in tried]
 
     # -- one attempt -----------------------------------------------------------------------
@@ -315,8 +333,10 @@ class RequestRun:
         self._record(attempt, cand, FAILOVER, rejection.reason, rejection.status)
 
     def _succeeded(self, cand: Candidate) -> None:
+        """A credential that served: no longer cooling, and the session's new home."""
         if self.health.state(cand.key).status == "cooling":
             self.health.restore(cand.key)
+        self.affinity.set(self.session, cand.key)
 
     def _same_credential_delay(self, last: Rejection, n: int) -> float | None:
         """Backoff before retrying the only credential: 0.5 s, 1 s, 2 s, 4 s, or longer if upstream

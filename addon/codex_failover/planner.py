@@ -34,30 +34,55 @@ class Plan:
         return tuple(c.key for c in self.candidates) + tuple(c.key for c, _ in self.skipped)
 
 
-def make_plan(client_auth: AuthMaterial | None, pool: PoolConfig, health: Health, movable: bool = True) -> Plan:
-    """Candidates in policy order. A request that may not move gets only its own credential."""
+def make_plan(client_auth: AuthMaterial | None, pool: PoolConfig, health: Health, movable: bool = True,
+              sticky: str | None = None, rotation: int = 0) -> Plan:
+    """Candidates in policy order: the session's sticky credential first, then the client's own
+    (if `use_client_credential`), then the pool by priority (fill-first, or round-robin by
+    `rotation` within a priority). A request that may not move gets only its own credential."""
     policy = pool.policy
-    ordered: list[Candidate] = []
     pooled = {c.auth.fingerprint: c for c in pool.credentials}
     own = pooled.get(client_auth.fingerprint) if client_auth else None
-    client = _as_candidate(own, is_client=True) if own else Candidate(
-        client_key(client_auth), CLIENT, None, None, True
-    )
+    client = _as_candidate(own, is_client=True) if own else Candidate(client_key(client_auth), CLIENT, None, None, True)
+    ordered: list[Candidate] = []
     if policy.use_client_credential or not pool.credentials or not movable:
         ordered.append(client)
-    kind = client_auth.kind if client_auth else None
-    for cred in pool.credentials if movable else ():
-        if cred is own or (kind and cred.kind != kind and not policy.cross_kind):
-            continue
-        ordered.append(_as_candidate(cred, is_client=False))
+    if movable:
+        kind = client_auth.kind if client_auth else None
+        eligible = [c for c in pool.credentials if c is not own and (not kind or c.kind == kind or policy.cross_kind)]
+        ordered += [_as_candidate(c, is_client=False) for c in _by_priority(eligible, policy.selection, rotation)]
+        if sticky is not None:
+            ordered.sort(key=lambda c: c.key != sticky)  # stable: only the sticky one moves up
     ready, skipped = [], []
+    now = health.now()
     for cand in ordered:
-        state = health.state(cand.key)
-        if state.status == "ready":
+        why = _unusable(cand, health, now)
+        if why is None:
             ready.append(cand)
         else:
-            skipped.append((cand, state.status))
+            skipped.append((cand, why))
     return Plan(tuple(ready[: policy.max_attempts]), tuple(skipped))
+
+
+def _by_priority(creds: list[Credential], selection: str, rotation: int) -> list[Credential]:
+    """Lower `priority` first; within one priority, config order (fill-first) or rotated."""
+    out: list[Credential] = []
+    for priority in sorted({c.priority for c in creds}):
+        group = [c for c in creds if c.priority == priority]
+        if selection == "round-robin" and group:
+            shift = rotation % len(group)
+            group = group[shift:] + group[:shift]
+        out += group
+    return out
+
+
+def _unusable(cand: Candidate, health: Health, now: float) -> str | None:
+    state = health.state(cand.key)
+    if state.status != "ready":
+        return state.status
+    expires = cand.auth.expires_at if cand.auth is not None else None
+    if expires is not None and expires <= now:
+        return "expired"  # never sent upstream to collect a 401; the user refreshes it with codex login
+    return None
 
 
 def _as_candidate(cred: Credential, is_client: bool) -> Candidate:
