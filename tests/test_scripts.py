@@ -30,3 +30,10 @@ def test_measure_failover_prints_its_table():
 def test_bench_framer_quick():
     out = run(ROOT / "scripts" / "bench_framer.py", "--quick", "--repeat", "1", timeout=300)
     assert "event counts agree" in out
+
+
+def test_measure_affinity_moves_only_the_sessions_of_the_overloaded_credential():
+    out = run(ROOT / "scripts" / "measure_affinity.py", "--sessions", "6", "--turns", "4")
+    on = next(line for line in out.splitlines() if line.startswith("on "))
+    _, turns, changes, overloads, homed = on.split()
+    assert int(overloads) == 1 and int(changes) == int(homed) >= 1
