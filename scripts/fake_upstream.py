@@ -37,6 +37,7 @@ SCENARIOS = {
     "stall": "response.created, then nothing for --stall seconds, then a normal answer",
     "cut": "response.created and some text, then the connection drops",
     "overload-once": "the credential's first request is overloaded in-stream, later ones are answered",
+    "window-full": "a normal answer whose headers say the primary rate-limit window is 100% used",
     "good": "a normal streamed answer (reasoning summary + text)",
 }
 ORDER = sorted(SCENARIOS, key=len, reverse=True)  # longest name first: overload-eof before overload
@@ -237,7 +238,9 @@ class FakeUpstream:
 
     async def stream(self, scenario: str, label: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         turn = Turn(label, self.deltas)
+        used = b"100" if scenario == "window-full" else b"10"
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+                     b"x-codex-primary-used-percent: " + used + b"\r\nx-codex-primary-reset-after-seconds: 120\r\n"
                      b"x-codex-turn-state: ts-" + label.encode()[-8:] + b"\r\ntransfer-encoding: chunked\r\n\r\n")
         await writer.drain()
         if scenario == "stall-first" and not await self._stall(reader, label):

@@ -448,3 +448,13 @@ def test_encrypted_reasoning_pinned_by_policy_stays(fake, start_proxy):
     data = _raw_post(proxy.port, url(fake), "sk-test-client-overload", body, {})
     assert b"encrypted reasoning and encrypted_reasoning is pin" in data
     assert [r["credential"] for r in fake.model_requests()] == ["sk-test-client-overload"]
+
+
+def test_full_rate_limit_window_cools_the_credential(fake, start_proxy):
+    proxy = start_proxy(fake, [("full", "sk-test-full-window-full"), ("other", "sk-test-other-good")],
+                        use_client_credential=False)
+    first = post_responses(proxy.port, url(fake), "sk-test-client-good")
+    assert first.status == 200 and "Hello from sk-test-full-window-full" in first.body.decode()  # served, then full
+    second = post_responses(proxy.port, url(fake), "sk-test-client-good")
+    assert "Hello from sk-test-other-good" in second.body.decode()
+    assert [r["credential"] for r in fake.model_requests()] == ["sk-test-full-window-full", "sk-test-other-good"]

@@ -20,6 +20,7 @@ from .config import ConfigError, PoolConfig, load_pool
 from .health import Health
 from .orchestrator import RELAY_TAG, ClientGone, RequestRun
 from .relay import Relay
+from .usage import UsageBook
 from .rules import RulesError, load_rules
 
 log = logging.getLogger("codex_failover")
@@ -33,6 +34,7 @@ class FailoverAddon:
         self.rules = load_rules()
         self.health = Health()
         self.affinity = Affinity()
+        self.usage = UsageBook()
         self.relay = Relay()
         self.matcher = EndpointMatcher()
         self.attempts: dict[str, Attempt] = {}
@@ -134,7 +136,8 @@ class FailoverAddon:
     async def _hold(self, flow: http.HTTPFlow) -> None:
         n = next(self._ids)
         run = RequestRun(flow, self.pool, self.rules, self.health, self.relay, self.attempts,
-                         affinity=self.affinity, rotation=n, notices=self._notices, request_id=f"r{n}")
+                         affinity=self.affinity, rotation=n, notices=self._notices, usage=self.usage,
+                         request_id=f"r{n}")
         try:
             await self.relay.start()
             await run.run()
@@ -194,7 +197,7 @@ class FailoverAddon:
                 text += f" for {state.until - now:.0f}s more ({state.reason}, until {time.strftime('%H:%M:%S', time.localtime(state.until))})"
             elif state.status == "out":
                 text += f" of rotation: {state.reason}"
-            lines.append(f"  {cred.name:<20} {cred.kind:<8} {cred.base_url:<45} {text}")
+            lines.append(f"  {cred.name:<20} {cred.kind:<8} {cred.base_url:<45} {text}; {self.usage.describe(cred.name)}")
         lines.append(f"  held streams waiting for the relay: {self.relay.pending}")
         report = "\n".join(lines)
         log.info(report)

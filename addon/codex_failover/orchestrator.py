@@ -17,6 +17,7 @@ from mitmproxy.connection import ConnectionState, Server
 
 from . import responses
 from .affinity import Affinity, session_of
+from .usage import UsageBook, Window, from_event, from_headers
 from .attempt import CHUNK, END, ERROR, Attempt, Item
 from .auth import auth_from_headers
 from .classifier import FRAMING_ERROR, BootstrapClassifier, Decision, Verdict
@@ -34,6 +35,7 @@ from .transport import PRE_DISPATCH, classify_connection_error
 log = logging.getLogger("codex_failover")
 
 RELAY_TAG = "codex_failover.relay"
+USAGE_WINDOW_FULL = "usage_window_full"
 POLL = 0.25  # how often a held request checks that its client is still there
 # Rejections worth retrying on the same credential when it is the only one (with backoff).
 RETRY_SAME = {"overloaded", "slow_down", "server_error_retryable", "closed_before_output", UPSTREAM_5XX}
@@ -86,6 +88,7 @@ class RequestRun:
     affinity: Affinity = field(default_factory=Affinity)
     rotation: int = 0  # this request's turn in round-robin selection
     notices: set = field(default_factory=set)  # one-time warnings already logged (shared by the addon)
+    usage: UsageBook = field(default_factory=UsageBook)
     request_id: str = ""
     history: list[AttemptLog] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
@@ -207,6 +210,7 @@ class RequestRun:
             return Outcome("broken", message=f"no response from upstream within {self.pool.policy.response_timeout:g}s")
         if item.kind == ERROR:
             return self._connection_failed(attempt, cand, item.data.decode(errors="replace"))
+        self._note_usage(cand, from_headers(attempt.flow.response.headers, self.health.now()))
         if attempt.streaming:
             return await self._bootstrap(attempt, cand)
         return await self._synchronous(attempt, cand)
@@ -248,7 +252,7 @@ class RequestRun:
                 decision = clf.tick()
             elif item.kind == CHUNK:
                 received += item.data
-                decision = self._feed(framer, clf, item.data)
+                decision = self._feed(framer, clf, item.data, lambda w: self._note_usage(cand, w))
             elif item.kind == END:
                 state["ended"] = True
                 decision = self._finish(framer, clf)
@@ -265,11 +269,13 @@ class RequestRun:
         return Outcome("committed")
 
     @staticmethod
-    def _feed(framer: SSEFramer, clf: BootstrapClassifier, data: bytes) -> Decision:
+    def _feed(framer: SSEFramer, clf: BootstrapClassifier, data: bytes, on_usage) -> Decision:
         decision = clf.tick()
         try:
             for event in framer.feed(data):
                 decision = clf.feed(event)
+                if event.type == "codex.rate_limits":  # parsed already by the classifier
+                    on_usage(from_event(event.payload))
                 if decision.final:
                     break
         except FramerError:
@@ -332,9 +338,19 @@ class RequestRun:
             self.health.cool(cand.key, seconds, rejection.reason)
         self._record(attempt, cand, FAILOVER, rejection.reason, rejection.status)
 
+    def _note_usage(self, cand: Candidate, windows: list[Window]) -> None:
+        """A rate-limit window at 100% cools the credential until that window resets."""
+        until = self.usage.record(cand.key, windows)
+        now = self.health.now()
+        if until is not None and until > now:
+            self.health.cool(cand.key, min(until - now, self.pool.policy.max_cooldown), USAGE_WINDOW_FULL)
+            log.info("[%s] credential %s: a rate-limit window is full; cooling until it resets", self.request_id, cand.name)
+
     def _succeeded(self, cand: Candidate) -> None:
-        """A credential that served: no longer cooling, and the session's new home."""
-        if self.health.state(cand.key).status == "cooling":
+        """A credential that served: no longer cooling (unless its usage window is full), and the
+        session's new home."""
+        state = self.health.state(cand.key)
+        if state.status == "cooling" and state.reason != USAGE_WINDOW_FULL:
             self.health.restore(cand.key)
         self.affinity.set(self.session, cand.key)
 

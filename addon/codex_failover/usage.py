@@ -1,0 +1,77 @@
+"""What each credential has used of its rate-limit windows, from response headers
+(`x-codex-primary-used-percent`, `…-reset-at`, `…-reset-after-seconds`) and `codex.rate_limits`
+events. A window at 100% means the credential is cooling until that window resets. Pure."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+WINDOWS = ("primary", "secondary")
+
+
+@dataclass(frozen=True)
+class Window:
+    name: str
+    used_percent: float
+    resets_at: float | None  # epoch seconds
+
+
+def _number(value) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number == number else None
+
+
+def from_headers(headers: Mapping[str, str], now: float) -> list[Window]:
+    out = []
+    for name in WINDOWS:
+        used = _number(headers.get(f"x-codex-{name}-used-percent"))
+        if used is None:
+            continue
+        resets = _number(headers.get(f"x-codex-{name}-reset-at"))
+        after = _number(headers.get(f"x-codex-{name}-reset-after-seconds"))
+        if resets is None and after is not None:
+            resets = now + after
+        out.append(Window(name, used, resets))
+    return out
+
+
+def from_event(payload: Mapping) -> list[Window]:
+    limits = payload.get("rate_limits")
+    if not isinstance(limits, dict):
+        return []
+    out = []
+    for name in WINDOWS:
+        window = limits.get(name)
+        if isinstance(window, dict) and (used := _number(window.get("used_percent"))) is not None:
+            out.append(Window(name, used, _number(window.get("reset_at"))))
+    return out
+
+
+class UsageBook:
+    def __init__(self) -> None:
+        self._by_key: dict[str, dict[str, Window]] = {}
+
+    def record(self, key: str, windows: list[Window]) -> float | None:
+        """Remember `windows`; the time until which the credential is full (a window at 100%), if any."""
+        if not windows:
+            return None
+        book = self._by_key.setdefault(key, {})
+        for w in windows:
+            book[w.name] = w
+        full = [w.resets_at for w in windows if w.used_percent >= 100 and w.resets_at is not None]
+        return max(full) if full else None
+
+    def describe(self, key: str) -> str:
+        book = self._by_key.get(key)
+        if not book:
+            return "usage unknown"
+        parts = []
+        for w in book.values():
+            reset = f", resets {time.strftime('%m-%d %H:%M', time.localtime(w.resets_at))}" if w.resets_at else ""
+            parts.append(f"{w.name} {w.used_percent:g}%{reset}")
+        return "; ".join(parts)

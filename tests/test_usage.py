@@ -1,0 +1,36 @@
+"""Rate-limit usage from headers and codex.rate_limits events."""
+
+import json
+
+from codex_failover.usage import UsageBook, Window, from_event, from_headers
+
+from conftest import WIRE
+
+
+def headers_of(name):
+    lines = (WIRE / "http" / name).read_text().splitlines()[1:]
+    return {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines if ":" in l)}
+
+
+def test_headers_fixture():
+    windows = from_headers(headers_of("200_sse_response_headers_with_rate_limits.http"), now=0)
+    assert windows == [Window("primary", 12.5, 1704069000), Window("secondary", 40.0, 1704074400)]
+
+
+def test_reset_after_seconds_when_no_reset_at():
+    assert from_headers({"x-codex-primary-used-percent": "100", "x-codex-primary-reset-after-seconds": "30"}, now=1000) == [
+        Window("primary", 100.0, 1030.0)]
+    assert from_headers({"x-codex-primary-used-percent": "junk"}, now=0) == []
+
+
+def test_event_fixture():
+    payload = json.loads((WIRE / "ws" / "server_codex_rate_limits.json").read_text())
+    assert from_event(payload) == [Window("primary", 42, 1700000000)]
+    assert from_event({"type": "codex.rate_limits"}) == []
+
+
+def test_full_window_reports_until_when():
+    book = UsageBook()
+    assert book.record("a", [Window("primary", 42, 100)]) is None
+    assert book.record("a", [Window("primary", 100, 500), Window("secondary", 100, 900)]) == 900
+    assert "primary 100%" in book.describe("a") and book.describe("b") == "usage unknown"
