@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import itertools
 import logging
@@ -20,6 +21,8 @@ from .config import ConfigError, PoolConfig, load_pool
 from .health import Health
 from .orchestrator import RELAY_TAG, ClientGone, RequestRun
 from .relay import Relay
+from .routes import RouteHealth
+from .socks_bridge import SocksBridges
 from .usage import UsageBook
 from .rules import RulesError, load_rules
 
@@ -35,6 +38,8 @@ class FailoverAddon:
         self.health = Health()
         self.affinity = Affinity()
         self.usage = UsageBook()
+        self.route_health = RouteHealth()
+        self.bridges = SocksBridges()
         self.relay = Relay()
         self.matcher = EndpointMatcher()
         self.attempts: dict[str, Attempt] = {}
@@ -90,6 +95,7 @@ class FailoverAddon:
 
     def done(self) -> None:
         self._spawn(self.relay.close())
+        self._spawn(self.bridges.close())
 
     def _spawn(self, coro) -> None:
         try:
@@ -137,6 +143,7 @@ class FailoverAddon:
         n = next(self._ids)
         run = RequestRun(flow, self.pool, self.rules, self.health, self.relay, self.attempts,
                          affinity=self.affinity, rotation=n, notices=self._notices, usage=self.usage,
+                         route_health=self.route_health, bridges=self.bridges,
                          request_id=f"r{n}")
         try:
             await self.relay.start()
@@ -166,8 +173,16 @@ class FailoverAddon:
         # Runs before the attempt's `error` hook, which built-in addons (save_stream) see first:
         # the request never left, so redact it now and no saved flow holds a spare's secret.
         for attempt in self.attempts.values():
-            if attempt.owns(data):
+            if attempt.owns(data.client):
                 attempt.redact()
+
+    def http_connect_upstream(self, flow: http.HTTPFlow) -> None:
+        """Proxy credentials of a route endpoint go to that proxy only, on its CONNECT."""
+        for attempt in self.attempts.values():
+            ep = attempt.endpoint
+            if ep is not None and ep.username is not None and not ep.is_socks and attempt.owns(flow.client_conn):
+                token = base64.b64encode(f"{ep.username}:{ep.password or ''}".encode()).decode()
+                flow.request.headers["Proxy-Authorization"] = f"Basic {token}"
 
     def error(self, flow: http.HTTPFlow) -> None:
         attempt = self.attempts.pop(flow.id, None)
@@ -198,6 +213,9 @@ class FailoverAddon:
             elif state.status == "out":
                 text += f" of rotation: {state.reason}"
             lines.append(f"  {cred.name:<20} {cred.kind:<8} {cred.base_url:<45} {text}; {self.usage.describe(cred.name)}")
+        for name, endpoints in self.pool.routes.items():
+            for ep in endpoints or ():
+                lines.append(f"  route {ep.label:<40} {self.route_health.describe(ep)}")
         lines.append(f"  held streams waiting for the relay: {self.relay.pending}")
         report = "\n".join(lines)
         log.info(report)

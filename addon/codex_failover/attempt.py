@@ -43,6 +43,7 @@ class Attempt:
         self.flow.is_replay = "request"
         self.flow.metadata[ATTEMPT_TAG] = label
         self.n = n
+        self.endpoint = None  # the route endpoint (routes.Endpoint) this attempt goes through, if any
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self.streaming = False
         self.captured = bytearray()
@@ -50,9 +51,11 @@ class Attempt:
         self._handler: ReplayHandler | None = None
         self._task: asyncio.Task | None = None
 
-    def start(self) -> None:
-        """Send it. The request's URL and headers must be final: the target is read now."""
+    def start(self, via=None) -> None:
+        """Send it. The request's URL and headers must be final: the target is read now. `via`:
+        an upstream proxy for this attempt only, `(scheme, (host, port))`."""
         self.flow.server_conn = Server(address=(self.flow.request.host, self.flow.request.port))
+        self.flow.server_conn.via = via
         self._handler = ReplayHandler(self.flow, ctx.options)
         self._task = asyncio.get_running_loop().create_task(self._handler.replay())
 
@@ -111,9 +114,10 @@ class Attempt:
         except (TimeoutError, asyncio.CancelledError):
             self._task.cancel()
 
-    def owns(self, hook_data) -> bool:
-        """Do connection-hook data belong to this attempt? Each handler has its own client copy."""
-        return self._handler is not None and self._handler.client.id == hook_data.client.id
+    def owns(self, client) -> bool:
+        """Is `client` (of a connection hook or a CONNECT flow) this attempt's? Each handler has
+        its own copy of the client connection."""
+        return self._handler is not None and self._handler.client.id == client.id
 
     @property
     def done(self) -> bool:

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 from .auth import APIKEY, CHATGPT, AuthError, AuthMaterial, auth_from_document, read_auth_file
+from .routes import DIRECT, RouteError, parse_routes
 from .units import parse_duration
 from .yaml_file import read_yaml
 
@@ -54,6 +55,7 @@ class Credential:
     source: str  # where the secret came from (a path or an env var name), never the secret
     priority: int = 0  # lower is tried earlier
     auth_file: str | None = None  # re-read when it changes on disk
+    route: str = "direct"  # the egress its attempts take
 
     @property
     def kind(self) -> str:
@@ -66,6 +68,7 @@ class PoolConfig:
     policy: Policy = field(default_factory=Policy)
     source: str | None = None
     base_urls: tuple[str, ...] = ()  # more model endpoints to gate (e.g. Codex's openai_base_url)
+    routes: dict = field(default_factory=dict)  # route name -> tuple of Endpoint, or None (direct)
 
     @property
     def gated_base_urls(self) -> tuple[str, ...]:
@@ -101,7 +104,11 @@ def parse_pool(doc: object, source: str, environ: Mapping[str, str], base_dir: P
     where = f"pool file {source}"
     if doc is None:
         doc = {}
-    top = _mapping(doc, where, {"credentials", "policy", "base_urls"})
+    top = _mapping(doc, where, {"credentials", "policy", "base_urls", "routes"})
+    try:
+        routes = parse_routes(top.get("routes"))
+    except RouteError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     policy = _policy({} if top.get("policy") is None else top["policy"], f"{where}: policy")
     creds = top.get("credentials")
     creds = [] if creds is None else creds
@@ -111,6 +118,9 @@ def parse_pool(doc: object, source: str, environ: Mapping[str, str], base_dir: P
     parsed = []
     for i, item in enumerate(creds):
         cred = _credential(item, f"{where}: credentials[{i}]", environ, base_dir)
+        if cred.route != DIRECT and cred.route not in routes:
+            known = ", ".join(sorted(routes)) or "none defined"
+            raise ConfigError(f"{where}: credentials[{i}].route: unknown route {cred.route!r} (routes: {known})")
         if cred.name in seen:
             raise ConfigError(f"{where}: credentials[{i}].name: duplicate name {cred.name!r}")
         seen.add(cred.name)
@@ -119,7 +129,7 @@ def parse_pool(doc: object, source: str, environ: Mapping[str, str], base_dir: P
     if urls is not None and not isinstance(urls, list):
         raise ConfigError(f"{where}: base_urls: expected a list of URLs")
     base_urls = tuple(_base_url(u, f"{where}: base_urls[{i}]") for i, u in enumerate(urls or []))
-    return PoolConfig(tuple(parsed), policy, source, base_urls)
+    return PoolConfig(tuple(parsed), policy, source, base_urls, routes)
 
 
 def _mapping(value: object, where: str, allowed: set[str]) -> Mapping[str, Any]:
@@ -159,7 +169,7 @@ def _policy(doc: object, where: str) -> Policy:
 
 
 def _credential(doc: object, where: str, environ: Mapping[str, str], base_dir: Path) -> Credential:
-    entry = _mapping(doc, where, {"name", "auth_file", "api_key_env", "base_url", "priority"})
+    entry = _mapping(doc, where, {"name", "auth_file", "api_key_env", "base_url", "priority", "route"})
     name = entry.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(f"{where}.name: expected 1-64 characters of letters, digits, '.', '_' or '-', got {name!r}")
@@ -174,8 +184,11 @@ def _credential(doc: object, where: str, environ: Mapping[str, str], base_dir: P
     priority = entry.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ConfigError(f"{where}.priority: expected a whole number (lower is tried first), got {priority!r}")
+    route = entry.get("route", DIRECT)
+    if not isinstance(route, str) or not route:
+        raise ConfigError(f"{where}.route: expected a route name")
     return Credential(name, auth, _base_url(base_url, f"{where}.base_url"), source, priority,
-                      source if has_file else None)
+                      source if has_file else None, route)
 
 
 def _auth_file(value: object, where: str, base_dir: Path) -> tuple[AuthMaterial, str]:

@@ -30,7 +30,9 @@ from .replay_safety import PIN_HEADER, MovePolicy, assess, parse_body, strip_enc
 from .relay import Relay, RelaySession, UpstreamBroken
 from .rules import Rules
 from .taxonomy import AUTH_REJECTED, FAILOVER, UPSTREAM_5XX, classify_response, cooldown_seconds, hinted_seconds
-from .transport import PRE_DISPATCH, classify_connection_error
+from .routes import Endpoint, RouteHealth
+from .socks_bridge import SocksBridges
+from .transport import HOST_NETWORK, PRE_DISPATCH, ROUTE_DOWN, TLS_FAILED, classify_connection_error
 
 log = logging.getLogger("codex_failover")
 
@@ -55,8 +57,10 @@ class AttemptLog:
     elapsed_ms: int
     status: int | None = None
 
+    route: str = "direct"
+
     def as_dict(self) -> dict:
-        return {"attempt": self.n, "credential": self.credential, "route": "direct",
+        return {"attempt": self.n, "credential": self.credential, "route": self.route,
                 "verdict": self.verdict, "reason": self.reason, "status": self.status}
 
 
@@ -89,6 +93,8 @@ class RequestRun:
     rotation: int = 0  # this request's turn in round-robin selection
     notices: set = field(default_factory=set)  # one-time warnings already logged (shared by the addon)
     usage: UsageBook = field(default_factory=UsageBook)
+    route_health: RouteHealth = field(default_factory=RouteHealth)
+    bridges: SocksBridges = field(default_factory=SocksBridges)
     request_id: str = ""
     history: list[AttemptLog] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
@@ -175,9 +181,41 @@ class RequestRun:
     # -- one attempt -----------------------------------------------------------------------
 
     async def _attempt(self, cand: Candidate, n: int) -> Outcome:
+        """One credential's attempt, through the endpoints of its route in order: an endpoint that
+        fails before dispatch backs off and the next one is tried (this costs no attempt)."""
+        endpoints = self.pool.routes.get(cand.route)
+        if not endpoints:
+            return await self._try(cand, n, None)
+        failures = []
+        for ep in endpoints:
+            if not self.route_health.claim(ep):
+                failures.append(f"{ep.label}: {self.route_health.describe(ep)}")
+                continue
+            try:
+                outcome = await self._try(cand, n, ep)
+            except BaseException:
+                self.route_health.release(ep)
+                raise
+            reason = outcome.rejection.reason if outcome.rejection else None
+            if reason == PRE_DISPATCH:
+                backoff = self.route_health.failed(ep, outcome.message)
+                log.warning("[%s] %s is unreachable (%s); not dialled again for %ds", self.request_id, ep.label,
+                            outcome.message, backoff)
+                failures.append(f"{ep.label}: {outcome.message}")
+                continue
+            if reason == HOST_NETWORK:
+                self.route_health.release(ep)  # not the route's fault
+            else:
+                self.route_health.succeeded(ep)
+            return outcome
+        message = f"route {cand.route}: no endpoint could be used ({'; '.join(failures)})"
+        return Outcome("rejected", Rejection(ROUTE_DOWN, {"message": message}, 502), message=message)
+
+    async def _try(self, cand: Candidate, n: int, ep: Endpoint | None) -> Outcome:
         attempt = self._make_attempt(cand, n)
+        attempt.endpoint = ep
         self.registry[attempt.flow.id] = attempt
-        attempt.start()
+        attempt.start(await self._via(ep))
         try:
             outcome = await self._drive(attempt, cand)
         except ClientGone:
@@ -188,6 +226,14 @@ class RequestRun:
             await attempt.cancel()
             raise
         return outcome
+
+    async def _via(self, ep: Endpoint | None):
+        """mitmproxy's per-connection upstream proxy for `ep` (SOCKS goes through a local bridge)."""
+        if ep is None:
+            return None
+        if ep.is_socks:
+            return ("http", await self.bridges.address(ep))
+        return (ep.scheme, (ep.host, ep.port))
 
     def _make_attempt(self, cand: Candidate, n: int) -> Attempt:
         attempt = Attempt(self.flow, f"{self.request_id}#{n}", n)
@@ -216,10 +262,15 @@ class RequestRun:
         return await self._synchronous(attempt, cand)
 
     def _connection_failed(self, attempt: Attempt, cand: Candidate, message: str) -> Outcome:
+        """Before any response: only a failure proven to precede dispatch may move (DESIGN §5)."""
         kind = classify_connection_error(message, response_started=False)
         self._record(attempt, cand, "failed", kind, None)
-        if kind == PRE_DISPATCH:
-            return Outcome("rejected", Rejection(kind, {"message": message}, 502))
+        if kind in (PRE_DISPATCH, HOST_NETWORK):
+            where = f"{attempt.endpoint.label}: " if attempt.endpoint else ""
+            return Outcome("rejected", Rejection(kind, {"message": where + message}, 502), message=message)
+        if kind == TLS_FAILED:
+            log.error("[%s] TLS verification to the upstream failed for credential %s: %s (not retried elsewhere)",
+                      self.request_id, cand.name, message)
         return Outcome("broken", message=message)
 
     async def _synchronous(self, attempt: Attempt, cand: Candidate) -> Outcome:
@@ -418,16 +469,18 @@ class RequestRun:
                 ok: bool = False) -> None:
         n, total = attempt.n, self.total
         elapsed = int((time.monotonic() - attempt.started) * 1000)
-        entry = AttemptLog(n, cand.name, verdict, reason, elapsed, status)
+        route = attempt.endpoint.label if attempt.endpoint else "direct"
+        entry = AttemptLog(n, cand.name, verdict, reason, elapsed, status, route)
         self.history.append(entry)
         attempt.flow.marked = "✅" if ok else "❌"
-        attempt.flow.comment = f"codex-failover {self.request_id} attempt {n}/{total}: {cand.name} {verdict} ({reason})"
+        attempt.flow.comment = (f"codex-failover {self.request_id} attempt {n}/{total}: {cand.name} via {route}: "
+                                f"{verdict} ({reason})")
         pinned = f" (stays on its own credential: {self.move.why_pinned})" if self.move.why_pinned else ""
         self.flow.comment = f"codex-failover attempts{pinned}:\n" + "\n".join(
             f"{e.n}. {e.credential}: {e.verdict} ({e.reason})" for e in self.history
         )
-        log.info("[%s] attempt %d/%d credential=%s route=direct verdict=%s reason=%s status=%s elapsed=%dms",
-                 self.request_id, n, total, cand.name, verdict, reason, status, elapsed)
+        log.info("[%s] attempt %d/%d credential=%s route=%s verdict=%s reason=%s status=%s elapsed=%dms",
+                 self.request_id, n, total, cand.name, route.replace(" ", "="), verdict, reason, status, elapsed)
 
     def _log_summary(self, what: str) -> None:
         elapsed = int((time.monotonic() - self.started) * 1000)

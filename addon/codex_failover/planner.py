@@ -18,6 +18,7 @@ class Candidate:
     auth: AuthMaterial | None  # None: leave the client's own headers alone
     base_url: str | None  # None: keep the request's own URL
     is_client: bool
+    route: str = "direct"  # the egress route name
 
 
 def client_key(auth: AuthMaterial | None) -> str:
@@ -88,5 +89,5 @@ def _unusable(cand: Candidate, health: Health, now: float) -> str | None:
 def _as_candidate(cred: Credential, is_client: bool) -> Candidate:
     # The client's own credential when it is also pooled keeps the request's URL and headers.
     if is_client:
-        return Candidate(cred.name, cred.name, None, None, True)
-    return Candidate(cred.name, cred.name, cred.auth, cred.base_url, False)
+        return Candidate(cred.name, cred.name, None, None, True, cred.route)
+    return Candidate(cred.name, cred.name, cred.auth, cred.base_url, False, cred.route)

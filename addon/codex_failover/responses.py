@@ -17,6 +17,9 @@ _DEFAULTS = {
     "rate_limited": ("rate_limit_error", "rate_limit_exceeded"),
     "usage_limit": ("usage_limit_reached", "usage_limit_reached"),
     "server_error_retryable": ("server_error", "server_error"),
+    "pre_dispatch": ("upstream_error", "upstream_connect_failed"),
+    "route_down": ("upstream_error", "route_down"),
+    "host_network": ("upstream_error", "network_unreachable"),
 }
 _KEEP = ("type", "code", "message", "param", "resets_at", "resets_in_seconds", "plan_type")
 

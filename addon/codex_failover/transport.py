@@ -10,8 +10,10 @@ PRE_DISPATCH = "pre_dispatch"  # connection refused / timed out while connecting
 HOST_NETWORK = "host_network"  # name resolution failed, network unreachable
 TLS_FAILED = "tls_failed"  # certificate verification or handshake failure
 AMBIGUOUS = "ambiguous"  # the request may have been sent
+ROUTE_DOWN = "route_down"  # every endpoint of a credential's route failed before dispatch
 
-_PRE_DISPATCH = ("connect call failed", "connection refused", "errno 111", "connect timeout", "timed out connecting")
+_PRE_DISPATCH = ("connect call failed", "connection refused", "errno 111", "connect timeout", "timed out connecting",
+                 "refused http connect request", "error connecting to")
 _HOST_NETWORK = ("name or service not known", "nodename nor servname", "getaddrinfo", "temporary failure in name resolution",
                  "network is unreachable", "no address associated", "errno -2", "errno -3", "errno 101")
 _TLS = ("certificate verify failed", "tls handshake", "ssl", "certificate")

@@ -1,0 +1,94 @@
+"""HTTP CONNECT -> SOCKS5 bridges on 127.0.0.1, one per SOCKS endpoint.
+
+mitmproxy can only chain to HTTP(S) proxies (`server_conn.via`). An attempt routed through a
+SOCKS5 endpoint is therefore pointed at a local bridge that answers mitmproxy's CONNECT by opening
+the tunnel through the SOCKS5 server (socks5h: the SOCKS server resolves names; python-socks does the
+handshake). A failed handshake is answered `502` before any request byte moved, so mitmproxy reports
+a refused CONNECT: a confirmed pre-dispatch failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from urllib.parse import quote
+
+from python_socks import ProxyError, ProxyTimeoutError
+from python_socks.async_.asyncio import Proxy
+
+from .routes import Endpoint
+
+log = logging.getLogger("codex_failover")
+CONNECT_TIMEOUT = 10.0
+_PIPE_CHUNK = 65536
+
+
+class SocksBridges:
+    def __init__(self) -> None:
+        self._servers: dict[str, asyncio.Server] = {}
+        self._lock = asyncio.Lock()
+
+    async def address(self, ep: Endpoint) -> tuple[str, int]:
+        """The loopback address of `ep`'s bridge, started on first use."""
+        async with self._lock:
+            server = self._servers.get(ep.key)
+            if server is None:
+                server = await asyncio.start_server(lambda r, w: _serve(ep, r, w), "127.0.0.1", 0)
+                self._servers[ep.key] = server
+        return server.sockets[0].getsockname()[:2]
+
+    async def close(self) -> None:
+        for server in self._servers.values():
+            server.close()
+        self._servers.clear()
+
+
+def _proxy_url(ep: Endpoint) -> str:
+    auth = ""
+    if ep.username is not None:
+        auth = quote(ep.username, safe="") + (":" + quote(ep.password or "", safe="")) + "@"
+    return f"socks5://{auth}{ep.host}:{ep.port}"
+
+
+async def _serve(ep: Endpoint, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), CONNECT_TIMEOUT)
+        method, target, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
+        host, _, port = target.rpartition(":")
+        if method != "CONNECT" or not host or not port.isdigit():
+            await _refuse(writer, "400 Bad Request", "expected CONNECT host:port")
+            return
+        try:
+            sock = await Proxy.from_url(_proxy_url(ep), rdns=True).connect(host.strip("[]"), int(port), timeout=CONNECT_TIMEOUT)
+        except (ProxyError, ProxyTimeoutError, OSError) as exc:
+            # The message names the SOCKS failure; it never holds the endpoint's password.
+            await _refuse(writer, "502 Bad Gateway", f"SOCKS5 {ep.host}:{ep.port}: {type(exc).__name__}: {exc}")
+            return
+        up_reader, up_writer = await asyncio.open_connection(sock=sock)
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        await writer.drain()
+        await _pipe_both(reader, writer, up_reader, up_writer)
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError, ValueError):
+        pass
+    finally:
+        writer.close()
+
+
+async def _refuse(writer: asyncio.StreamWriter, status: str, reason: str) -> None:
+    body = reason.encode("utf-8", "replace")
+    writer.write(f"HTTP/1.1 {status}\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
+    await writer.drain()
+
+
+async def _pipe_both(a_reader, a_writer, b_reader, b_writer) -> None:
+    async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while data := await src.read(_PIPE_CHUNK):
+                dst.write(data)
+                await dst.drain()
+        except ConnectionError:
+            pass
+        finally:
+            dst.close()
+
+    await asyncio.gather(pipe(a_reader, b_writer), pipe(b_reader, a_writer))
