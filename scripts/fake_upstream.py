@@ -201,6 +201,7 @@ class FakeUpstream:
             scenario = record["scenario"] = "overload"
         record["body_bytes"] = len(body)
         record["session"] = headers.get("session-id") or headers.get("session_id")
+        record["proxy_authorization"] = "proxy-authorization" in headers  # must never arrive here
         record.update(request_facts(body, headers))
         self._log(record)
         if scenario == "overload-once":

@@ -183,14 +183,173 @@ def _target(url: str, ca: Path | None) -> str:
     return "/" + url.split("://", 1)[1].split("/", 1)[1] if ca is not None else url
 
 
-def pool_yaml(base_url: str, creds: list[tuple[str, str]], **policy) -> tuple[str, dict[str, str]]:
-    """A pool file with API-key credentials (name, key) pointing at `base_url`, and the env it needs."""
-    lines, env = ["credentials:"], {}
-    for name, key in creds:
+def pool_yaml(base_url: str, creds: list[tuple[str, str]], routes: dict | None = None, **policy) -> tuple[str, dict[str, str]]:
+    """A pool file with API-key credentials (name, key[, route]) pointing at `base_url`, and the env
+    it needs. `routes`: {name: [proxy urls] or "direct"}."""
+    lines, env = [], {}
+    if routes:
+        lines.append("routes:")
+        for name, value in routes.items():
+            lines.append(f"  {name}: {json.dumps(value)}")
+    lines.append("credentials:")
+    for name, key, *route in creds:
         var = "KEY_" + name.upper().replace("-", "_")
         env[var] = key
         lines += [f"  - name: {name}", f"    api_key_env: {var}", f"    base_url: {base_url}/v1"]
+        if route:
+            lines.append(f"    route: {route[0]}")
     settings = {"max_attempts": 4, "bootstrap_timeout": "5s", **policy}
     lines.append("policy:")
     lines += [f"  {k}: {json.dumps(v) if isinstance(v, bool) else v}" for k, v in settings.items()]
     return "\n".join(lines) + "\n", env
+
+
+class LocalProxies:
+    """An HTTP CONNECT proxy and a SOCKS5 server on 127.0.0.1, run on a background thread's loop,
+    counting connections and recording what they were sent (for route tests)."""
+
+    def __init__(self) -> None:
+        import asyncio
+        import threading
+
+        self.connections: dict[str, int] = {}
+        self.proxy_auth: dict[str, list[str | None]] = {}
+        self._loop = asyncio.new_event_loop()
+        self._servers = {}
+        threading.Thread(target=self._loop.run_forever, daemon=True).start()
+
+    def _run(self, coro):
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
+
+    def http_proxy(self, name: str, mode: str = "ok") -> int:
+        """mode: ok (tunnels), refuse (403 to CONNECT), reset (tunnels, then resets the connection
+        once the request went through: a failure after dispatch)."""
+        return self._start(name, lambda r, w: self._http(name, mode, r, w))
+
+    def socks5(self, name: str, users: dict[str, str] | None = None) -> int:
+        return self._start(name, lambda r, w: self._socks(name, users, r, w))
+
+    def _start(self, name: str, handler) -> int:
+        import asyncio
+
+        async def start():
+            server = await asyncio.start_server(handler, "127.0.0.1", 0)
+            self._servers[name] = server
+            return server.sockets[0].getsockname()[1]
+
+        self.connections[name] = 0
+        self.proxy_auth[name] = []
+        return self._run(start())
+
+    async def _http(self, name, mode, reader, writer) -> None:
+        import asyncio
+
+        self.connections[name] += 1
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            auth = next((l.split(":", 1)[1].strip() for l in lines if l.lower().startswith("proxy-authorization:")), None)
+            self.proxy_auth[name].append(auth)
+            if mode == "refuse":
+                writer.write(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n")
+                await writer.drain()
+                return
+            host, port = lines[0].split(" ")[1].rsplit(":", 1)
+            up_reader, up_writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await writer.drain()
+            if mode == "reset":
+                while True:  # forward the whole request, then reset before any answer comes back
+                    try:
+                        data = await asyncio.wait_for(reader.read(65536), 0.3)
+                    except TimeoutError:
+                        break
+                    if not data:
+                        break
+                    up_writer.write(data)
+                    await up_writer.drain()
+                _reset(writer)
+                up_writer.close()
+                return
+            await _pipe(reader, writer, up_reader, up_writer)
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    async def _socks(self, name, users, reader, writer) -> None:
+        import asyncio
+        import struct
+
+        self.connections[name] += 1
+        try:
+            ver, n = await reader.readexactly(2)
+            methods = await reader.readexactly(n)
+            if users:
+                if 2 not in methods:
+                    writer.write(b"\x05\xff")
+                    return
+                writer.write(b"\x05\x02")
+                _, ulen = await reader.readexactly(2)
+                user = (await reader.readexactly(ulen)).decode()
+                (plen,) = await reader.readexactly(1)
+                password = (await reader.readexactly(plen)).decode()
+                ok = users.get(user) == password
+                writer.write(b"\x01\x00" if ok else b"\x01\x01")
+                if not ok:
+                    return
+            else:
+                writer.write(b"\x05\x00")
+            _, cmd, _, atyp = await reader.readexactly(4)
+            if atyp == 3:
+                (alen,) = await reader.readexactly(1)
+                host = (await reader.readexactly(alen)).decode()
+            else:
+                host = ".".join(map(str, await reader.readexactly(4)))
+            (port,) = struct.unpack("!H", await reader.readexactly(2))
+            up_reader, up_writer = await asyncio.open_connection(host, port)
+            writer.write(b"\x05\x00\x00\x01" + bytes(4) + b"\x00\x00")
+            await writer.drain()
+            await _pipe(reader, writer, up_reader, up_writer)
+        except (ConnectionError, asyncio.IncompleteReadError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    def stop(self, name: str) -> None:
+        """Stop listening (the endpoint is now dead: connections are refused)."""
+        server = self._servers.pop(name)
+        self._loop.call_soon_threadsafe(server.close)
+
+    def close(self) -> None:
+        for name in list(self._servers):
+            self.stop(name)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def _reset(writer) -> None:
+    import socket as _socket
+    import struct
+
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+async def _pipe(a_reader, a_writer, b_reader, b_writer) -> None:
+    import asyncio
+
+    async def one(src, dst):
+        try:
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+        except ConnectionError:
+            pass
+        finally:
+            dst.close()
+
+    await asyncio.gather(one(a_reader, b_writer), one(b_reader, a_writer))

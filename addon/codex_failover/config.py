@@ -45,6 +45,8 @@ class Policy:
     selection: str = "fill-first"  # or "round-robin", among credentials of one priority
     session_idle: float = 3600.0  # a session's stickiness to a credential expires after this idle time
     max_sessions: int = 10000  # sessions remembered at most (least recently used forgotten first)
+    route_backoff: float = 30.0  # first backoff of a dead route endpoint; doubles per failure
+    route_backoff_max: float = 300.0  # the longest backoff
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,8 @@ _POLICY_FIELDS = {
     "selection": ("fill-first", "round-robin"),
     "session_idle": "duration",
     "max_sessions": "count",
+    "route_backoff": "duration",
+    "route_backoff_max": "duration",
 }
 
 

@@ -199,7 +199,7 @@ class RequestRun:
             reason = outcome.rejection.reason if outcome.rejection else None
             if reason == PRE_DISPATCH:
                 backoff = self.route_health.failed(ep, outcome.message)
-                log.warning("[%s] %s is unreachable (%s); not dialled again for %ds", self.request_id, ep.label,
+                log.warning("[%s] %s failed before dispatch (%s); not dialled again for %ds", self.request_id, ep.label,
                             outcome.message, backoff)
                 failures.append(f"{ep.label}: {outcome.message}")
                 continue
@@ -209,6 +209,7 @@ class RequestRun:
                 self.route_health.succeeded(ep)
             return outcome
         message = f"route {cand.route}: no endpoint could be used ({'; '.join(failures)})"
+        log.warning("[%s] credential %s: %s (the credential is not penalised)", self.request_id, cand.name, message)
         return Outcome("rejected", Rejection(ROUTE_DOWN, {"message": message}, 502), message=message)
 
     async def _try(self, cand: Candidate, n: int, ep: Endpoint | None) -> Outcome:
