@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import re
 import ssl
 import sys
 import time
@@ -38,11 +39,20 @@ SCENARIOS = {
     "cut": "response.created and some text, then the connection drops",
     "overload-once": "the credential's first request is overloaded in-stream, later ones are answered",
     "window-full": "a normal answer whose headers say the primary rate-limit window is 100% used",
+    "overload-flat": "a flat `error` event (code/message at top level) after response.created, then EOF",
+    "rate-429-bare": "HTTP 429 rate_limit_exceeded without Retry-After",
+    "rate-429": "HTTP 429 rate_limit_exceeded with Retry-After: 1",
+    "stall-after-output": "a text delta, then nothing for --stall seconds, then the rest of the answer",
+    "garbage": "garbage lines, invalid UTF-8 and invalid JSON after response.created, then an answer",
+    "huge-line": "a 9 MiB data line (over the framer's line limit) after response.created, then an answer",
+    "long-bootstrap": "60 keepalive comments before any output (over the hold budget), then an answer",
     "good": "a normal streamed answer (reasoning summary + text)",
 }
 ORDER = sorted(SCENARIOS, key=len, reverse=True)  # longest name first: overload-eof before overload
 _REJECTION = (b'"type":"error"', b'"type":"response.failed"')
 _OUTPUT = (b'"type":"response.reasoning_summary_text.delta"', b'"type":"response.output_text.delta"')
+_SEQ = re.compile(rb'"sequence_number":(\d+)')
+_RID = re.compile(rb'"id":"(resp_[0-9a-f]+)"')
 
 
 def scenario_of(headers: dict[str, str]) -> str:
@@ -138,6 +148,10 @@ SYNC = {
     "overload-529": lambda: json_error(529, {"type": "overloaded_error", "message": "Overloaded"}),
     "usage-limit": lambda: json_error(429, {"type": "usage_limit_reached", "message": "The usage limit has been reached",
                                             "plan_type": "plus", "resets_at": int(time.time()) + 3600, "resets_in_seconds": 3600}),
+    "rate-429": lambda: json_error(429, {"type": "rate_limit_error", "code": "rate_limit_exceeded",
+                                         "message": "Rate limit reached."}, {"retry-after": "1"}),
+    "rate-429-bare": lambda: json_error(429, {"type": "rate_limit_error", "code": "rate_limit_exceeded",
+                                              "message": "Rate limit reached."}),
     "invalid": lambda: json_error(400, {"type": "invalid_request_error", "code": "invalid_value",
                                         "message": "Invalid value for 'input'.", "param": "input"}),
     "unauthorized": lambda: json_error(401, {"type": "invalid_request_error", "code": "invalid_api_key",
@@ -146,12 +160,15 @@ SYNC = {
 
 
 class FakeUpstream:
-    def __init__(self, pace: float = 0.02, deltas: int = 20, stall: float = 3600.0, log=None, trace: bool = False):
+    def __init__(self, pace: float = 0.02, deltas: int = 20, stall: float = 3600.0, log=None, trace: bool = False,
+                 trace_events: bool = False):
         self.pace, self.deltas, self.stall = pace, deltas, stall
         self.log = log
         self.trace = trace  # log when the first rejection / output event of a response is written
+        self.trace_events = trace_events  # log when every event is written (credential, sequence_number)
         self.seen: dict[str, int] = {}  # requests per credential (for overload-once)
         self.forced: dict[str, int] = {}  # credential label -> model requests still to overload
+        self._digests: dict[int, "hashlib._Hash"] = {}  # per open response: sha256 of its body
         self.requests: list[dict] = []  # in-process users read this
         self.server: asyncio.Server | None = None
         self.port = 0
@@ -238,6 +255,17 @@ class FakeUpstream:
         return True
 
     async def stream(self, scenario: str, label: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One streamed response; logs `response_sent` with the sha256 of its body when it ends."""
+        digest = hashlib.sha256()
+        self._digests[id(writer)] = digest
+        try:
+            await self._stream(scenario, label, reader, writer)
+        finally:
+            self._digests.pop(id(writer), None)
+            self._log({"ts": time.time(), "event": "response_sent", "credential": label,
+                       "sha256": digest.hexdigest()})
+
+    async def _stream(self, scenario: str, label: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         turn = Turn(label, self.deltas)
         used = b"100" if scenario == "window-full" else b"10"
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
@@ -252,6 +280,20 @@ class FakeUpstream:
             events += [turn.overload_error(), turn.failed("server_is_overloaded", "Our servers are currently overloaded.")]
         elif scenario == "overload-eof":
             events += [turn.overload_error()]
+        elif scenario == "overload-flat":
+            events += [turn.ev("error", code="server_is_overloaded", message="Our servers are currently overloaded.")]
+        elif scenario == "stall-after-output":
+            answer = turn.answer()
+            await self._send(writer, events + answer[:7], label)  # through the first text delta
+            if not await self._stall(reader, label):
+                return
+            events = answer[7:]
+        elif scenario == "garbage":
+            events += [b"this line is not SSE at all\n", b"data: {not json}\n\n", b"data: \xff\xfe\xc3(\n\n"] + turn.answer()
+        elif scenario == "huge-line":
+            events += [b"data: " + b"x" * (9 * 1024 * 1024) + b"\n\n"] + turn.answer()
+        elif scenario == "long-bootstrap":
+            events = [b": keepalive\n\n"] * 60 + events + turn.answer()
         elif scenario == "slow-down":
             events += [turn.failed("slow_down", "Please slow down.")]
         elif scenario == "capacity":
@@ -283,7 +325,11 @@ class FakeUpstream:
 
     async def _send(self, writer: asyncio.StreamWriter, events: list[bytes], label: str = "") -> None:
         traced: set[str] = set()
+        rid = None  # the response id, for --trace-events
+        digest = self._digests.get(id(writer))
         for ev in events:
+            if digest is not None:
+                digest.update(ev)
             writer.write(b"%x\r\n%b\r\n" % (len(ev), ev))
             try:
                 await writer.drain()
@@ -292,6 +338,11 @@ class FakeUpstream:
                 raise
             if self.trace:
                 self._trace(ev, label, traced)
+            if self.trace_events:
+                rid = rid or ((m := _RID.search(ev)) and m.group(1).decode())
+                m = _SEQ.search(ev)
+                self._log({"ts": time.time(), "event": "event_sent", "credential": label, "response": rid,
+                           "seq": int(m.group(1)) if m else None})
             if self.pace:
                 await asyncio.sleep(self.pace)
 
@@ -376,7 +427,7 @@ def self_signed_context() -> ssl.SSLContext:
 
 async def amain(args) -> None:
     log = open(args.log, "a") if args.log else None
-    fake = FakeUpstream(args.pace, args.deltas, args.stall, log, args.trace)
+    fake = FakeUpstream(args.pace, args.deltas, args.stall, log, args.trace, args.trace_events)
     port = await fake.start(args.port, self_signed_context() if args.tls else None)
     print(json.dumps({"listening": port, "tls": args.tls}), flush=True)
     await asyncio.Event().wait()
@@ -392,6 +443,8 @@ def main() -> None:
     ap.add_argument("--deltas", type=int, default=20, help="text deltas per answer (default 20)")
     ap.add_argument("--stall", type=float, default=3600.0, help="seconds a stall scenario waits (default 3600)")
     ap.add_argument("--trace", action="store_true", help="also log when each response's first rejection/output event is sent")
+    ap.add_argument("--trace-events", action="store_true",
+                    help="also log when every event is written (credential, sequence_number; for benchmarks)")
     ap.add_argument("--log", help="append one JSON line per request to this file (default: stdout)")
     args = ap.parse_args()
     if not args.log:

@@ -115,6 +115,7 @@ class Reply:
     first_byte_at: float | None = None  # wall clock (time.time()), to compare with other processes
     chunks: list[tuple[float, bytes]] = field(default_factory=list)  # (seconds after sending, bytes)
     started_at: float = 0.0  # wall clock when the request was sent
+    truncated: bool = False  # the connection ended before the message did
 
     def first_seen_at(self, marker: bytes) -> float | None:
         """Wall clock when `marker` had fully arrived (it may straddle chunks)."""
@@ -148,15 +149,28 @@ def post_responses(proxy_port: int, url: str, token: str, body: dict | None = No
     resp = conn.getresponse()
     reply = Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, b"", started_at=started_at)
     data = bytearray()
-    while chunk := resp.read1(65536):
+    while True:
+        try:
+            chunk = resp.read1(65536)
+        except http.client.IncompleteRead as exc:  # the stream was cut: keep what came
+            chunk, reply.truncated = exc.partial, True
+        if not chunk:
+            break
         now = time.monotonic() - started
         if reply.first_byte_s is None:
             reply.first_byte_s, reply.first_byte_at = now, time.time()
         reply.chunks.append((now, chunk))
         data += chunk
+        if reply.truncated:
+            break
     reply.body = bytes(data)
     conn.close()
     return reply
+
+
+def proxy_status(proxy_port: int) -> dict:
+    """The addon's status report (pool health, in-flight counters) through its status host."""
+    return json.loads(request(proxy_port, "GET", "http://codex-failover.status/").body)
 
 
 def request(proxy_port: int, method: str, url: str, headers: dict[str, str] | None = None, body: bytes | None = None,
@@ -224,8 +238,9 @@ class LocalProxies:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
 
     def http_proxy(self, name: str, mode: str = "ok") -> int:
-        """mode: ok (tunnels), refuse (403 to CONNECT), reset (tunnels, then resets the connection
-        once the request went through: a failure after dispatch)."""
+        """mode: ok (tunnels), refuse (403 to CONNECT), flap (refuses every other connection),
+        reset (tunnels, then resets the connection once the request went through: a failure after
+        dispatch)."""
         return self._start(name, lambda r, w: self._http(name, mode, r, w))
 
     def socks5(self, name: str, users: dict[str, str] | None = None) -> int:
@@ -252,7 +267,7 @@ class LocalProxies:
             lines = head.decode("latin-1").split("\r\n")
             auth = next((l.split(":", 1)[1].strip() for l in lines if l.lower().startswith("proxy-authorization:")), None)
             self.proxy_auth[name].append(auth)
-            if mode == "refuse":
+            if mode == "refuse" or (mode == "flap" and self.connections[name] % 2 == 1):
                 writer.write(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n")
                 await writer.drain()
                 return

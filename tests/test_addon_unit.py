@@ -19,7 +19,8 @@ def test_status_shows_each_credentials_state_and_no_secret():
     addon.health.take_out("out-one", "HTTP 401 from upstream")
     report = addon.status()
     lines = {line.split()[0]: line for line in report.splitlines()[1:] if line.strip() and not line.strip().startswith("held")}
+    assert addon.status_report()["credentials"][2]["state"] == "out"
     assert "ready" in lines["ready-one"]
     assert "cooling for 42s more (overloaded" in lines["cool-one"]
-    assert "out of rotation: HTTP 401 from upstream" in lines["out-one"]
+    assert "out: HTTP 401 from upstream" in lines["out-one"]
     assert "sk-secret" not in report and "/etc/pool.yaml" in report

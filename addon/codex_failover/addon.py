@@ -6,6 +6,7 @@ import asyncio
 import base64
 import dataclasses
 import itertools
+import json
 import logging
 import time
 import traceback
@@ -29,6 +30,7 @@ from .rules import RulesError, load_rules
 log = logging.getLogger("codex_failover")
 
 WEBSOCKET_MODES = ("downgrade", "passthrough")
+STATUS_HOST = "codex-failover.status"
 
 
 class FailoverAddon:
@@ -45,6 +47,7 @@ class FailoverAddon:
         self.attempts: dict[str, Attempt] = {}
         self._ids = itertools.count(1)
         self._notices: set = set()
+        self._held = 0  # requests held right now
         self.auth_watch = AuthWatch()
         self._auth_checked = 0.0
         self._tasks: set[asyncio.Task] = set()
@@ -113,6 +116,10 @@ class FailoverAddon:
         if flow.is_replay or ATTEMPT_TAG in flow.metadata or flow.response is not None:
             return
         req = flow.request
+        if req.host == STATUS_HOST:  # `curl -x 127.0.0.1:8080 http://codex-failover.status/`
+            flow.response = http.Response.make(200, json.dumps(self.status_report(), indent=2).encode(),
+                                               {"content-type": "application/json"})
+            return
         if not self.matcher.matches(req.host, req.port, req.path):
             return
         if is_websocket_upgrade(req.method, req.headers):
@@ -141,6 +148,13 @@ class FailoverAddon:
                 log.info("credential %s: auth file changed on disk; reloaded, in rotation", name)
 
     async def _hold(self, flow: http.HTTPFlow) -> None:
+        self._held += 1
+        try:
+            await self._run(flow)
+        finally:
+            self._held -= 1
+
+    async def _run(self, flow: http.HTTPFlow) -> None:
         n = next(self._ids)
         run = RequestRun(flow, self.pool, self.rules, self.health, self.relay, self.attempts,
                          affinity=self.affinity, rotation=n, notices=self._notices, usage=self.usage,
@@ -199,25 +213,40 @@ class FailoverAddon:
 
     # -- commands --------------------------------------------------------------------------
 
+    def status_report(self) -> dict:
+        """Pool health and in-flight counters, as data (no secrets)."""
+        now = self.health.now()
+        creds = []
+        for cred in self.pool.credentials:
+            state = self.health.state(cred.name)
+            entry = {"name": cred.name, "kind": cred.kind, "base_url": cred.base_url, "route": cred.route,
+                     "state": state.status, "reason": state.reason, "usage": self.usage.describe(cred.name)}
+            if state.status == "cooling":
+                entry["cooling_for_s"] = round(state.until - now, 1)
+            if cred.auth.expires_at is not None and cred.auth.expires_at <= now:
+                entry["state"], entry["reason"] = "expired", "run `codex login` for this account"
+            creds.append(entry)
+        routes = [{"endpoint": ep.label, "state": self.route_health.describe(ep)}
+                  for endpoints in self.pool.routes.values() for ep in endpoints or ()]
+        return {"pool": self.pool.source, "credentials": creds, "routes": routes,
+                "held_requests": self._held, "attempts_in_flight": len(self.attempts),
+                "relay_unclaimed": self.relay.pending, "relay_streaming": self.relay.streaming}
+
     @command.command("failover.status")
     def status(self) -> str:
         """Each credential's state: ready, cooling until when and why, or out of rotation."""
-        lines = [f"codex-failover pool: {self.pool.source or '(no file: client credential only)'}"]
-        now = self.health.now()
-        for cred in self.pool.credentials:
-            state = self.health.state(cred.name)
-            text = state.status
-            if cred.auth.expires_at is not None and cred.auth.expires_at <= now:
-                text = "expired (run `codex login` for this account)"
-            if state.status == "cooling":
-                text += f" for {state.until - now:.0f}s more ({state.reason}, until {time.strftime('%H:%M:%S', time.localtime(state.until))})"
-            elif state.status == "out":
-                text += f" of rotation: {state.reason}"
-            lines.append(f"  {cred.name:<20} {cred.kind:<8} {cred.base_url:<45} {text}; {self.usage.describe(cred.name)}")
-        for name, endpoints in self.pool.routes.items():
-            for ep in endpoints or ():
-                lines.append(f"  route {ep.label:<40} {self.route_health.describe(ep)}")
-        lines.append(f"  held streams waiting for the relay: {self.relay.pending}")
-        report = "\n".join(lines)
-        log.info(report)
-        return report
+        report = self.status_report()
+        lines = [f"codex-failover pool: {report['pool'] or '(no file: client credential only)'}"]
+        for c in report["credentials"]:
+            text = c["state"]
+            if c["state"] == "cooling":
+                text += f" for {c['cooling_for_s']:.0f}s more ({c['reason']})"
+            elif c["state"] in ("out", "expired"):
+                text += f": {c['reason']}"
+            lines.append(f"  {c['name']:<20} {c['kind']:<8} {c['base_url']:<45} {text}; {c['usage']}")
+        lines += [f"  route {r['endpoint']:<40} {r['state']}" for r in report["routes"]]
+        lines.append(f"  held requests: {report['held_requests']}, attempts in flight: {report['attempts_in_flight']}, "
+                     f"relay: {report['relay_streaming']} streaming, {report['relay_unclaimed']} unclaimed")
+        text = "\n".join(lines)
+        log.info(text)
+        return text

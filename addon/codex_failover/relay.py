@@ -44,6 +44,7 @@ class Relay:
         self._tasks: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
         self.port = 0
+        self.streaming = 0  # sessions being served right now
 
     async def start(self) -> None:
         """Idempotent: listen on an ephemeral loopback port unless already listening."""
@@ -86,7 +87,11 @@ class Relay:
         try:
             session = await self._claim(reader, writer)
             if session is not None:
-                await self._serve(session, reader, writer)
+                self.streaming += 1
+                try:
+                    await self._serve(session, reader, writer)
+                finally:
+                    self.streaming -= 1
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass
         finally:
