@@ -46,6 +46,10 @@ SCENARIOS = {
     "garbage": "garbage lines, invalid UTF-8 and invalid JSON after response.created, then an answer",
     "huge-line": "a 9 MiB data line (over the framer's line limit) after response.created, then an answer",
     "long-bootstrap": "60 keepalive comments before any output (over the hold budget), then an answer",
+    "midstream-server-error": "some output, then response.failed with a generic server_error",
+    "http-500": "synchronous HTTP 500",
+    "http-502": "synchronous HTTP 502",
+    "http-504": "synchronous HTTP 504",
     "good": "a normal streamed answer (reasoning summary + text)",
 }
 ORDER = sorted(SCENARIOS, key=len, reverse=True)  # longest name first: overload-eof before overload
@@ -152,6 +156,9 @@ SYNC = {
                                          "message": "Rate limit reached."}, {"retry-after": "1"}),
     "rate-429-bare": lambda: json_error(429, {"type": "rate_limit_error", "code": "rate_limit_exceeded",
                                               "message": "Rate limit reached."}),
+    "http-500": lambda: json_error(500, {"type": "server_error", "code": "server_error", "message": "Internal error."}),
+    "http-502": lambda: json_error(502, {"type": "server_error", "code": "bad_gateway", "message": "Bad gateway."}),
+    "http-504": lambda: json_error(504, {"type": "server_error", "code": "gateway_timeout", "message": "Gateway timeout."}),
     "invalid": lambda: json_error(400, {"type": "invalid_request_error", "code": "invalid_value",
                                         "message": "Invalid value for 'input'.", "param": "input"}),
     "unauthorized": lambda: json_error(401, {"type": "invalid_request_error", "code": "invalid_api_key",
@@ -167,7 +174,7 @@ class FakeUpstream:
         self.trace = trace  # log when the first rejection / output event of a response is written
         self.trace_events = trace_events  # log when every event is written (credential, sequence_number)
         self.seen: dict[str, int] = {}  # requests per credential (for overload-once)
-        self.forced: dict[str, int] = {}  # credential label -> model requests still to overload
+        self.forced: dict[str, list[str]] = {}  # credential label -> scenarios of its next model requests
         self._digests: dict[int, "hashlib._Hash"] = {}  # per open response: sha256 of its body
         self.requests: list[dict] = []  # in-process users read this
         self.server: asyncio.Server | None = None
@@ -200,10 +207,12 @@ class FakeUpstream:
         scenario = scenario_of(headers)
         record = {"ts": time.time(), "method": method, "path": path, "credential": label_of(headers),
                   "scenario": scenario, "turn_state": headers.get("x-codex-turn-state")}
-        if path == "/_fake/overload" and method == "POST":
-            # Test control: overload the next `count` model requests of `credential` in-stream.
+        if path in ("/_fake/overload", "/_fake/next") and method == "POST":
+            # Test control: the next `count` model requests of `credential` follow `scenario`
+            # (default: overload in-stream).
             order = json.loads(body or b"{}")
-            self.forced[order["credential"]] = self.forced.get(order["credential"], 0) + int(order.get("count", 1))
+            queue = self.forced.setdefault(order["credential"], [])
+            queue += [order.get("scenario", "overload")] * int(order.get("count", 1))
             self._log({"ts": time.time(), "event": "control", **order})
             await write_full(writer, 200, {"content-type": "application/json"}, b"{}")
             return True
@@ -213,9 +222,8 @@ class FakeUpstream:
             status, hdrs, data = (200, {"content-type": "application/json"}, json.dumps(other_body(path)).encode())
             await write_full(writer, status, hdrs, data)
             return True
-        if self.forced.get(record["credential"], 0) > 0:
-            self.forced[record["credential"]] -= 1
-            scenario = record["scenario"] = "overload"
+        if self.forced.get(record["credential"]):
+            scenario = record["scenario"] = self.forced[record["credential"]].pop(0)
         record["body_bytes"] = len(body)
         record["session"] = headers.get("session-id") or headers.get("session_id")
         record["proxy_authorization"] = "proxy-authorization" in headers  # must never arrive here
@@ -280,6 +288,8 @@ class FakeUpstream:
             events += [turn.overload_error(), turn.failed("server_is_overloaded", "Our servers are currently overloaded.")]
         elif scenario == "overload-eof":
             events += [turn.overload_error()]
+        elif scenario == "midstream-server-error":
+            events += turn.answer()[:8] + [turn.failed("server_error", "An error occurred while processing your request.")]
         elif scenario == "overload-flat":
             events += [turn.ev("error", code="server_is_overloaded", message="Our servers are currently overloaded.")]
         elif scenario == "stall-after-output":

@@ -69,10 +69,11 @@ class FakeUpstreamProcess:
     def model_requests(self) -> list[dict]:
         return [r for r in self.requests() if r.get("scenario") not in (None, "other") and "event" not in r]
 
-    def overload_next(self, credential: str, count: int = 1) -> None:
-        """Make the next `count` model requests of `credential` (its label) overloaded in-stream."""
+    def overload_next(self, credential: str, count: int = 1, scenario: str = "overload") -> None:
+        """Make the next `count` model requests of `credential` (its label) follow `scenario`
+        (default: overloaded in-stream)."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-        conn.request("POST", "/_fake/overload", body=json.dumps({"credential": credential, "count": count}))
+        conn.request("POST", "/_fake/next", body=json.dumps({"credential": credential, "count": count, "scenario": scenario}))
         conn.getresponse().read()
         conn.close()
 

@@ -22,6 +22,7 @@ from .config import ConfigError, PoolConfig, load_pool
 from .health import Health
 from .orchestrator import RELAY_TAG, ClientGone, RequestRun
 from .relay import Relay
+from .recovery import Slots
 from .routes import RouteHealth
 from .socks_bridge import SocksBridges
 from .usage import UsageBook
@@ -42,6 +43,7 @@ class FailoverAddon:
         self.usage = UsageBook()
         self.route_health = RouteHealth()
         self.bridges = SocksBridges()
+        self.recovery_slots = Slots()
         self.relay = Relay()
         self.matcher = EndpointMatcher()
         self.attempts: dict[str, Attempt] = {}
@@ -89,6 +91,8 @@ class FailoverAddon:
         self.affinity.idle, self.affinity.max_sessions = pool.policy.session_idle, pool.policy.max_sessions
         self.route_health.floor, self.route_health.cap = pool.policy.route_backoff, pool.policy.route_backoff_max
         self.matcher = EndpointMatcher(pool.gated_base_urls)
+        for note in pool.notes:
+            log.warning("codex-failover: %s", note)
         names = ", ".join(f"{c.name} ({c.kind})" for c in pool.credentials) or "none (client credential only)"
         log.info("codex-failover: pool %s: credentials: %s", pool.source or "(no file)", names)
 
@@ -158,7 +162,7 @@ class FailoverAddon:
         n = next(self._ids)
         run = RequestRun(flow, self.pool, self.rules, self.health, self.relay, self.attempts,
                          affinity=self.affinity, rotation=n, notices=self._notices, usage=self.usage,
-                         route_health=self.route_health, bridges=self.bridges,
+                         route_health=self.route_health, bridges=self.bridges, recovery_slots=self.recovery_slots,
                          request_id=f"r{n}")
         try:
             await self.relay.start()
@@ -230,7 +234,8 @@ class FailoverAddon:
                   for endpoints in self.pool.routes.values() for ep in endpoints or ()]
         return {"pool": self.pool.source, "credentials": creds, "routes": routes,
                 "held_requests": self._held, "attempts_in_flight": len(self.attempts),
-                "relay_unclaimed": self.relay.pending, "relay_streaming": self.relay.streaming}
+                "relay_unclaimed": self.relay.pending, "relay_streaming": self.relay.streaming,
+                "recovery_buffering": self.recovery_slots.used}
 
     @command.command("failover.status")
     def status(self) -> str:

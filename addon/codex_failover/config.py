@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 from .auth import APIKEY, CHATGPT, AuthError, AuthMaterial, auth_from_document, read_auth_file
+from .recovery import RecoveryConfigError, RecoveryPolicy, parse_recovery
 from .routes import DIRECT, RouteError, parse_routes
 from .units import parse_duration
 from .yaml_file import read_yaml
@@ -71,6 +72,8 @@ class PoolConfig:
     source: str | None = None
     base_urls: tuple[str, ...] = ()  # more model endpoints to gate (e.g. Codex's openai_base_url)
     routes: dict = field(default_factory=dict)  # route name -> tuple of Endpoint, or None (direct)
+    recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
+    notes: tuple[str, ...] = ()  # values clamped to their bounds, logged at load
 
     @property
     def gated_base_urls(self) -> tuple[str, ...]:
@@ -108,7 +111,11 @@ def parse_pool(doc: object, source: str, environ: Mapping[str, str], base_dir: P
     where = f"pool file {source}"
     if doc is None:
         doc = {}
-    top = _mapping(doc, where, {"credentials", "policy", "base_urls", "routes"})
+    top = _mapping(doc, where, {"credentials", "policy", "base_urls", "routes", "recovery"})
+    try:
+        recovery, notes = parse_recovery(top.get("recovery"), f"{where}: recovery")
+    except RecoveryConfigError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         routes = parse_routes(top.get("routes"))
     except RouteError as exc:
@@ -133,7 +140,7 @@ def parse_pool(doc: object, source: str, environ: Mapping[str, str], base_dir: P
     if urls is not None and not isinstance(urls, list):
         raise ConfigError(f"{where}: base_urls: expected a list of URLs")
     base_urls = tuple(_base_url(u, f"{where}: base_urls[{i}]") for i, u in enumerate(urls or []))
-    return PoolConfig(tuple(parsed), policy, source, base_urls, routes)
+    return PoolConfig(tuple(parsed), policy, source, base_urls, routes, recovery, tuple(notes))
 
 
 def _mapping(value: object, where: str, allowed: set[str]) -> Mapping[str, Any]:

@@ -17,22 +17,23 @@ from mitmproxy.connection import ConnectionState, Server
 
 from . import responses
 from .affinity import Affinity, session_of
-from .usage import UsageBook, Window, from_event, from_headers
 from .attempt import CHUNK, END, ERROR, Attempt, Item
 from .auth import auth_from_headers
-from .classifier import FRAMING_ERROR, BootstrapClassifier, Decision, Verdict
+from .classifier import FRAMING_ERROR, BootstrapClassifier, Decision, Verdict, stream_error
 from .codex_request import swap_credential
 from .config import PoolConfig
 from .framer import FramerError, SSEFramer
 from .health import Health
 from .planner import Candidate, Plan, make_plan
-from .replay_safety import PIN_HEADER, MovePolicy, assess, parse_body, strip_encrypted_reasoning
+from .recovery import NO_TERMINAL, RECOVERABLE_STATUS, TRANSPORT, RetryBudget, Slots, recoverable_stream_end
 from .relay import Relay, RelaySession, UpstreamBroken
-from .rules import Rules
-from .taxonomy import AUTH_REJECTED, FAILOVER, UPSTREAM_5XX, classify_response, cooldown_seconds, hinted_seconds
+from .replay_safety import PIN_HEADER, MovePolicy, assess, parse_body, strip_encrypted_reasoning
 from .routes import Endpoint, RouteHealth
+from .rules import Rules
 from .socks_bridge import SocksBridges
+from .taxonomy import AUTH_REJECTED, FAILOVER, UPSTREAM_5XX, classify_response, cooldown_seconds, hinted_seconds
 from .transport import HOST_NETWORK, PRE_DISPATCH, ROUTE_DOWN, TLS_FAILED, classify_connection_error
+from .usage import UsageBook, Window, from_event, from_headers
 
 log = logging.getLogger("codex_failover")
 
@@ -76,9 +77,10 @@ class Rejection:
 class Outcome:
     """How one attempt ended, from the request's point of view."""
 
-    kind: str  # "committed", "answered", "rejected", "broken"
+    kind: str  # "committed", "answered", "rejected", "broken", "recover" (retry the same credential)
     rejection: Rejection | None = None
     message: str = ""
+    final: object = None  # for "recover": how to answer if no retry is left (see _give_up)
 
 
 @dataclass
@@ -95,6 +97,7 @@ class RequestRun:
     usage: UsageBook = field(default_factory=UsageBook)
     route_health: RouteHealth = field(default_factory=RouteHealth)
     bridges: SocksBridges = field(default_factory=SocksBridges)
+    recovery_slots: Slots = field(default_factory=Slots)
     request_id: str = ""
     history: list[AttemptLog] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
@@ -213,6 +216,37 @@ class RequestRun:
         return Outcome("rejected", Rejection(ROUTE_DOWN, {"message": message}, 502), message=message)
 
     async def _try(self, cand: Candidate, n: int, ep: Endpoint | None) -> Outcome:
+        """One try, and with recovery on, its retries on the same credential and route."""
+        budget = None
+        while True:
+            outcome = await self._try_once(cand, n, ep)
+            if outcome.kind != "recover":
+                return outcome
+            budget = budget or RetryBudget(self.pool.recovery)
+            delay = budget.next_delay()
+            if delay is None:
+                return self._give_up(cand, outcome)
+            log.info("[%s] recovery: %s on credential %s; retry %d in %.0f ms", self.request_id, outcome.message,
+                     cand.name, budget.retries, delay * 1000)
+            await self._sleep_holding(delay)  # a client that leaves stops everything here
+
+    def _give_up(self, cand: Candidate, outcome: Outcome) -> Outcome:
+        """Recovery exhausted: the final attempt's real answer. A stream that never ended is a
+        request-scoped 408 that cools nothing; a final 5xx cools the credential as usual."""
+        log.warning("[%s] recovery exhausted on credential %s: %s", self.request_id, cand.name, outcome.message)
+        final = outcome.final
+        if isinstance(final, http.Response):
+            if final.status_code >= 500:
+                self.health.cool(cand.key, self.pool.policy.overload_cooldown, UPSTREAM_5XX)
+            self.flow.response = final
+            return Outcome("answered")
+        if callable(final):  # a buffered stream that ended in a terminal error: delivered as it came
+            final()
+            return Outcome("committed")
+        self.flow.response = responses.recovery_exhausted(outcome.message, self.history)
+        return Outcome("answered")
+
+    async def _try_once(self, cand: Candidate, n: int, ep: Endpoint | None) -> Outcome:
         attempt = self._make_attempt(cand, n)
         attempt.endpoint = ep
         self.registry[attempt.flow.id] = attempt
@@ -282,6 +316,9 @@ class RequestRun:
             return Outcome("broken", message="upstream response did not complete")
         resp = attempt.flow.response
         verdict = classify_response(resp.status_code, resp.get_content(strict=False) or b"", self.rules)
+        if self.pool.recovery.enabled and resp.status_code in RECOVERABLE_STATUS and verdict.reason in (UPSTREAM_5XX, "client_error"):
+            self._record(attempt, cand, "recover", f"status_{resp.status_code}", resp.status_code)
+            return Outcome("recover", message=f"HTTP {resp.status_code}", final=resp.copy())
         if verdict.verdict == FAILOVER and not (verdict.reason == AUTH_REJECTED and cand.is_client):
             rejection = Rejection(verdict.reason, dict(verdict.error or {}), resp.status_code, resp.headers.get("retry-after"))
             self._reject(attempt, cand, rejection)
@@ -317,8 +354,67 @@ class RequestRun:
             await attempt.cancel()
             self._reject(attempt, cand, rejection)
             return Outcome("rejected", rejection)
+        if self.pool.recovery.enabled and self.recovery_slots.take(self.pool.recovery.max_concurrent):
+            try:
+                return await self._buffer_whole(attempt, cand, decision, framer, received, state)
+            finally:
+                self.recovery_slots.give_back()
         self._commit(attempt, cand, decision, bytes(received), state)
         return Outcome("committed")
+
+    async def _buffer_whole(self, attempt: Attempt, cand: Candidate, decision: Decision, framer: SSEFramer,
+                            received: bytearray, state: dict) -> Outcome:
+        """Recovery: keep the committed stream until it ends. A complete (or finally failed) one is
+        delivered whole; a transient failure asks for a retry. Past `max_buffer_bytes`, fail open:
+        what is buffered goes out once, in order, and the rest streams live."""
+        limit = self.pool.recovery.max_buffer_bytes
+        terminal = decision.trigger if decision.verdict is Verdict.DELIVER else None
+        error = decision.error
+        idle = self.pool.policy.response_timeout
+        while not state["ended"] and state["error"] is None:
+            if len(received) > limit:
+                log.info("[%s] recovery: response over %d bytes; streaming the rest live", self.request_id, limit)
+                self._commit(attempt, cand, decision, bytes(received), state)
+                return Outcome("committed")
+            item = await self._next(attempt, time.monotonic() + idle)
+            if item is None:
+                state["error"] = f"no data for {idle:g}s"
+            elif item.kind == CHUNK:
+                received += item.data
+                terminal, error = self._track_terminal(framer, item.data, terminal, error)
+            elif item.kind == END:
+                state["ended"] = True
+                terminal, error = self._track_terminal(framer, None, terminal, error)
+            else:
+                state["error"] = item.data.decode(errors="replace")
+        if state["error"] is not None:
+            await attempt.cancel()
+            self._record(attempt, cand, "recover", TRANSPORT, 200)
+            return Outcome("recover", message=f"transport error: {state['error']}")
+        why = recoverable_stream_end(terminal, error)
+        deliver = lambda: self._commit(attempt, cand, decision, bytes(received), state)  # noqa: E731
+        if why is None:
+            deliver()
+            return Outcome("committed")
+        self._record(attempt, cand, "recover", why, 200)
+        return Outcome("recover", message=why, final=None if why == NO_TERMINAL else deliver)
+
+    @staticmethod
+    def _track_terminal(framer: SSEFramer, data: bytes | None, terminal, error):
+        """The last terminal event seen (its type and error object), framing `data` (None: EOF)."""
+        try:
+            events = framer.close() if data is None else framer.feed(data)
+        except FramerError:  # cannot see the end any more: whatever comes is final, never retried
+            framer.take_pending()
+            return "unframed", None
+        for event in events:
+            kind = event.type
+            if kind in ("response.completed", "response.failed", "response.incomplete"):
+                terminal = kind
+                error = stream_error(event.payload) if kind == "response.failed" else None
+            elif kind == "error" and terminal is None:
+                terminal, error = kind, stream_error(event.payload)
+        return terminal, error
 
     @staticmethod
     def _feed(framer: SSEFramer, clf: BootstrapClassifier, data: bytes, on_usage) -> Decision:

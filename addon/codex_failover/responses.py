@@ -78,6 +78,14 @@ def upstream_failed(message: str, history) -> http.Response:
     return _json(502, error)
 
 
+def recovery_exhausted(why: str, history) -> http.Response:
+    """Recovery ran out on a stream that never ended properly: request-scoped, nothing cools."""
+    error = {"type": "timeout_error", "code": "stream_incomplete",
+             "message": f"codex-failover: the upstream stream ended without completing ({why}), on every retry.",
+             "attempts": [h.as_dict() for h in history]}
+    return _json(408, error)
+
+
 def websocket_downgrade() -> http.Response:
     """426 makes Codex switch the session to HTTP POST + SSE at once (DESIGN §3)."""
     error = {"type": "invalid_request_error", "code": "websocket_not_supported",

@@ -1,0 +1,155 @@
+"""End to end: opt-in full-stream recovery on the same credential and route."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from harness import FakeUpstreamProcess, ProxyProcess, post_responses, proxy_status
+
+pytestmark = pytest.mark.e2e
+CLIENT = "sk-test-client-good"
+
+
+@pytest.fixture
+def fake(tmp_path):
+    upstream = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "8", "--stall", "30")
+    yield upstream
+    upstream.stop()
+
+
+@pytest.fixture
+def start(tmp_path, fake):
+    procs = []
+
+    def start_proxy(recovery: str = "", policy: str = "") -> ProxyProcess:
+        text = (f"base_urls: [{fake.base}/v1]\n"
+                f"recovery: {{enabled: true, retry_window: 5s, backoff: {{initial: 10ms, max: 50ms}}{recovery}}}\n"
+                f"policy: {{cooldown_wait: 0s{policy}}}\n")
+        proc = ProxyProcess(tmp_path, text)
+        procs.append(proc)
+        return proc
+
+    yield start_proxy
+    for proc in procs:
+        proc.stop()
+
+
+def call(proxy, fake, token=CLIENT):
+    return post_responses(proxy.port, f"{fake.base}/v1/responses", token)
+
+
+def kinds(reply):
+    return [e["type"] for e in reply.events()]
+
+
+def one_clean_response(reply, fake):
+    """Exactly one complete response, byte for byte the one the upstream's last attempt sent."""
+    import hashlib
+
+    assert reply.status == 200
+    types = kinds(reply)
+    assert types.count("response.created") == 1 and types[-1] == "response.completed"
+    assert "error" not in types and "response.failed" not in types
+    sent = [r["sha256"] for r in fake.requests() if r.get("event") == "response_sent"]
+    assert hashlib.sha256(reply.body).hexdigest() == sent[-1]
+
+
+@pytest.mark.parametrize("fault", ["midstream-server-error", "cut", "http-502", "http-504", "http-500"])
+def test_transient_failure_recovers_on_the_same_credential(fake, start, fault):
+    proxy = start()
+    fake.overload_next(CLIENT, 2, fault)
+    reply = call(proxy, fake)
+    one_clean_response(reply, fake)
+    assert [r["scenario"] for r in fake.model_requests()] == [fault, fault, "good"]
+    assert "recovery:" in proxy.log()
+
+
+@pytest.mark.parametrize("scenario,status", [("rate-429", 429), ("unauthorized", 401), ("invalid", 400)])
+def test_final_answers_are_not_retried(fake, start, scenario, status):
+    proxy = start()
+    reply = call(proxy, fake, f"sk-test-client-{scenario}")
+    assert reply.status == status and len(fake.model_requests()) == 1
+
+
+def test_exhaustion_keeps_the_last_structured_error(fake, start):
+    proxy = start(", attempts: 2")
+    fake.overload_next(CLIENT, 10, "midstream-server-error")
+    reply = call(proxy, fake)
+    assert reply.status == 200 and kinds(reply)[-1] == "response.failed"
+    assert reply.events()[-1]["response"]["error"]["code"] == "server_error"
+    assert kinds(reply).count("response.created") == 1  # only the final attempt's bytes
+    assert len(fake.model_requests()) == 3
+
+
+def test_exhausted_502_keeps_its_status_and_cools_while_408_cools_nothing(fake, start):
+    proxy = start(", attempts: 1")
+    fake.overload_next(CLIENT, 2, "http-502")
+    reply = call(proxy, fake)
+    assert reply.status == 502 and reply.json()["error"]["code"] == "bad_gateway"
+    # The only credential now cools: the next request is answered without dialling.
+    before = len(fake.model_requests())
+    assert call(proxy, fake).status in (502, 503) and len(fake.model_requests()) == before
+
+    other = start(", attempts: 1")
+    fake.overload_next("sk-test-other-good", 2, "cut")
+    reply = call(other, fake, "sk-test-other-good")
+    assert reply.status == 408 and reply.json()["error"]["code"] == "stream_incomplete"
+    assert call(other, fake, "sk-test-other-good").status == 200  # nothing cooled
+
+
+def test_overflow_fails_open_with_every_byte_once(tmp_path):
+    (tmp_path / "big").mkdir()
+    big = FakeUpstreamProcess(tmp_path / "big", "--pace", "0", "--deltas", "3000")
+    try:
+        proxy = ProxyProcess(tmp_path / "big", f"base_urls: [{big.base}/v1]\nrecovery: {{enabled: true, max_buffer_bytes: 64KiB}}\n")
+        try:
+            reply = post_responses(proxy.port, f"{big.base}/v1/responses", CLIENT)
+            one_clean_response(reply, big)
+            assert len(reply.body) > 64 * 1024
+            assert "streaming the rest live" in proxy.log()
+        finally:
+            proxy.stop()
+    finally:
+        big.stop()
+
+
+def test_saturation_streams_normally(fake, start):
+    proxy = start(", max_concurrent: 1")
+    fake.overload_next("sk-test-slow-good", 1, "stall-after-output")
+    def held():
+        try:
+            call(proxy, fake, "sk-test-slow-good")
+        except OSError:
+            pass  # the proxy stops before the 30 s stall ends
+
+    thread = threading.Thread(target=held, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while proxy_status(proxy.port)["recovery_buffering"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    reply = call(proxy, fake)  # the one slot is taken: this one streams live, never waits
+    one_clean_response(reply, fake)
+    assert proxy_status(proxy.port)["recovery_buffering"] == 1
+
+
+def test_client_leaving_during_buffering_stops_everything(fake, start):
+    proxy = start()
+    fake.overload_next(CLIENT, 1, "stall-after-output")
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+    body = json.dumps({"stream": True, "input": []}).encode()
+    sock.sendall(f"POST {fake.base}/v1/responses HTTP/1.1\r\nHost: x\r\nauthorization: Bearer {CLIENT}\r\n"
+                 f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+    deadline = time.monotonic() + 5
+    while proxy_status(proxy.port)["recovery_buffering"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sock.close()
+    time.sleep(1.0)
+    assert any(r.get("event") == "peer_closed" for r in fake.requests())
+    assert len(fake.model_requests()) == 1  # no further attempt
+    assert proxy_status(proxy.port)["recovery_buffering"] == 0
+    assert call(proxy, fake).status == 200  # and nothing cooled

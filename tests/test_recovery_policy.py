@@ -1,0 +1,75 @@
+"""Recovery policy: validation and clamping, the retry budget (exact, with a fake clock), and
+which stream endings are recoverable."""
+
+import pytest
+
+from codex_failover.recovery import (NO_TERMINAL, RecoveryConfigError, RecoveryPolicy, RetryBudget,
+                                     parse_recovery, recoverable_stream_end)
+
+
+def test_defaults_and_a_full_section():
+    assert parse_recovery(None, "r") == (RecoveryPolicy(), [])
+    policy, notes = parse_recovery({"enabled": True, "attempts": 3, "max_buffer_bytes": "1MiB", "retry_window": "10s",
+                                    "max_concurrent": 4, "backoff": {"initial": "100ms", "max": "1s"}, "heartbeat": 0}, "r")
+    assert policy == RecoveryPolicy(True, 3, 1024 * 1024, 10.0, 4, 0.1, 1.0, 0.0) and notes == []
+
+
+def test_out_of_range_values_are_clamped_and_reported():
+    policy, notes = parse_recovery({"attempts": 99, "max_buffer_bytes": "1KiB", "retry_window": "2h",
+                                    "backoff": {"initial": "1ms", "max": "5m"}, "heartbeat": "500ms"}, "r")
+    assert (policy.attempts, policy.max_buffer_bytes, policy.retry_window) == (20, 64 * 1024, 600.0)
+    assert (policy.backoff_initial, policy.backoff_max, policy.heartbeat) == (0.01, 60.0, 1.0)
+    assert len(notes) == 6 and all("using" in n for n in notes)
+
+
+@pytest.mark.parametrize("doc,needle", [
+    ({"enabled": "yes"}, "r.enabled"), ({"attempts": -1}, "r.attempts"), ({"retry_window": "soon"}, "r.retry_window"),
+    ({"max_buffer_bytes": "lots"}, "r.max_buffer_bytes"), ({"backoff": {"initial": "x"}}, "r.backoff.initial"),
+    ({"backoff": {"jitter": 1}}, "r.backoff"), ({"nope": 1}, "unknown field"), ([], "expected a mapping"),
+])
+def test_nonsense_is_a_clear_error(doc, needle):
+    with pytest.raises(RecoveryConfigError, match=needle.replace(".", r"\.")):
+        parse_recovery(doc, "r")
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_attempt_budget_is_exact():
+    budget = RetryBudget(RecoveryPolicy(attempts=2, retry_window=100), Clock(), rand=lambda: 1.0)
+    assert [budget.next_delay() for _ in range(3)] == [0.25, 0.5, None]
+
+
+def test_window_budget_is_exact_and_backoff_doubles_to_the_cap():
+    clock = Clock()
+    budget = RetryBudget(RecoveryPolicy(retry_window=3.0, backoff_initial=0.5, backoff_max=1.0), clock, rand=lambda: 1.0)
+    delays = []
+    while (d := budget.next_delay()) is not None:
+        delays.append(d)
+        clock.now += d
+    assert delays == [0.5, 1.0, 1.0] and clock.now == 2.5  # a 4th would start at 3.5 > the 3 s window
+
+
+def test_full_jitter():
+    budget = RetryBudget(RecoveryPolicy(), Clock(), rand=lambda: 0.5)
+    assert budget.next_delay() == 0.125
+
+
+@pytest.mark.parametrize("terminal,error,expected", [
+    ("response.completed", None, None),
+    ("response.incomplete", None, None),
+    (None, None, NO_TERMINAL),
+    ("response.failed", {"code": "server_error"}, "server_error"),
+    ("error", {"type": "server_error", "message": "x"}, "server_error"),
+    ("error", {"status": 503}, "status_503"),
+    ("response.failed", {"code": "context_length_exceeded"}, None),
+    ("error", {"status": 429}, None),
+    ("unframed", None, None),
+])
+def test_recoverable_stream_endings(terminal, error, expected):
+    assert recoverable_stream_end(terminal, error) == expected
