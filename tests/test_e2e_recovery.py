@@ -28,7 +28,8 @@ def start(tmp_path, fake):
 
     def start_proxy(recovery: str = "", policy: str = "") -> ProxyProcess:
         text = (f"base_urls: [{fake.base}/v1]\n"
-                f"recovery: {{enabled: true, retry_window: 5s, backoff: {{initial: 10ms, max: 50ms}}{recovery}}}\n"
+                f"recovery: {{enabled: true, retry_window: 5s, heartbeat: 0, backoff: {{initial: 10ms, max: 50ms}}"
+                f"{recovery}}}\n"
                 f"policy: {{cooldown_wait: 0s{policy}}}\n")
         proc = ProxyProcess(tmp_path, text)
         procs.append(proc)
@@ -153,3 +154,35 @@ def test_client_leaving_during_buffering_stops_everything(fake, start):
     assert len(fake.model_requests()) == 1  # no further attempt
     assert proxy_status(proxy.port)["recovery_buffering"] == 0
     assert call(proxy, fake).status == 200  # and nothing cooled
+
+
+def test_heartbeat_keeps_an_idle_client_alive_then_delivers_the_winner(tmp_path):
+    import hashlib
+
+    (tmp_path / "hb").mkdir()
+    slow = FakeUpstreamProcess(tmp_path / "hb", "--pace", "0.002", "--deltas", "8", "--stall", "2.5")
+    try:
+        slow.overload_next(CLIENT, 1, "stall-after-output")
+        proxy = ProxyProcess(tmp_path / "hb", f"base_urls: [{slow.base}/v1]\nrecovery: {{enabled: true, heartbeat: 1s}}\n")
+        try:
+            reply = post_responses(proxy.port, f"{slow.base}/v1/responses", CLIENT)
+        finally:
+            proxy.stop()
+        assert reply.status == 200 and reply.headers.get("x-codex-failover-heartbeat") == "1"
+        beat = b'event: keepalive\ndata: {"type":"keepalive"}\n\n'
+        assert reply.body.count(beat) >= 2 and reply.first_byte_s < 2.0  # alive while buffering
+        winner = reply.body.replace(beat, b"")
+        sent = [r["sha256"] for r in slow.requests() if r.get("event") == "response_sent"]
+        assert hashlib.sha256(winner).hexdigest() == sent[-1]  # then the winner, in full
+    finally:
+        slow.stop()
+
+
+def test_heartbeat_mode_delivers_exhaustion_in_stream(fake, start):
+    proxy = start(", attempts: 1, heartbeat: 1s")
+    fake.overload_next(CLIENT, 2, "cut")
+    reply = call(proxy, fake)
+    assert reply.status == 200
+    last = reply.events()[-1]
+    assert last["type"] == "response.failed" and last["response"]["error"]["status"] == 408
+    assert len(fake.model_requests()) == 2

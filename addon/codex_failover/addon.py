@@ -164,15 +164,41 @@ class FailoverAddon:
                          affinity=self.affinity, rotation=n, notices=self._notices, usage=self.usage,
                          route_health=self.route_health, bridges=self.bridges, recovery_slots=self.recovery_slots,
                          request_id=f"r{n}")
+        await self.relay.start()
+        # The run may outlive this hook (recovery's heartbeat mode answers the client early and
+        # goes on in the background): wait for the run, or for the client's answer to be set.
+        run.task = asyncio.get_running_loop().create_task(self._guarded(run))
+        decided = asyncio.get_running_loop().create_task(run.decided.wait())
+        await asyncio.wait({run.task, decided}, return_when=asyncio.FIRST_COMPLETED)
+        decided.cancel()
+        if run.task.done():
+            failure = run.task.result()
+            if failure == "client_gone":
+                flow.kill()
+            elif failure is not None and not run.decided.is_set():
+                flow.response = responses.internal_error(failure)
+        else:
+            self._tasks.add(run.task)
+            run.task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _guarded(run: RequestRun) -> str | None:
+        """Run one request; a bug must fail with a clear status, never hang the client."""
         try:
-            await self.relay.start()
             await run.run()
         except ClientGone:
             log.info("[%s] client went away while held; attempts cancelled", run.request_id)
-            flow.kill()
-        except Exception as exc:  # a bug must fail with a clear status, never hang the client
+            return "client_gone"
+        except asyncio.CancelledError:
+            log.info("[%s] stopped: the client left", run.request_id)
+            return "client_gone"
+        except Exception as exc:  # noqa: BLE001
             log.error("[%s] codex-failover internal error: %s\n%s", run.request_id, exc, traceback.format_exc())
-            flow.response = responses.internal_error(type(exc).__name__)
+            if run.sink is not None:
+                run.sink.fail(502, {"type": "server_error", "code": "codex_failover_internal_error",
+                                    "message": f"codex-failover internal error: {type(exc).__name__}"})
+            return type(exc).__name__
+        return None
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         attempt = self.attempts.get(flow.id)

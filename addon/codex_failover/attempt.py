@@ -40,6 +40,9 @@ class Attempt:
 
     def __init__(self, client_flow: http.HTTPFlow, label: str, n: int):
         self.flow = client_flow.copy()
+        # The client flow may already be answered by the relay (heartbeat mode): an attempt starts clean.
+        self.flow.response, self.flow.error = None, None
+        self.flow.metadata.clear()
         self.flow.is_replay = "request"
         self.flow.metadata[ATTEMPT_TAG] = label
         self.n = n

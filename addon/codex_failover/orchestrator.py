@@ -24,6 +24,7 @@ from .codex_request import swap_credential
 from .config import PoolConfig
 from .framer import FramerError, SSEFramer
 from .health import Health
+from .heartbeat import HEADERS, HeartbeatSink
 from .planner import Candidate, Plan, make_plan
 from .recovery import NO_TERMINAL, RECOVERABLE_STATUS, TRANSPORT, RetryBudget, Slots, recoverable_stream_end
 from .relay import Relay, RelaySession, UpstreamBroken
@@ -105,9 +106,14 @@ class RequestRun:
     move: MovePolicy = MovePolicy(True)
     body: object = None  # the parsed request body
     session: str | None = None  # the Codex session (thread) id, for affinity
+    sink: HeartbeatSink | None = None  # heartbeat mode: the client already has its headers
+    decided: asyncio.Event = field(default_factory=asyncio.Event)  # the client flow's answer is set
+    task: asyncio.Task | None = None  # this run, when it outlives the request hook (heartbeat mode)
+    original: http.Request | None = None  # the request as the client sent it (the flow's may point at the relay)
 
     async def run(self) -> None:
         req = self.flow.request
+        self.original = req.copy()
         self.body = parse_body(req.get_content(strict=False) or b"")
         self.move = assess(self.body, req.headers, self.pool.policy.encrypted_reasoning)
         if not self.move.movable:
@@ -238,12 +244,12 @@ class RequestRun:
         if isinstance(final, http.Response):
             if final.status_code >= 500:
                 self.health.cool(cand.key, self.pool.policy.overload_cooldown, UPSTREAM_5XX)
-            self.flow.response = final
+            self._respond(final)
             return Outcome("answered")
         if callable(final):  # a buffered stream that ended in a terminal error: delivered as it came
             final()
             return Outcome("committed")
-        self.flow.response = responses.recovery_exhausted(outcome.message, self.history)
+        self._respond(responses.recovery_exhausted(outcome.message, self.history))
         return Outcome("answered")
 
     async def _try_once(self, cand: Candidate, n: int, ep: Endpoint | None) -> Outcome:
@@ -272,7 +278,7 @@ class RequestRun:
 
     def _make_attempt(self, cand: Candidate, n: int) -> Attempt:
         attempt = Attempt(self.flow, f"{self.request_id}#{n}", n)
-        req = attempt.flow.request
+        attempt.flow.request = req = self.original.copy()
         if cand.base_url:
             req.url = cand.base_url + "/responses"
         if cand.auth is not None:
@@ -324,7 +330,7 @@ class RequestRun:
             self._reject(attempt, cand, rejection)
             return Outcome("rejected", rejection)
         # Success without a stream, another 4xx, or the client's own 401/403: as is.
-        self.flow.response = resp.copy()
+        self._respond(resp.copy())
         self._succeeded(cand)
         self._record(attempt, cand, "deliver", verdict.reason, resp.status_code, ok=True)
         return Outcome("answered")
@@ -368,6 +374,8 @@ class RequestRun:
         delivered whole; a transient failure asks for a retry. Past `max_buffer_bytes`, fail open:
         what is buffered goes out once, in order, and the rest streams live."""
         limit = self.pool.recovery.max_buffer_bytes
+        if self.pool.recovery.heartbeat and self.sink is None:
+            self._start_heartbeat()
         terminal = decision.trigger if decision.verdict is Verdict.DELIVER else None
         error = decision.error
         idle = self.pool.policy.response_timeout
@@ -458,14 +466,43 @@ class RequestRun:
                 else:
                     raise UpstreamBroken(item.data.decode(errors="replace"))
 
-        session = RelaySession(resp.status_code, resp.reason, list(resp.headers.fields), body, attempt.cancel)
-        token = self.relay.register(session)
-        self._point_at_relay(token)
+        if self.sink is not None:
+            self.sink.deliver(body)
+        else:
+            session = RelaySession(resp.status_code, resp.reason, list(resp.headers.fields), body, attempt.cancel)
+            self._point_at_relay(self.relay.register(session))
         self._succeeded(cand)
         verdict = decision.verdict.value
         self._record(attempt, cand, verdict, decision.reason, resp.status_code, ok=True)
 
+    def _respond(self, answer: http.Response) -> None:
+        """Answer the client: the flow's response, or in heartbeat mode an in-stream failure."""
+        if self.sink is None:
+            self.flow.response = answer
+            self.decided.set()
+            return
+        try:
+            error = json.loads(answer.get_content(strict=False) or b"{}").get("error") or {}
+        except ValueError:
+            error = {}
+        self.sink.fail(answer.status_code, error if isinstance(error, dict) else {"message": str(error)})
+
+    def _start_heartbeat(self) -> None:
+        """Heartbeat mode: commit 200 event-stream headers now; keepalives flow until the outcome.
+        The request hook returns; this run goes on in the background (the relay aborts it if the
+        client leaves)."""
+        self.sink = HeartbeatSink(self.pool.recovery.heartbeat)
+        session = RelaySession(200, "OK", list(HEADERS), self.sink.body, self._abort_background)
+        self._point_at_relay(self.relay.register(session))
+        log.info("[%s] recovery: heartbeat every %gs while the response is buffered", self.request_id,
+                 self.pool.recovery.heartbeat)
+
+    def _abort_background(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
     def _point_at_relay(self, token: str) -> None:
+        self.decided.set()
         flow = self.flow
         flow.metadata[RELAY_TAG] = flow.request.copy()  # restored for display once the response ends
         req = flow.request
@@ -511,18 +548,21 @@ class RequestRun:
 
     def _answer_exhausted(self, plan: Plan, last: Rejection | None) -> None:
         retry_after = self._retry_after(plan)
-        self.flow.response = responses.exhausted(last, self.history, retry_after, self.move.why_pinned)
-        self._log_summary(f"exhausted -> {self.flow.response.status_code}")
+        answer = responses.exhausted(last, self.history, retry_after, self.move.why_pinned)
+        self._respond(answer)
+        self._log_summary(f"exhausted -> {answer.status_code}")
 
     def _answer_from_cooldown(self, plan: Plan) -> None:
         retry_after = self._retry_after(plan)
         reasons = [(c.name, why, self.health.state(c.key).reason) for c, why in plan.skipped]
-        self.flow.response = responses.all_cooling(reasons, retry_after, self.move.why_pinned)
-        self._log_summary(f"every credential cooling or out -> {self.flow.response.status_code} (not dialled)")
+        answer = responses.all_cooling(reasons, retry_after, self.move.why_pinned)
+        self._respond(answer)
+        self._log_summary(f"every credential cooling or out -> {answer.status_code} (not dialled)")
 
     def _answer_broken(self, message: str) -> None:
-        self.flow.response = responses.upstream_failed(message, self.history)
-        self._log_summary(f"upstream failed -> {self.flow.response.status_code}")
+        answer = responses.upstream_failed(message, self.history)
+        self._respond(answer)
+        self._log_summary(f"upstream failed -> {answer.status_code}")
 
     def _soonest_recovery(self, plan: Plan) -> float | None:
         waits = [w for w in (self.health.recovers_in(k) for k in plan.all_keys) if w is not None]
