@@ -18,7 +18,7 @@ from mitmproxy.connection import ConnectionState, Server
 from . import responses
 from .affinity import Affinity, session_of
 from .attempt import CHUNK, END, ERROR, Attempt, Item
-from .auth import auth_from_headers
+from .auth import AuthMaterial, auth_from_headers
 from .classifier import FRAMING_ERROR, BootstrapClassifier, Decision, Verdict, stream_error
 from .codex_request import swap_credential
 from .config import PoolConfig
@@ -110,6 +110,7 @@ class RequestRun:
     decided: asyncio.Event = field(default_factory=asyncio.Event)  # the client flow's answer is set
     task: asyncio.Task | None = None  # this run, when it outlives the request hook (heartbeat mode)
     original: http.Request | None = None  # the request as the client sent it (the flow's may point at the relay)
+    client_auth: AuthMaterial | None = None  # the client's own credential, from `original`
 
     async def run(self) -> None:
         req = self.flow.request
@@ -119,10 +120,10 @@ class RequestRun:
         if not self.move.movable:
             log.info("[%s] stays on its own credential: %s", self.request_id, self.move.why_pinned)
             self.flow.comment = f"codex-failover: stays on its own credential: {self.move.why_pinned}"
-        client_auth = auth_from_headers(req.headers)
+        self.client_auth = auth_from_headers(req.headers)
         policy = self.pool.policy
         self.session = session_of(req.headers, self.body)
-        plan = self._plan(client_auth)
+        plan = self._plan()
         only = self._only_credential(plan)
         self.total = policy.max_attempts if only else min(policy.max_attempts, len(plan.all_keys))
         tried: set[str] = set()
@@ -143,14 +144,14 @@ class RequestRun:
             if outcome.kind == "broken":
                 return self._answer_broken(outcome.message)
             last = outcome.rejection
-            plan = self._plan(client_auth)
+            plan = self._plan()
         if last is None:
             return self._answer_from_cooldown(plan)
         self._answer_exhausted(plan, last)
 
-    def _plan(self, client_auth) -> Plan:
+    def _plan(self) -> Plan:
         sticky = self.affinity.get(self.session)
-        plan = make_plan(client_auth, self.pool, self.health, self.move.movable, sticky, self.rotation)
+        plan = make_plan(self.client_auth, self.pool, self.health, self.move.movable, sticky, self.rotation)
         for cand, why in plan.skipped:
             if why == "expired" and (cand.name, cand.auth.expires_at) not in self.notices:
                 self.notices.add((cand.name, cand.auth.expires_at))
@@ -184,7 +185,7 @@ class RequestRun:
             return []
         log.info("[%s] no credential ready; holding %.1fs for the first to recover", self.request_id, min(waits))
         await self._sleep_holding(min(waits))
-        fresh = self._plan(auth_from_headers(self.flow.request.headers))
+        fresh = self._plan()
         return [c for c in fresh.candidates if c.key not in tried]
 
     # -- one attempt -----------------------------------------------------------------------
