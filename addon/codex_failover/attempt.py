@@ -48,6 +48,7 @@ class Attempt:
         self.n = n
         self.endpoint = None  # the route endpoint (routes.Endpoint) this attempt goes through, if any
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
+        self._stashed: Item | None = None  # see next_batch
         self.streaming = False
         self.captured = bytearray()
         self.started = time.monotonic()
@@ -102,6 +103,22 @@ class Attempt:
             return await asyncio.wait_for(self.queue.get(), timeout)
         except TimeoutError:
             return None
+
+    async def next_batch(self) -> Item:
+        """The relay's read: every chunk already waiting, joined (under load, one write through
+        mitmproxy instead of many), or the end/error item once no chunk is left."""
+        item = self._stashed or await self.queue.get()
+        self._stashed = None
+        if item.kind != CHUNK or self.queue.empty():
+            return item
+        parts = [item.data]
+        while not self.queue.empty():
+            following = self.queue.get_nowait()
+            if following.kind != CHUNK:  # END/ERROR come last: keep it for the next call
+                self._stashed = following
+                break
+            parts.append(following.data)
+        return Item(CHUNK, b"".join(parts))
 
     async def cancel(self, timeout: float = 5.0) -> None:
         """Stop the attempt and close its upstream connection; idempotent."""

@@ -459,7 +459,7 @@ class RequestRun:
             if state["ended"]:
                 return
             while True:
-                item = await attempt.queue.get()
+                item = await attempt.next_batch()
                 if item.kind == CHUNK:
                     yield item.data
                 elif item.kind == END:
