@@ -49,6 +49,7 @@ SCENARIOS = {
     "midstream-server-error": "some output, then response.failed with a generic server_error",
     "http-500": "synchronous HTTP 500",
     "http-502": "synchronous HTTP 502",
+    "http-503": "synchronous HTTP 503 that is not an overload (service unavailable, no code)",
     "http-504": "synchronous HTTP 504",
     "good": "a normal streamed answer (reasoning summary + text)",
 }
@@ -158,6 +159,7 @@ SYNC = {
                                               "message": "Rate limit reached."}),
     "http-500": lambda: json_error(500, {"type": "server_error", "code": "server_error", "message": "Internal error."}),
     "http-502": lambda: json_error(502, {"type": "server_error", "code": "bad_gateway", "message": "Bad gateway."}),
+    "http-503": lambda: json_error(503, {"type": "server_error", "code": "upstream_unavailable", "message": "Try again."}),
     "http-504": lambda: json_error(504, {"type": "server_error", "code": "gateway_timeout", "message": "Gateway timeout."}),
     "invalid": lambda: json_error(400, {"type": "invalid_request_error", "code": "invalid_value",
                                         "message": "Invalid value for 'input'.", "param": "input"}),

@@ -60,7 +60,7 @@ def one_clean_response(reply, fake):
     assert hashlib.sha256(reply.body).hexdigest() == sent[-1]
 
 
-@pytest.mark.parametrize("fault", ["midstream-server-error", "cut", "http-502", "http-504", "http-500"])
+@pytest.mark.parametrize("fault", ["midstream-server-error", "cut", "http-502", "http-503", "http-504", "http-500"])
 def test_transient_failure_recovers_on_the_same_credential(fake, start, fault):
     proxy = start()
     fake.overload_next(CLIENT, 2, fault)
@@ -136,6 +136,35 @@ def test_saturation_streams_normally(fake, start):
     reply = call(proxy, fake)  # the one slot is taken: this one streams live, never waits
     one_clean_response(reply, fake)
     assert proxy_status(proxy.port)["recovery_buffering"] == 1
+
+
+def test_client_leaving_during_backoff_stops_everything(fake, start):
+    import re
+
+    proxy = start(", backoff: {initial: 3s, max: 3s}")
+    body = json.dumps({"stream": True, "input": []}).encode()
+    # Full jitter may pick a short backoff; try until one is long enough to leave during it.
+    for attempt in range(12):
+        fake.overload_next(CLIENT, 1, "http-502")
+        before = len(fake.model_requests())
+        sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        sock.sendall(f"POST {fake.base}/v1/responses HTTP/1.1\r\nHost: x\r\nauthorization: Bearer {CLIENT}\r\n"
+                     f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+        deadline, delay = time.monotonic() + 5, None
+        while delay is None and time.monotonic() < deadline:
+            found = re.findall(rf"\[r{attempt + 1}\] recovery: .* retry 1 in (\d+) ms", proxy.log())
+            delay = int(found[0]) if found else None
+            time.sleep(0.01)
+        sock.close()
+        if delay is not None and delay >= 1000:
+            break
+        time.sleep(3.2)  # let this one finish
+    else:
+        pytest.fail("no backoff of 1 s or more in 12 tries")
+    time.sleep(delay / 1000 + 0.5)  # past the backoff: had it gone on, the retry would have reached the fake
+    assert [r["scenario"] for r in fake.model_requests()[before:]] == ["http-502"]
+    assert proxy_status(proxy.port)["held_requests"] == 0
+    assert call(proxy, fake).status == 200  # and nothing cooled
 
 
 def test_client_leaving_during_buffering_stops_everything(fake, start):

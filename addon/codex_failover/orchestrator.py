@@ -323,7 +323,7 @@ class RequestRun:
             return Outcome("broken", message="upstream response did not complete")
         resp = attempt.flow.response
         verdict = classify_response(resp.status_code, resp.get_content(strict=False) or b"", self.rules)
-        if self.pool.recovery.enabled and resp.status_code in RECOVERABLE_STATUS and verdict.reason in (UPSTREAM_5XX, "client_error"):
+        if self.pool.recovery.enabled and resp.status_code in RECOVERABLE_STATUS and not self._rejected_by_body(verdict.error):
             self._record(attempt, cand, "recover", f"status_{resp.status_code}", resp.status_code)
             return Outcome("recover", message=f"HTTP {resp.status_code}", final=resp.copy())
         if verdict.verdict == FAILOVER and not (verdict.reason == AUTH_REJECTED and cand.is_client):
@@ -335,6 +335,12 @@ class RequestRun:
         self._succeeded(cand)
         self._record(attempt, cand, "deliver", verdict.reason, resp.status_code, ok=True)
         return Outcome("answered")
+
+    def _rejected_by_body(self, error) -> bool:
+        """Does the error body itself name a rejection (overload, limits)? Those fail over; a bare
+        transient status is recovery's to retry."""
+        error = error or {}
+        return self.rules.rejection_class(error.get("code"), error.get("type"), error.get("message")) is not None
 
     async def _bootstrap(self, attempt: Attempt, cand: Candidate) -> Outcome:
         clf = BootstrapClassifier(self.rules, timeout=self.pool.policy.bootstrap_timeout)
