@@ -345,6 +345,21 @@ class LocalProxies:
         self._loop.call_soon_threadsafe(self._loop.stop)
 
 
+class Blackhole:
+    """A loopback port whose connects hang (a full accept queue): like a proxy that drops SYNs."""
+
+    def __init__(self) -> None:
+        self._server = socket.socket()
+        self._server.bind(("127.0.0.1", 0))
+        self._server.listen(0)
+        self.port = self._server.getsockname()[1]
+        self._filler = socket.create_connection(("127.0.0.1", self.port), timeout=2)  # fills the queue
+
+    def close(self) -> None:
+        self._filler.close()
+        self._server.close()
+
+
 def _reset(writer) -> None:
     import socket as _socket
     import struct

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from harness import FakeUpstreamProcess, LocalProxies, ProxyProcess, free_port, pool_yaml, post_responses
+from harness import Blackhole, FakeUpstreamProcess, LocalProxies, ProxyProcess, free_port, pool_yaml, post_responses
 
 pytestmark = pytest.mark.e2e
 
@@ -139,3 +139,21 @@ def test_every_route_dead_gives_the_original_502_with_its_reason(fake, proxies, 
     assert "route corp" in message and f"corp[0] http://127.0.0.1:{dead_url.rsplit(':', 1)[1]}" in message
     assert "Connect call failed" in message or "refused" in message.lower()
     assert fake.model_requests() == []
+
+
+def test_endpoint_timing_out_at_connect_is_skipped_for_the_next(fake, proxies, start_proxy):
+    hole = Blackhole()
+    try:
+        alive = proxies.http_proxy("alive")
+        proxy = start_proxy(fake, [("work", "sk-test-work-good", "corp")],
+                            {"corp": [f"http://127.0.0.1:{hole.port}", f"http://127.0.0.1:{alive}"]}, connect_timeout="1s")
+        started = time.monotonic()
+        reply = call(proxy, fake)
+        assert reply.status == 200 and served_by(reply) == "sk-test-work-good"
+        assert 1.0 <= time.monotonic() - started < 5.0
+        assert "timed out connecting after 1s" in proxy.log() and "failed before dispatch" in proxy.log()
+        started = time.monotonic()
+        assert served_by(call(proxy, fake)) == "sk-test-work-good"  # the dead one backs off: no wait now
+        assert time.monotonic() - started < 1.0
+    finally:
+        hole.close()

@@ -214,6 +214,11 @@ class FailoverAddon:
             attempt.on_response()
         self._restore_client_request(flow)
 
+    def server_connected(self, data) -> None:
+        for attempt in self.attempts.values():
+            if attempt.owns(data.client):
+                attempt.connected = True
+
     def server_connect_error(self, data) -> None:
         # Runs before the attempt's `error` hook, which built-in addons (save_stream) see first:
         # the request never left, so redact it now and no saved flow holds a spare's secret.

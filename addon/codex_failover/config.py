@@ -46,6 +46,7 @@ class Policy:
     selection: str = "fill-first"  # or "round-robin", among credentials of one priority
     session_idle: float = 3600.0  # a session's stickiness to a credential expires after this idle time
     max_sessions: int = 10000  # sessions remembered at most (least recently used forgotten first)
+    connect_timeout: float = 10.0  # an attempt not connected (to its proxy or upstream) by then failed before dispatch
     route_backoff: float = 30.0  # first backoff of a dead route endpoint; doubles per failure
     route_backoff_max: float = 300.0  # the longest backoff
 
@@ -94,6 +95,7 @@ _POLICY_FIELDS = {
     "selection": ("fill-first", "round-robin"),
     "session_idle": "duration",
     "max_sessions": "count",
+    "connect_timeout": "duration",
     "route_backoff": "duration",
     "route_backoff_max": "duration",
 }
@@ -174,6 +176,8 @@ def _policy(doc: object, where: str) -> Policy:
             except ValueError as exc:
                 raise ConfigError(f"{here}: {exc}") from None
         values[key] = value
+    if values.get("connect_timeout", 1) == 0:
+        raise ConfigError(f"{where}.connect_timeout: must be > 0 (a failure never hangs a client)")
     if values.get("response_timeout", 1) == 0:
         raise ConfigError(f"{where}.response_timeout: must be > 0 (a failure never hangs a client)")
     return Policy(**values)

@@ -291,7 +291,11 @@ class RequestRun:
         return attempt
 
     async def _drive(self, attempt: Attempt, cand: Candidate) -> Outcome:
-        item = await self._next(attempt, time.monotonic() + self.pool.policy.response_timeout)
+        item = await self._first_item(attempt)
+        if item is None and not attempt.connected:
+            # Never connected: not one request byte left, so it may move (DESIGN §5).
+            await attempt.cancel()
+            return self._connection_failed(attempt, cand, f"timed out connecting after {self.pool.policy.connect_timeout:g}s")
         if item is None:
             await attempt.cancel()
             self._record(attempt, cand, "failed", "response_timeout", None)
@@ -302,6 +306,16 @@ class RequestRun:
         if attempt.streaming:
             return await self._bootstrap(attempt, cand)
         return await self._synchronous(attempt, cand)
+
+    async def _first_item(self, attempt: Attempt) -> Item | None:
+        """The response head (or an error); None when the connection was not up within
+        connect_timeout, or no answer came within response_timeout."""
+        policy = self.pool.policy
+        started = time.monotonic()
+        item = await self._next(attempt, started + policy.connect_timeout)
+        if item is None and attempt.connected:
+            item = await self._next(attempt, started + max(policy.response_timeout, policy.connect_timeout))
+        return item
 
     def _connection_failed(self, attempt: Attempt, cand: Candidate, message: str) -> Outcome:
         """Before any response: only a failure proven to precede dispatch may move (DESIGN §5)."""
