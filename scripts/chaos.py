@@ -17,7 +17,6 @@ import concurrent.futures
 import hashlib
 import json
 import random
-import socket
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from harness import FakeUpstreamProcess, LocalProxies, ProxyProcess, free_port, pool_yaml, post_responses, proxy_status
+from harness import start_raw_post, FakeUpstreamProcess, LocalProxies, ProxyProcess, free_port, pool_yaml, post_responses, proxy_status
 
 HERE = Path(__file__).resolve().parent
 MEMORY_SLACK_MB = 15.0
@@ -137,10 +136,7 @@ class Scenario:
             self.problems.append(f"only {ok} of {n} clients got a complete answer")
 
     def run_disconnect(self) -> None:
-        sock = socket.create_connection(("127.0.0.1", self.proxy.port), timeout=5)
-        body = json.dumps({"stream": True, "input": []}).encode()
-        sock.sendall(f"POST {self.url} HTTP/1.1\r\nHost: x\r\nauthorization: Bearer {self.spec['client']}\r\n"
-                     f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+        sock = start_raw_post(self.proxy.port, self.url, self.spec["client"])
         deadline = time.monotonic() + 5
         while not self.fake.model_requests() or len(self.fake.model_requests()) < 2:  # warm-up + this one
             if time.monotonic() > deadline:

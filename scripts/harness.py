@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from codex_failover.socks_bridge import pipe_both
+
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 PYTHON = sys.executable
 MITMDUMP = str(Path(sys.executable).parent / "mitmdump")
@@ -169,6 +171,16 @@ def post_responses(proxy_port: int, url: str, token: str, body: dict | None = No
     return reply
 
 
+def start_raw_post(proxy_port: int, url: str, token: str, timeout: float = 5.0) -> socket.socket:
+    """Send a streaming model request through the proxy on a raw socket, and return the socket
+    (for tests that read part of the answer, or leave early)."""
+    sock = socket.create_connection(("127.0.0.1", proxy_port), timeout=timeout)
+    body = json.dumps({"stream": True, "input": []}).encode()
+    sock.sendall(f"POST {url} HTTP/1.1\r\nHost: {url.split('/')[2]}\r\nauthorization: Bearer {token}\r\n"
+                 f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+    return sock
+
+
 def proxy_status(proxy_port: int) -> dict:
     """The addon's status report (pool health, in-flight counters) through its status host."""
     return json.loads(request(proxy_port, "GET", "http://codex-failover.status/").body)
@@ -289,7 +301,7 @@ class LocalProxies:
                 _reset(writer)
                 up_writer.close()
                 return
-            await _pipe(reader, writer, up_reader, up_writer)
+            await pipe_both(reader, writer, up_reader, up_writer)
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             pass
         finally:
@@ -328,7 +340,7 @@ class LocalProxies:
             up_reader, up_writer = await asyncio.open_connection(host, port)
             writer.write(b"\x05\x00\x00\x01" + bytes(4) + b"\x00\x00")
             await writer.drain()
-            await _pipe(reader, writer, up_reader, up_writer)
+            await pipe_both(reader, writer, up_reader, up_writer)
         except (ConnectionError, asyncio.IncompleteReadError, OSError):
             pass
         finally:
@@ -368,19 +380,3 @@ def _reset(writer) -> None:
     if sock is not None:
         sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
-
-
-async def _pipe(a_reader, a_writer, b_reader, b_writer) -> None:
-    import asyncio
-
-    async def one(src, dst):
-        try:
-            while data := await src.read(65536):
-                dst.write(data)
-                await dst.drain()
-        except ConnectionError:
-            pass
-        finally:
-            dst.close()
-
-    await asyncio.gather(one(a_reader, b_writer), one(b_reader, a_writer))

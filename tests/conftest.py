@@ -18,3 +18,23 @@ LIVE = FIXTURES / "live"
 @pytest.fixture(scope="session")
 def rules():
     return load_rules()
+
+
+class Clock:
+    """An injectable clock that only moves when a test moves it."""
+
+    def __init__(self, now: float = 1_800_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def fake(tmp_path):
+    """The fake upstream on 127.0.0.1 (fast pace; stalls last 30 s), stopped by its PID."""
+    from harness import FakeUpstreamProcess
+
+    upstream = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "8", "--stall", "30")
+    yield upstream
+    upstream.stop()

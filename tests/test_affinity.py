@@ -8,13 +8,8 @@ from codex_failover.config import Credential, Policy, PoolConfig
 from codex_failover.health import Health
 from codex_failover.planner import make_plan
 
+from conftest import Clock
 
-class Clock:
-    def __init__(self):
-        self.now = 1_800_000_000.0
-
-    def __call__(self):
-        return self.now
 
 
 def test_session_key_from_headers_then_prompt_cache_key():

@@ -9,15 +9,8 @@ from hypothesis import strategies as st
 from codex_failover.classifier import BootstrapClassifier, Verdict
 from codex_failover.framer import Event, SSEFramer
 
-from conftest import LIVE, WIRE
+from conftest import Clock, LIVE, WIRE
 
-
-class FakeClock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
 
 
 def sse(obj, name=None) -> bytes:
@@ -222,7 +215,7 @@ def test_budgets_from_rules_file(rules):
 # -- time budget ----------------------------------------------------------------------------
 
 def test_timeout_commits_without_a_frame(rules):
-    clock = FakeClock()
+    clock = Clock(100.0)
     clf = BootstrapClassifier(rules, timeout=30, clock=clock)
     for ev in events_of(HANDSHAKE):
         assert clf.feed(ev).verdict is Verdict.HOLD
@@ -235,7 +228,7 @@ def test_timeout_commits_without_a_frame(rules):
 
 
 def test_rejection_after_timeout_is_delivered_in_stream(rules):
-    clock = FakeClock()
+    clock = Clock(100.0)
     clf = BootstrapClassifier(rules, timeout=5, clock=clock)
     clf.feed(events_of(sse(CREATED))[0])
     clock.now += 6
@@ -246,7 +239,7 @@ def test_rejection_after_timeout_is_delivered_in_stream(rules):
 
 
 def test_zero_timeout_is_unlimited(rules):
-    clock = FakeClock()
+    clock = Clock(100.0)
     clf = BootstrapClassifier(rules, timeout=0, clock=clock)
     clock.now += 10**9
     assert clf.tick().verdict is Verdict.HOLD and clf.deadline is None

@@ -12,15 +12,8 @@ from codex_failover.planner import make_plan
 from codex_failover.taxonomy import classify_response, cooldown_seconds, exhausted_status, retry_after_seconds
 from codex_failover.transport import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH, TLS_FAILED, classify_connection_error
 
-from conftest import WIRE
+from conftest import Clock, WIRE
 
-
-class Clock:
-    def __init__(self, now=1_800_000_000.0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
 
 
 def cred(name, kind=APIKEY, token=None):

@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 
 import pytest
 
-from harness import FakeUpstreamProcess, ProxyProcess, free_port, pool_yaml, post_responses, request
+from harness import start_raw_post, FakeUpstreamProcess, ProxyProcess, free_port, pool_yaml, post_responses, request
 
 pytestmark = pytest.mark.e2e
 
-
-@pytest.fixture
-def fake(tmp_path):
-    upstream = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "10", "--stall", "30")
-    yield upstream
-    upstream.stop()
 
 
 @pytest.fixture
@@ -138,12 +131,7 @@ def test_clients_own_401_is_returned_as_is(fake, start_proxy):
 
 def test_client_disconnect_cancels_the_upstream(fake, start_proxy):
     proxy = start_proxy(fake, [("spare", "sk-test-spare-good")], bootstrap_timeout="60s")
-    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
-    body = json.dumps({"stream": True, "input": []}).encode()
-    sock.sendall(
-        f"POST {url(fake)} HTTP/1.1\r\nHost: 127.0.0.1:{fake.port}\r\nauthorization: Bearer sk-test-client-stall\r\n"
-        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body
-    )
+    sock = start_raw_post(proxy.port, url(fake), "sk-test-client-stall")
     deadline = time.monotonic() + 5
     while not fake.model_requests() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -309,10 +297,7 @@ def test_client_disconnect_after_commit_cancels_the_upstream(tmp_path, start_pro
     slow = FakeUpstreamProcess(tmp_path, "--pace", "0.2", "--deltas", "40")
     try:
         proxy = start_proxy(slow, [("spare", "sk-test-spare-good")])
-        sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
-        body = json.dumps({"stream": True, "input": []}).encode()
-        sock.sendall(f"POST {url(slow)} HTTP/1.1\r\nHost: x\r\nauthorization: Bearer sk-test-client-good\r\n"
-                     f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+        sock = start_raw_post(proxy.port, url(slow), "sk-test-client-good", timeout=10)
         received = b""
         while b"response.output_text.delta" not in received and b"summary_text.delta" not in received:
             received += sock.recv(65536)

@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import socket
 import threading
 import time
 
 import pytest
 
-from harness import FakeUpstreamProcess, ProxyProcess, post_responses, proxy_status
+from harness import start_raw_post, FakeUpstreamProcess, ProxyProcess, post_responses, proxy_status
 
 pytestmark = pytest.mark.e2e
 CLIENT = "sk-test-client-good"
 
-
-@pytest.fixture
-def fake(tmp_path):
-    upstream = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "8", "--stall", "30")
-    yield upstream
-    upstream.stop()
 
 
 @pytest.fixture
@@ -142,14 +134,11 @@ def test_client_leaving_during_backoff_stops_everything(fake, start):
     import re
 
     proxy = start(", backoff: {initial: 3s, max: 3s}")
-    body = json.dumps({"stream": True, "input": []}).encode()
     # Full jitter may pick a short backoff; try until one is long enough to leave during it.
     for attempt in range(12):
         fake.overload_next(CLIENT, 1, "http-502")
         before = len(fake.model_requests())
-        sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
-        sock.sendall(f"POST {fake.base}/v1/responses HTTP/1.1\r\nHost: x\r\nauthorization: Bearer {CLIENT}\r\n"
-                     f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+        sock = start_raw_post(proxy.port, f"{fake.base}/v1/responses", CLIENT)
         deadline, delay = time.monotonic() + 5, None
         while delay is None and time.monotonic() < deadline:
             found = re.findall(rf"\[r{attempt + 1}\] recovery: .* retry 1 in (\d+) ms", proxy.log())
@@ -170,10 +159,7 @@ def test_client_leaving_during_backoff_stops_everything(fake, start):
 def test_client_leaving_during_buffering_stops_everything(fake, start):
     proxy = start()
     fake.overload_next(CLIENT, 1, "stall-after-output")
-    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
-    body = json.dumps({"stream": True, "input": []}).encode()
-    sock.sendall(f"POST {fake.base}/v1/responses HTTP/1.1\r\nHost: x\r\nauthorization: Bearer {CLIENT}\r\n"
-                 f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+    sock = start_raw_post(proxy.port, f"{fake.base}/v1/responses", CLIENT)
     deadline = time.monotonic() + 5
     while proxy_status(proxy.port)["recovery_buffering"] < 1 and time.monotonic() < deadline:
         time.sleep(0.02)

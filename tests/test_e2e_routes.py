@@ -12,12 +12,6 @@ from harness import Blackhole, FakeUpstreamProcess, LocalProxies, ProxyProcess, 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def fake(tmp_path):
-    upstream = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "5")
-    yield upstream
-    upstream.stop()
-
 
 @pytest.fixture
 def proxies():

@@ -6,6 +6,8 @@ import pytest
 from codex_failover.recovery import (NO_TERMINAL, RecoveryConfigError, RecoveryPolicy, RetryBudget,
                                      parse_recovery, recoverable_stream_end)
 
+from conftest import Clock
+
 
 def test_defaults_and_a_full_section():
     assert parse_recovery(None, "r") == (RecoveryPolicy(), [])
@@ -32,21 +34,14 @@ def test_nonsense_is_a_clear_error(doc, needle):
         parse_recovery(doc, "r")
 
 
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
 
 def test_attempt_budget_is_exact():
-    budget = RetryBudget(RecoveryPolicy(attempts=2, retry_window=100), Clock(), rand=lambda: 1.0)
+    budget = RetryBudget(RecoveryPolicy(attempts=2, retry_window=100), Clock(0.0), rand=lambda: 1.0)
     assert [budget.next_delay() for _ in range(3)] == [0.25, 0.5, None]
 
 
 def test_window_budget_is_exact_and_backoff_doubles_to_the_cap():
-    clock = Clock()
+    clock = Clock(0.0)
     budget = RetryBudget(RecoveryPolicy(retry_window=3.0, backoff_initial=0.5, backoff_max=1.0), clock, rand=lambda: 1.0)
     delays = []
     while (d := budget.next_delay()) is not None:
@@ -56,7 +51,7 @@ def test_window_budget_is_exact_and_backoff_doubles_to_the_cap():
 
 
 def test_full_jitter():
-    budget = RetryBudget(RecoveryPolicy(), Clock(), rand=lambda: 0.5)
+    budget = RetryBudget(RecoveryPolicy(), Clock(0.0), rand=lambda: 0.5)
     assert budget.next_delay() == 0.125
 
 

@@ -6,13 +6,8 @@ from codex_failover.config import ConfigError, parse_pool
 from codex_failover.routes import RouteError, RouteHealth, parse_endpoint, parse_routes
 from codex_failover.transport import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH, TLS_FAILED, classify_connection_error
 
+from conftest import Clock
 
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
 
 
 def test_parse_routes():
@@ -49,7 +44,7 @@ def test_unknown_route_name_in_pool():
 
 
 def test_backoff_doubles_to_the_cap_and_one_probe_at_a_time():
-    clock = Clock()
+    clock = Clock(100.0)
     health = RouteHealth(floor=30, cap=300, clock=clock)
     ep = parse_routes({"r": ["http://a:1"]})["r"][0]
     assert health.claim(ep)

@@ -67,7 +67,7 @@ async def _serve(ep: Endpoint, reader: asyncio.StreamReader, writer: asyncio.Str
         up_reader, up_writer = await asyncio.open_connection(sock=sock)
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         await writer.drain()
-        await _pipe_both(reader, writer, up_reader, up_writer)
+        await pipe_both(reader, writer, up_reader, up_writer)
     except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError, ValueError):
         pass
     finally:
@@ -80,7 +80,8 @@ async def _refuse(writer: asyncio.StreamWriter, status: str, reason: str) -> Non
     await writer.drain()
 
 
-async def _pipe_both(a_reader, a_writer, b_reader, b_writer) -> None:
+async def pipe_both(a_reader, a_writer, b_reader, b_writer) -> None:
+    """Copy both ways until each side ends; each direction closes its destination when done."""
     async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         try:
             while data := await src.read(_PIPE_CHUNK):
