@@ -21,12 +21,12 @@ from .codex_request import EndpointMatcher, asks_to_stream, is_websocket_upgrade
 from .config import ConfigError, PoolConfig, load_pool
 from .health import Health
 from .orchestrator import RELAY_TAG, ClientGone, RequestRun
-from .relay import Relay
 from .recovery import Slots
+from .relay import Relay
 from .routes import RouteHealth
+from .rules import RulesError, load_rules
 from .socks_bridge import SocksBridges
 from .usage import UsageBook
-from .rules import RulesError, load_rules
 
 log = logging.getLogger("codex_failover")
 
