@@ -37,3 +37,27 @@ def test_measure_affinity_moves_only_the_sessions_of_the_overloaded_credential()
     on = next(line for line in out.splitlines() if line.startswith("on "))
     _, turns, changes, overloads, homed = on.split()
     assert int(overloads) == 1 and int(changes) == int(homed) >= 1
+
+
+def test_setup_explains_when_no_suitable_python_exists(tmp_path):
+    import shutil
+
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "setup", tmp_path / "scripts" / "setup")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYENV_ROOT": str(tmp_path / "no-pyenv")}
+    fake_py = tmp_path / "bin" / "python3"  # a Python that is too old
+    fake_py.parent.mkdir()
+    fake_py.write_text("#!/bin/sh\nexit 1\n")
+    fake_py.chmod(0o755)
+    env["PATH"] = f"{fake_py.parent}:/usr/bin:/bin"  # the system's own python3 here is 3.11
+    for candidate in ("python3.13", "python3.12", "python3", "python"):
+        found = shutil.which(candidate, path="/usr/bin:/bin")
+        ok = found and subprocess.run([found, "-c", "import sys; sys.exit(sys.version_info < (3, 12))"]).returncode == 0
+        if ok:
+            pytest.skip(f"{found} is a Python >= 3.12: this machine cannot show the message")
+    proc = subprocess.run(["/bin/bash", str(tmp_path / "scripts" / "setup")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1
+    assert "no Python >= 3.12 found" in proc.stderr and "CODEX_FAILOVER_PYTHON" in proc.stderr
+    assert not (tmp_path / ".venv").exists()
