@@ -47,6 +47,7 @@ SCENARIOS = {
     "huge-line": "a 9 MiB data line (over the framer's line limit) after response.created, then an answer",
     "long-bootstrap": "60 keepalive comments before any output (over the hold budget), then an answer",
     "midstream-server-error": "some output, then response.failed with a generic server_error",
+    "burst": "a normal answer written in one piece (one chunk, one read)",
     "http-500": "synchronous HTTP 500",
     "http-502": "synchronous HTTP 502",
     "http-503": "synchronous HTTP 503 that is not an overload (service unavailable, no code)",
@@ -290,6 +291,8 @@ class FakeUpstream:
             events += [turn.overload_error(), turn.failed("server_is_overloaded", "Our servers are currently overloaded.")]
         elif scenario == "overload-eof":
             events += [turn.overload_error()]
+        elif scenario == "burst":
+            events = [b"".join(events + turn.answer())]
         elif scenario == "midstream-server-error":
             events += turn.answer()[:8] + [turn.failed("server_error", "An error occurred while processing your request.")]
         elif scenario == "overload-flat":

@@ -201,3 +201,20 @@ def test_heartbeat_mode_delivers_exhaustion_in_stream(fake, start):
     last = reply.events()[-1]
     assert last["type"] == "response.failed" and last["response"]["error"]["status"] == 408
     assert len(fake.model_requests()) == 2
+
+
+def test_a_fast_complete_answer_is_not_retried(tmp_path):
+    """The deciding event and response.completed may arrive in one read: still one complete answer."""
+    (tmp_path / "fast").mkdir()
+    fast = FakeUpstreamProcess(tmp_path / "fast", "--pace", "0", "--deltas", "3")
+    try:
+        proxy = ProxyProcess(tmp_path / "fast", f"base_urls: [{fast.base}/v1]\nrecovery: {{enabled: true, heartbeat: 0}}\n")
+        try:
+            for _ in range(5):
+                reply = post_responses(proxy.port, f"{fast.base}/v1/responses", "sk-test-client-burst")
+                one_clean_response(reply, fast)
+        finally:
+            proxy.stop()
+        assert len(fast.model_requests()) == 5
+    finally:
+        fast.stop()

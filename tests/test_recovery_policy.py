@@ -68,3 +68,18 @@ def test_full_jitter():
 ])
 def test_recoverable_stream_endings(terminal, error, expected):
     assert recoverable_stream_end(terminal, error) == expected
+
+
+def test_terminal_tracker_sees_the_end_of_a_stream():
+    from codex_failover.framer import Event
+    from codex_failover.recovery import TerminalTracker
+
+    tracker = TerminalTracker()
+    for payload in ['{"type":"response.output_text.delta"}', '{"type":"error","error":{"code":"server_error"}}',
+                    '{"type":"response.failed","response":{"error":{"code":"server_error","message":"x"}}}']:
+        tracker.see(Event.from_ws_message(payload))
+    assert tracker.terminal == "response.failed" and tracker.error["code"] == "server_error"
+    tracker.see(Event.from_ws_message('{"type":"response.completed","response":{}}'))
+    assert (tracker.terminal, tracker.error) == ("response.completed", None)
+    tracker.unframed()
+    assert recoverable_stream_end(tracker.terminal, tracker.error) is None

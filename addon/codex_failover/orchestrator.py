@@ -19,14 +19,15 @@ from . import responses
 from .affinity import Affinity, session_of
 from .attempt import CHUNK, END, ERROR, Attempt, Item
 from .auth import AuthMaterial, auth_from_headers
-from .classifier import FRAMING_ERROR, BootstrapClassifier, Decision, Verdict, stream_error
+from .classifier import FRAMING_ERROR, BootstrapClassifier, Decision, Verdict
 from .codex_request import swap_credential
 from .config import PoolConfig
 from .framer import FramerError, SSEFramer
 from .health import Health
 from .heartbeat import HEADERS, HeartbeatSink
 from .planner import Candidate, Plan, make_plan
-from .recovery import NO_TERMINAL, RECOVERABLE_STATUS, TRANSPORT, RetryBudget, Slots, recoverable_stream_end
+from .recovery import (NO_TERMINAL, RECOVERABLE_STATUS, TRANSPORT, RetryBudget, Slots, TerminalTracker,
+                       recoverable_stream_end)
 from .relay import Relay, RelaySession, UpstreamBroken
 from .replay_safety import PIN_HEADER, MovePolicy, assess, parse_body, strip_encrypted_reasoning
 from .routes import Endpoint, RouteHealth
@@ -359,6 +360,7 @@ class RequestRun:
     async def _bootstrap(self, attempt: Attempt, cand: Candidate) -> Outcome:
         clf = BootstrapClassifier(self.rules, timeout=self.pool.policy.bootstrap_timeout)
         framer = SSEFramer()
+        tracker = TerminalTracker() if self.pool.recovery.enabled else None
         received = bytearray()
         state = {"ended": False, "error": None}
         decision: Decision | None = None
@@ -368,10 +370,10 @@ class RequestRun:
                 decision = clf.tick()
             elif item.kind == CHUNK:
                 received += item.data
-                decision = self._feed(framer, clf, item.data, lambda w: self._note_usage(cand, w))
+                decision = self._feed(framer, clf, item.data, lambda w: self._note_usage(cand, w), tracker)
             elif item.kind == END:
                 state["ended"] = True
-                decision = self._finish(framer, clf)
+                decision = self._finish(framer, clf, tracker)
             else:  # the upstream broke while we held: deliver what came, then the break
                 state["error"] = item.data.decode(errors="replace")
                 decision = clf.fail_open("upstream_broken")
@@ -383,22 +385,20 @@ class RequestRun:
             return Outcome("rejected", rejection)
         if self.pool.recovery.enabled and self.recovery_slots.take(self.pool.recovery.max_concurrent):
             try:
-                return await self._buffer_whole(attempt, cand, decision, framer, received, state)
+                return await self._buffer_whole(attempt, cand, decision, framer, tracker, received, state)
             finally:
                 self.recovery_slots.give_back()
         self._commit(attempt, cand, decision, bytes(received), state)
         return Outcome("committed")
 
     async def _buffer_whole(self, attempt: Attempt, cand: Candidate, decision: Decision, framer: SSEFramer,
-                            received: bytearray, state: dict) -> Outcome:
+                            tracker: TerminalTracker, received: bytearray, state: dict) -> Outcome:
         """Recovery: keep the committed stream until it ends. A complete (or finally failed) one is
         delivered whole; a transient failure asks for a retry. Past `max_buffer_bytes`, fail open:
         what is buffered goes out once, in order, and the rest streams live."""
         limit = self.pool.recovery.max_buffer_bytes
         if self.pool.recovery.heartbeat and self.sink is None:
             self._start_heartbeat()
-        terminal = decision.trigger if decision.verdict is Verdict.DELIVER else None
-        error = decision.error
         idle = self.pool.policy.response_timeout
         while not state["ended"] and state["error"] is None:
             if len(received) > limit:
@@ -410,17 +410,17 @@ class RequestRun:
                 state["error"] = f"no data for {idle:g}s"
             elif item.kind == CHUNK:
                 received += item.data
-                terminal, error = self._track_terminal(framer, item.data, terminal, error)
+                self._track(framer, item.data, tracker)
             elif item.kind == END:
                 state["ended"] = True
-                terminal, error = self._track_terminal(framer, None, terminal, error)
+                self._track(framer, None, tracker)
             else:
                 state["error"] = item.data.decode(errors="replace")
         if state["error"] is not None:
             await attempt.cancel()
             self._record(attempt, cand, "recover", TRANSPORT, 200)
             return Outcome("recover", message=f"transport error: {state['error']}")
-        why = recoverable_stream_end(terminal, error)
+        why = recoverable_stream_end(tracker.terminal, tracker.error)
         deliver = lambda: self._commit(attempt, cand, decision, bytes(received), state)  # noqa: E731
         if why is None:
             deliver()
@@ -429,43 +429,46 @@ class RequestRun:
         return Outcome("recover", message=why, final=None if why == NO_TERMINAL else deliver)
 
     @staticmethod
-    def _track_terminal(framer: SSEFramer, data: bytes | None, terminal, error):
-        """The last terminal event seen (its type and error object), framing `data` (None: EOF)."""
+    def _track(framer: SSEFramer, data: bytes | None, tracker: TerminalTracker) -> None:
+        """Frame `data` (None: end of stream) only to see how the stream ends."""
         try:
             events = framer.close() if data is None else framer.feed(data)
-        except FramerError:  # cannot see the end any more: whatever comes is final, never retried
+        except FramerError:
             framer.take_pending()
-            return "unframed", None
+            tracker.unframed()
+            return
         for event in events:
-            kind = event.type
-            if kind in ("response.completed", "response.failed", "response.incomplete"):
-                terminal = kind
-                error = stream_error(event.payload) if kind == "response.failed" else None
-            elif kind == "error" and terminal is None:
-                terminal, error = kind, stream_error(event.payload)
-        return terminal, error
+            tracker.see(event)
 
     @staticmethod
-    def _feed(framer: SSEFramer, clf: BootstrapClassifier, data: bytes, on_usage) -> Decision:
+    def _feed(framer: SSEFramer, clf: BootstrapClassifier, data: bytes, on_usage, tracker) -> Decision:
+        """Classify the events of `data` until a decision; a recovery tracker sees all of them
+        (a chunk may hold the deciding event and the stream's end)."""
         decision = clf.tick()
         try:
-            for event in framer.feed(data):
+            events = framer.feed(data)
+        except FramerError:
+            if tracker is not None:
+                tracker.unframed()
+            return clf.fail_open(FRAMING_ERROR)
+        for event in events:
+            if not decision.final:
                 decision = clf.feed(event)
                 if event.type == "codex.rate_limits":  # parsed already by the classifier
                     on_usage(from_event(event.payload))
-                if decision.final:
-                    break
-        except FramerError:
-            decision = clf.fail_open(FRAMING_ERROR)
+            if tracker is not None:
+                tracker.see(event)
         return decision
 
     @staticmethod
-    def _finish(framer: SSEFramer, clf: BootstrapClassifier) -> Decision:
+    def _finish(framer: SSEFramer, clf: BootstrapClassifier, tracker) -> Decision:
+        decision = None
         for event in framer.close():
-            decision = clf.feed(event)
-            if decision.final:
-                return decision
-        return clf.end()
+            if decision is None or not decision.final:
+                decision = clf.feed(event)
+            if tracker is not None:
+                tracker.see(event)
+        return decision if decision is not None and decision.final else clf.end()
 
     # -- outcomes --------------------------------------------------------------------------
 

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from .classifier import stream_error
+from .framer import Event
 from .units import parse_duration, parse_size
 
 RECOVERABLE_STATUS = frozenset({408, 500, 502, 503, 504, 529})
@@ -137,6 +139,28 @@ class RetryBudget:
             return None
         self.retries += 1
         return delay
+
+
+class TerminalTracker:
+    """How a stream ended: the last terminal event seen (and its error object)."""
+
+    TERMINALS = ("response.completed", "response.failed", "response.incomplete")
+
+    def __init__(self) -> None:
+        self.terminal: str | None = None
+        self.error: Mapping | None = None
+
+    def see(self, event: Event) -> None:
+        kind = event.type
+        if kind in self.TERMINALS:
+            self.terminal = kind
+            self.error = stream_error(event.payload) if kind == "response.failed" else None
+        elif kind == "error" and self.terminal is None:
+            self.terminal, self.error = kind, stream_error(event.payload)
+
+    def unframed(self) -> None:
+        """The framer gave up: the end cannot be seen, so whatever comes is final (never retried)."""
+        self.terminal, self.error = "unframed", None
 
 
 def recoverable_stream_end(terminal: str | None, error: Mapping | None) -> str | None:
