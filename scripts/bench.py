@@ -426,6 +426,16 @@ def ratio(x: float, base: float) -> str:
     return f"{x / base:5.2f}x"
 
 
+def _rows(by: dict, pace):
+    """(concurrency, config, its result, the plain-mitmdump result of that level) in table order."""
+    for c, *_ in pace.levels:
+        a = by.get((pace.name, c, "a"))
+        for cfg in CONFIGS:
+            r = by.get((pace.name, c, cfg))
+            if r is not None:
+                yield c, cfg, r, a
+
+
 def print_tables(results: list[Result], paces: list[Pace], body_kib: int) -> None:
     by = {(r.pace, r.concurrency, r.config): r for r in results}
     for pace in paces:
@@ -435,31 +445,21 @@ def print_tables(results: list[Result], paces: list[Pace], body_kib: int) -> Non
               f"(reasoning + text, {pace.deltas} text deltas); {body_kib} KiB request body; ms as median / p95 ==")
         print(f"{'C':>3} {'config':<30} {'ok':>7} {'first byte':>13} {'first output':>13} {'vs a':>6} "
               f"{'to upstream':>13} {'1st out hop':>13} {'live events':>13} {'+vs a':>6} {'failover':>13}")
-        for c, *_ in pace.levels:
-            a = by.get((pace.name, c, "a"))
-            for cfg in CONFIGS:
-                r = by.get((pace.name, c, cfg))
-                if r is None:
-                    continue
-                fo_vs = ratio(med(r.first_output_ms), med(a.first_output_ms)) if a else "-"
-                live_add = (f"{med(r.live_ms) - med(a.live_ms):+6.2f}" if a and r.live_ms and a.live_ms else f"{'-':>6}")
-                print(f"{c:>3} ({cfg}) {CONFIGS[cfg]:<26} {r.ok:>3}/{r.streams:<3} {mp(r.first_byte_ms)} "
-                      f"{mp(r.first_output_ms)} {fo_vs:>6} {mp(r.dispatch_ms)} {mp(r.hop_ms)} {mp(r.live_ms)} {live_add} "
-                      f"{mp(r.failover_ms)}")
+        for c, cfg, r, a in _rows(by, pace):
+            fo_vs = ratio(med(r.first_output_ms), med(a.first_output_ms)) if a else "-"
+            live_add = (f"{med(r.live_ms) - med(a.live_ms):+6.2f}" if a and r.live_ms and a.live_ms else f"{'-':>6}")
+            print(f"{c:>3} ({cfg}) {CONFIGS[cfg]:<26} {r.ok:>3}/{r.streams:<3} {mp(r.first_byte_ms)} "
+                  f"{mp(r.first_output_ms)} {fo_vs:>6} {mp(r.dispatch_ms)} {mp(r.hop_ms)} {mp(r.live_ms)} {live_add} "
+                  f"{mp(r.failover_ms)}")
         print()
         print(f"{'C':>3} {'config':<30} {'events/s':>9} {'vs a':>6} {'CPU s/1k ev':>11} {'vs a':>6} "
               f"{'RSS before':>10} {'peak':>7} {'RSS after':>9} {'MB/stream':>9} {'proxy CPU':>9} {'host busy':>9}")
-        for c, *_ in pace.levels:
-            a = by.get((pace.name, c, "a"))
-            for cfg in CONFIGS:
-                r = by.get((pace.name, c, cfg))
-                if r is None:
-                    continue
-                print(f"{c:>3} ({cfg}) {CONFIGS[cfg]:<26} {r.events_per_s:9.0f} "
-                      f"{ratio(r.events_per_s, a.events_per_s) if a else '-':>6} {r.cpu_per_1k:11.3f} "
-                      f"{ratio(r.cpu_per_1k, a.cpu_per_1k) if a else '-':>6} {r.rss_before:10.1f} {r.peak:7.1f} "
-                      f"{r.rss_after:9.1f} {r.mb_per_stream:9.2f} {r.cpu_s / r.wall_s * 100 if r.wall_s else 0:8.0f}% "
-                      f"{r.host_busy * 100:8.0f}%")
+        for c, cfg, r, a in _rows(by, pace):
+            print(f"{c:>3} ({cfg}) {CONFIGS[cfg]:<26} {r.events_per_s:9.0f} "
+                  f"{ratio(r.events_per_s, a.events_per_s) if a else '-':>6} {r.cpu_per_1k:11.3f} "
+                  f"{ratio(r.cpu_per_1k, a.cpu_per_1k) if a else '-':>6} {r.rss_before:10.1f} {r.peak:7.1f} "
+                  f"{r.rss_after:9.1f} {r.mb_per_stream:9.2f} {r.cpu_s / r.wall_s * 100 if r.wall_s else 0:8.0f}% "
+                  f"{r.host_busy * 100:8.0f}%")
 
 
 def checks(results: list[Result], paces: list[Pace]) -> list[tuple[bool, str]]:

@@ -61,3 +61,9 @@ def test_setup_explains_when_no_suitable_python_exists(tmp_path):
     assert proc.returncode == 1
     assert "no Python >= 3.12 found" in proc.stderr and "CODEX_FAILOVER_PYTHON" in proc.stderr
     assert not (tmp_path / ".venv").exists()
+
+
+def test_bench_quick_runs_side_by_side(tmp_path):
+    out = run(ROOT / "scripts" / "bench.py", "--quick", "--png", tmp_path / "bench.png", timeout=300)
+    assert "(a) plain mitmdump" in out and "(b) addon, healthy" in out and "goals:" in out
+    assert (tmp_path / "bench.png").stat().st_size > 1000
