@@ -251,7 +251,8 @@ class LocalProxies:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
 
     def http_proxy(self, name: str, mode: str = "ok") -> int:
-        """mode: ok (tunnels), refuse (403 to CONNECT), flap (refuses every other connection),
+        """mode: ok (tunnels), refuse (403 to CONNECT), silent (never answers CONNECT),
+        flap (refuses every other connection),
         reset (tunnels, then resets the connection once the request went through: a failure after
         dispatch)."""
         return self._start(name, lambda r, w: self._http(name, mode, r, w))
@@ -280,6 +281,9 @@ class LocalProxies:
             lines = head.decode("latin-1").split("\r\n")
             auth = next((l.split(":", 1)[1].strip() for l in lines if l.lower().startswith("proxy-authorization:")), None)
             self.proxy_auth[name].append(auth)
+            if mode == "silent":
+                await reader.read()  # until the client gives up
+                return
             if mode == "refuse" or (mode == "flap" and self.connections[name] % 2 == 1):
                 writer.write(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n")
                 await writer.drain()

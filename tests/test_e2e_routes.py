@@ -151,3 +151,26 @@ def test_endpoint_timing_out_at_connect_is_skipped_for_the_next(fake, proxies, s
         assert time.monotonic() - started < 1.0
     finally:
         hole.close()
+
+
+def test_proxy_that_never_answers_connect_is_skipped_for_the_next(tmp_path, proxies):
+    tls_fake = FakeUpstreamProcess(tmp_path, "--tls")
+    try:
+        silent = proxies.http_proxy("silent", mode="silent")
+        alive = proxies.http_proxy("alive")
+        base = f"https://127.0.0.1:{tls_fake.port}"
+        text, env = pool_yaml(base, [("work", "sk-test-work-good", "corp")],
+                              {"corp": [f"http://127.0.0.1:{silent}", f"http://127.0.0.1:{alive}"]},
+                              use_client_credential=False, connect_timeout="1s")
+        (tmp_path / "p").mkdir()
+        proxy = ProxyProcess(tmp_path / "p", text, env, extra=["--set", "ssl_insecure=true"])
+        try:
+            reply = post_responses(proxy.port, f"{base}/v1/responses", "sk-test-client-good",
+                                   ca=proxy.confdir / "mitmproxy-ca-cert.pem")
+            assert reply.status == 200 and served_by(reply) == "sk-test-work-good"
+            assert proxies.connections["silent"] == 1 and proxies.connections["alive"] == 1
+            assert "corp[0]" in proxy.log() and "timed out connecting after 1s" in proxy.log()
+        finally:
+            proxy.stop()
+    finally:
+        tls_fake.stop()

@@ -215,8 +215,15 @@ class FailoverAddon:
         self._restore_client_request(flow)
 
     def server_connected(self, data) -> None:
+        # For an https upstream the request leaves only after TLS (through any proxy tunnel) is up:
+        # see tls_established_server. A plain-http upstream sends it once TCP is up.
         for attempt in self.attempts.values():
-            if attempt.owns(data.client):
+            if attempt.owns(data.client) and attempt.flow.request.scheme == "http":
+                attempt.connected = True
+
+    def tls_established_server(self, data) -> None:
+        for attempt in self.attempts.values():
+            if attempt.owns(data.context.client):
                 attempt.connected = True
 
     def server_connect_error(self, data) -> None:

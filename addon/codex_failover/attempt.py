@@ -47,7 +47,7 @@ class Attempt:
         self.flow.metadata[ATTEMPT_TAG] = label
         self.n = n
         self.endpoint = None  # the route endpoint (routes.Endpoint) this attempt goes through, if any
-        self.connected = False  # a TCP connection (to its proxy, or to the upstream) is up
+        self.connected = False  # the way to the upstream is up (TCP, and the tunnel and TLS for https)
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self._stashed: Item | None = None  # see next_batch
         self.streaming = False
