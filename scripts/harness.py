@@ -4,6 +4,7 @@ Every wait is bounded; every mitmdump gets its own temporary confdir."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -15,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from codex_failover.socks_bridge import pipe_both
 
@@ -169,6 +171,21 @@ def post_responses(proxy_port: int, url: str, token: str, body: dict | None = No
     reply.body = bytes(data)
     conn.close()
     return reply
+
+
+@contextlib.contextmanager
+def upstream_and_proxy(tmp: Path, pool: Callable[[str], str], *fake_args: str, extra: list[str] | None = None):
+    """A fake upstream and a proxy whose pool file is `pool(fake.base)`, both stopped afterwards."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    fake = FakeUpstreamProcess(tmp, *fake_args)
+    try:
+        proxy = ProxyProcess(tmp, pool(fake.base), extra=extra)
+        try:
+            yield fake, proxy
+        finally:
+            proxy.stop()
+    finally:
+        fake.stop()
 
 
 def start_raw_post(proxy_port: int, url: str, token: str, timeout: float = 5.0) -> socket.socket:

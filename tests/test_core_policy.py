@@ -5,7 +5,7 @@ import json
 import pytest
 
 from codex_failover.auth import APIKEY, CHATGPT, AuthMaterial
-from codex_failover.codex_request import EndpointMatcher, asks_to_stream, swap_credential
+from codex_failover.codex_request import EndpointMatcher, asks_to_stream, parse_body, swap_credential
 from codex_failover.config import Credential, Policy, PoolConfig
 from codex_failover.health import Health
 from codex_failover.planner import make_plan
@@ -164,9 +164,9 @@ def test_endpoint_matcher():
 
 
 def test_asks_to_stream():
-    assert asks_to_stream(b'{"stream": true, "input": []}')
-    assert not asks_to_stream(b'{"stream": false}') and not asks_to_stream(b"") and not asks_to_stream(b"[1]")
-    assert not asks_to_stream(b"{bad json")
+    assert asks_to_stream(parse_body(b'{"stream": true, "input": []}'))
+    assert not asks_to_stream(parse_body(b'{"stream": false}')) and not asks_to_stream(parse_body(b""))
+    assert not asks_to_stream(parse_body(b"[1]")) and parse_body(b"{bad json") is None
 
 
 def test_swap_credential_replaces_identity_and_drops_turn_state_when_moved():

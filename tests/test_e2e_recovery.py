@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from harness import start_raw_post, FakeUpstreamProcess, ProxyProcess, post_responses, proxy_status
+from harness import ProxyProcess, post_responses, proxy_status, start_raw_post, upstream_and_proxy
 
 pytestmark = pytest.mark.e2e
 CLIENT = "sk-test-client-good"
@@ -96,20 +96,12 @@ def test_exhausted_502_keeps_its_status_and_cools_while_408_cools_nothing(fake, 
 
 
 def test_overflow_fails_open_with_every_byte_once(tmp_path):
-    (tmp_path / "big").mkdir()
-    big = FakeUpstreamProcess(tmp_path / "big", "--pace", "0", "--deltas", "3000")
-    try:
-        proxy = ProxyProcess(tmp_path / "big", f"base_urls: [{big.base}/v1]\nrecovery: {{enabled: true, max_buffer_bytes: 64KiB}}\n")
-        try:
-            reply = post_responses(proxy.port, f"{big.base}/v1/responses", CLIENT)
-            one_clean_response(reply, big)
-            assert len(reply.body) > 64 * 1024
-            assert "streaming the rest live" in proxy.log()
-        finally:
-            proxy.stop()
-    finally:
-        big.stop()
-
+    pool = lambda base: f"base_urls: [{base}/v1]\nrecovery: {{enabled: true, max_buffer_bytes: 64KiB}}\n"  # noqa: E731
+    with upstream_and_proxy(tmp_path / "big", pool, "--pace", "0", "--deltas", "3000") as (big, proxy):
+        reply = post_responses(proxy.port, f"{big.base}/v1/responses", CLIENT)
+        one_clean_response(reply, big)
+        assert len(reply.body) > 64 * 1024
+        assert "streaming the rest live" in proxy.log()
 
 def test_saturation_streams_normally(fake, start):
     proxy = start(", max_concurrent: 1")
@@ -174,24 +166,15 @@ def test_client_leaving_during_buffering_stops_everything(fake, start):
 def test_heartbeat_keeps_an_idle_client_alive_then_delivers_the_winner(tmp_path):
     import hashlib
 
-    (tmp_path / "hb").mkdir()
-    slow = FakeUpstreamProcess(tmp_path / "hb", "--pace", "0.002", "--deltas", "8", "--stall", "2.5")
-    try:
+    pool = lambda base: f"base_urls: [{base}/v1]\nrecovery: {{enabled: true, heartbeat: 1s}}\n"  # noqa: E731
+    with upstream_and_proxy(tmp_path / "hb", pool, "--pace", "0.002", "--deltas", "8", "--stall", "2.5") as (slow, proxy):
         slow.overload_next(CLIENT, 1, "stall-after-output")
-        proxy = ProxyProcess(tmp_path / "hb", f"base_urls: [{slow.base}/v1]\nrecovery: {{enabled: true, heartbeat: 1s}}\n")
-        try:
-            reply = post_responses(proxy.port, f"{slow.base}/v1/responses", CLIENT)
-        finally:
-            proxy.stop()
-        assert reply.status == 200 and reply.headers.get("x-codex-failover-heartbeat") == "1"
-        beat = b'event: keepalive\ndata: {"type":"keepalive"}\n\n'
-        assert reply.body.count(beat) >= 2 and reply.first_byte_s < 2.0  # alive while buffering
-        winner = reply.body.replace(beat, b"")
+        reply = post_responses(proxy.port, f"{slow.base}/v1/responses", CLIENT)
         sent = [r["sha256"] for r in slow.requests() if r.get("event") == "response_sent"]
-        assert hashlib.sha256(winner).hexdigest() == sent[-1]  # then the winner, in full
-    finally:
-        slow.stop()
-
+    assert reply.status == 200 and reply.headers.get("x-codex-failover-heartbeat") == "1"
+    beat = b'event: keepalive\ndata: {"type":"keepalive"}\n\n'
+    assert reply.body.count(beat) >= 2 and reply.first_byte_s < 2.0  # alive while buffering
+    assert hashlib.sha256(reply.body.replace(beat, b"")).hexdigest() == sent[-1]  # then the winner, in full
 
 def test_heartbeat_mode_delivers_exhaustion_in_stream(fake, start):
     proxy = start(", attempts: 1, heartbeat: 1s")
@@ -205,16 +188,9 @@ def test_heartbeat_mode_delivers_exhaustion_in_stream(fake, start):
 
 def test_a_fast_complete_answer_is_not_retried(tmp_path):
     """The deciding event and response.completed may arrive in one read: still one complete answer."""
-    (tmp_path / "fast").mkdir()
-    fast = FakeUpstreamProcess(tmp_path / "fast", "--pace", "0", "--deltas", "3")
-    try:
-        proxy = ProxyProcess(tmp_path / "fast", f"base_urls: [{fast.base}/v1]\nrecovery: {{enabled: true, heartbeat: 0}}\n")
-        try:
-            for _ in range(5):
-                reply = post_responses(proxy.port, f"{fast.base}/v1/responses", "sk-test-client-burst")
-                one_clean_response(reply, fast)
-        finally:
-            proxy.stop()
+    pool = lambda base: f"base_urls: [{base}/v1]\nrecovery: {{enabled: true, heartbeat: 0}}\n"  # noqa: E731
+    with upstream_and_proxy(tmp_path / "fast", pool, "--pace", "0", "--deltas", "3") as (fast, proxy):
+        for _ in range(5):
+            reply = post_responses(proxy.port, f"{fast.base}/v1/responses", "sk-test-client-burst")
+            one_clean_response(reply, fast)
         assert len(fast.model_requests()) == 5
-    finally:
-        fast.stop()

@@ -17,7 +17,7 @@ from . import responses
 from .affinity import Affinity
 from .attempt import ATTEMPT_TAG, Attempt
 from .auth_watch import AuthWatch
-from .codex_request import EndpointMatcher, asks_to_stream, is_websocket_upgrade
+from .codex_request import EndpointMatcher, asks_to_stream, is_websocket_upgrade, parse_body
 from .config import ConfigError, PoolConfig, load_pool
 from .health import Health
 from .orchestrator import RELAY_TAG, ClientGone, RequestRun
@@ -130,10 +130,13 @@ class FailoverAddon:
             if ctx.options.failover_websocket == "downgrade":
                 flow.response = responses.websocket_downgrade()
             return
-        if req.method != "POST" or not asks_to_stream(req.get_content(strict=False) or b""):
+        if req.method != "POST":
+            return
+        body = parse_body(req.get_content(strict=False) or b"")  # decoded (zstd) and parsed once
+        if not asks_to_stream(body):
             return
         self._refresh_auth_files()
-        await self._hold(flow)
+        await self._hold(flow, body)
 
     def _refresh_auth_files(self) -> None:
         """At most once a second: reload auth files that changed; a reloaded credential is back in
@@ -151,19 +154,19 @@ class FailoverAddon:
                 self.health.restore(name)
                 log.info("credential %s: auth file changed on disk; reloaded, in rotation", name)
 
-    async def _hold(self, flow: http.HTTPFlow) -> None:
+    async def _hold(self, flow: http.HTTPFlow, body: dict) -> None:
         self._held += 1
         try:
-            await self._run(flow)
+            await self._run(flow, body)
         finally:
             self._held -= 1
 
-    async def _run(self, flow: http.HTTPFlow) -> None:
+    async def _run(self, flow: http.HTTPFlow, body: dict) -> None:
         n = next(self._ids)
         run = RequestRun(flow, self.pool, self.rules, self.health, self.relay, self.attempts,
                          affinity=self.affinity, rotation=n, notices=self._notices, usage=self.usage,
                          route_health=self.route_health, bridges=self.bridges, recovery_slots=self.recovery_slots,
-                         request_id=f"r{n}")
+                         body=body, request_id=f"r{n}")
         await self.relay.start()
         # The run may outlive this hook (recovery's heartbeat mode answers the client early and
         # goes on in the background): wait for the run, or for the client's answer to be set.

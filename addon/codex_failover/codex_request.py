@@ -44,15 +44,19 @@ class EndpointMatcher:
         return (host.lower(), port, path.split("?", 1)[0]) in self._keys
 
 
-def asks_to_stream(body: bytes) -> bool:
-    """A (decoded) JSON request body with `"stream": true`."""
-    if not body or body.lstrip()[:1] != b"{":
-        return False
+def parse_body(raw: bytes) -> object:
+    """A (decoded) JSON request body, or None when it is not JSON (cheap for non-objects)."""
+    if not raw or raw.lstrip()[:1] != b"{":
+        return None
     try:
-        doc = json.loads(body)
+        return json.loads(raw)
     except ValueError:
-        return False
-    return isinstance(doc, dict) and doc.get("stream") is True
+        return None
+
+
+def asks_to_stream(body: object) -> bool:
+    """A parsed request body with `"stream": true`."""
+    return isinstance(body, dict) and body.get("stream") is True
 
 
 def is_websocket_upgrade(method: str, headers) -> bool:

@@ -156,10 +156,6 @@ class SSEFramer:
             self._buf.clear()
         return events
 
-    @property
-    def pending_bytes(self) -> int:
-        return len(self._buf)
-
     def take_pending(self) -> bytes:
         """Give up framing: return the unframed bytes (so nothing is lost) and stop."""
         pending = bytes(self._buf)

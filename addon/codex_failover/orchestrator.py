@@ -29,7 +29,7 @@ from .planner import Candidate, Plan, make_plan
 from .recovery import (NO_TERMINAL, RECOVERABLE_STATUS, TRANSPORT, RetryBudget, Slots, TerminalTracker,
                        recoverable_stream_end)
 from .relay import Relay, RelaySession, UpstreamBroken
-from .replay_safety import PIN_HEADER, MovePolicy, assess, parse_body, strip_encrypted_reasoning
+from .replay_safety import PIN_HEADER, MovePolicy, assess, strip_encrypted_reasoning
 from .routes import Endpoint, RouteHealth
 from .rules import Rules
 from .socks_bridge import SocksBridges
@@ -105,7 +105,7 @@ class RequestRun:
     started: float = field(default_factory=time.monotonic)
     total: int = 0  # attempts planned for this request (for "attempt n/N")
     move: MovePolicy = MovePolicy(True)
-    body: object = None  # the parsed request body
+    body: object = None  # the parsed request body (the addon parsed it to recognise the request)
     session: str | None = None  # the Codex session (thread) id, for affinity
     sink: HeartbeatSink | None = None  # heartbeat mode: the client already has its headers
     decided: asyncio.Event = field(default_factory=asyncio.Event)  # the client flow's answer is set
@@ -116,7 +116,6 @@ class RequestRun:
     async def run(self) -> None:
         req = self.flow.request
         self.original = req.copy()
-        self.body = parse_body(req.get_content(strict=False) or b"")
         self.move = assess(self.body, req.headers, self.pool.policy.encrypted_reasoning)
         if not self.move.movable:
             log.info("[%s] stays on its own credential: %s", self.request_id, self.move.why_pinned)

@@ -10,7 +10,6 @@ A failover that corrupts a conversation is worse than none (DESIGN §5):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 PIN_HEADER = "x-codex-failover-pin"
@@ -56,9 +55,3 @@ def strip_encrypted_reasoning(body: dict) -> dict:
     ]
     return {**body, "input": stripped}
 
-
-def parse_body(raw: bytes) -> object:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return None
