@@ -25,6 +25,7 @@ from .config import PoolConfig
 from .framer import FramerError, SSEFramer
 from .health import Health
 from .heartbeat import HEADERS, HeartbeatSink
+from .outcomes import Outcomes
 from .planner import Candidate, Plan, make_plan
 from .recovery import (NO_TERMINAL, RECOVERABLE_STATUS, TRANSPORT, RetryBudget, Slots, TerminalTracker,
                        recoverable_stream_end)
@@ -33,14 +34,13 @@ from .replay_safety import PIN_HEADER, MovePolicy, assess, strip_encrypted_reaso
 from .routes import Endpoint, RouteHealth
 from .rules import Rules
 from .socks_bridge import SocksBridges
-from .taxonomy import AUTH_REJECTED, FAILOVER, UPSTREAM_5XX, classify_response, cooldown_seconds, hinted_seconds
+from .taxonomy import AUTH_REJECTED, FAILOVER, UPSTREAM_5XX, classify_response, hinted_seconds
 from .transport import HOST_NETWORK, PRE_DISPATCH, ROUTE_DOWN, TLS_FAILED, classify_connection_error
 from .usage import UsageBook, Window, from_event, from_headers
 
 log = logging.getLogger("codex_failover")
 
 RELAY_TAG = "codex_failover.relay"
-USAGE_WINDOW_FULL = "usage_window_full"
 POLL = 0.25  # how often a held request checks that its client is still there
 # Rejections worth retrying on the same credential when it is the only one (with backoff).
 RETRY_SAME = {"overloaded", "slow_down", "server_error_retryable", "closed_before_output", UPSTREAM_5XX}
@@ -49,6 +49,17 @@ SAME_CREDENTIAL_BACKOFF = (0.5, 1.0, 2.0, 4.0)
 
 class ClientGone(Exception):
     pass
+
+
+def point_at_relay(flow: http.HTTPFlow, port: int, token: str) -> None:
+    """Send the client's flow to the loopback relay; the real request is shown again later."""
+    flow.metadata[RELAY_TAG] = flow.request.copy()  # restored for display once the response ends
+    req = flow.request
+    req.scheme, req.host, req.port = "http", "127.0.0.1", port
+    req.path = f"/r/{token}"
+    for name in ("authorization", "cookie", "chatgpt-account-id"):
+        req.headers.pop(name, None)
+    flow.server_conn = Server(address=("127.0.0.1", port))
 
 
 @dataclass
@@ -526,41 +537,22 @@ class RequestRun:
 
     def _point_at_relay(self, token: str) -> None:
         self.decided.set()
-        flow = self.flow
-        flow.metadata[RELAY_TAG] = flow.request.copy()  # restored for display once the response ends
-        req = flow.request
-        req.scheme, req.host, req.port = "http", "127.0.0.1", self.relay.port
-        req.path = f"/r/{token}"
-        for name in ("authorization", "cookie", "chatgpt-account-id"):
-            req.headers.pop(name, None)
-        flow.server_conn = Server(address=("127.0.0.1", self.relay.port))
+        point_at_relay(self.flow, self.relay.port, token)
 
     def _reject(self, attempt: Attempt, cand: Candidate, rejection: Rejection) -> None:
-        policy = self.pool.policy
-        if rejection.reason == AUTH_REJECTED:
-            self.health.take_out(cand.key, f"HTTP {rejection.status} from upstream; run `codex login` for this account")
-            log.error("[%s] credential %s rejected with HTTP %s: taken out of rotation until its auth file changes or the proxy restarts",
-                      self.request_id, cand.name, rejection.status)
-        else:
-            seconds = cooldown_seconds(rejection.reason, rejection.error, rejection.retry_after, self.health.now(), policy)
-            self.health.cool(cand.key, seconds, rejection.reason)
+        self._outcomes.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
+                                rejection.retry_after, self.pool.policy, f"[{self.request_id}] ")
         self._record(attempt, cand, FAILOVER, rejection.reason, rejection.status)
 
     def _note_usage(self, cand: Candidate, windows: list[Window]) -> None:
-        """A rate-limit window at 100% cools the credential until that window resets."""
-        until = self.usage.record(cand.key, windows)
-        now = self.health.now()
-        if until is not None and until > now:
-            self.health.cool(cand.key, min(until - now, self.pool.policy.max_cooldown), USAGE_WINDOW_FULL)
-            log.info("[%s] credential %s: a rate-limit window is full; cooling until it resets", self.request_id, cand.name)
+        self._outcomes.usage_seen(cand.key, cand.name, windows, self.pool.policy, f"[{self.request_id}] ")
 
     def _succeeded(self, cand: Candidate) -> None:
-        """A credential that served: no longer cooling (unless its usage window is full), and the
-        session's new home."""
-        state = self.health.state(cand.key)
-        if state.status == "cooling" and state.reason != USAGE_WINDOW_FULL:
-            self.health.restore(cand.key)
-        self.affinity.set(self.session, cand.key)
+        self._outcomes.succeeded(cand.key, self.session)
+
+    @property
+    def _outcomes(self) -> Outcomes:
+        return Outcomes(self.health, self.affinity, self.usage)
 
     def _same_credential_delay(self, last: Rejection, n: int) -> float | None:
         """Backoff before retrying the only credential: 0.5 s, 1 s, 2 s, 4 s, or longer if upstream

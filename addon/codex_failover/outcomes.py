@@ -1,0 +1,49 @@
+"""What an attempt's outcome does to the pool: a rejection cools (or takes out) its credential, a
+full rate-limit window cools it until the reset, a success restores it and homes the session.
+Shared by the HTTP path and the WebSocket gate. Pure: clock injected through Health."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from .affinity import Affinity
+from .config import Policy
+from .health import Health
+from .taxonomy import AUTH_REJECTED, cooldown_seconds
+from .usage import UsageBook, Window
+
+log = logging.getLogger("codex_failover")
+USAGE_WINDOW_FULL = "usage_window_full"
+
+
+@dataclass
+class Outcomes:
+    health: Health
+    affinity: Affinity
+    usage: UsageBook
+
+    def rejected(self, key: str, name: str, reason: str, status: int | None, error: dict | None,
+                 retry_after: str | None, policy: Policy, where: str = "") -> None:
+        if reason == AUTH_REJECTED:
+            self.health.take_out(key, f"HTTP {status} from upstream; run `codex login` for this account")
+            log.error("%scredential %s rejected with HTTP %s: taken out of rotation until its auth file changes or "
+                      "the proxy restarts", where, name, status)
+            return
+        seconds = cooldown_seconds(reason, error, retry_after, self.health.now(), policy)
+        self.health.cool(key, seconds, reason)
+
+    def usage_seen(self, key: str, name: str, windows: list[Window], policy: Policy, where: str = "") -> None:
+        """A rate-limit window at 100% cools the credential until that window resets."""
+        until = self.usage.record(key, windows)
+        now = self.health.now()
+        if until is not None and until > now:
+            self.health.cool(key, min(until - now, policy.max_cooldown), USAGE_WINDOW_FULL)
+            log.info("%scredential %s: a rate-limit window is full; cooling until it resets", where, name)
+
+    def succeeded(self, key: str, session: str | None) -> None:
+        """No longer cooling (unless its usage window is full), and the session's new home."""
+        state = self.health.state(key)
+        if state.status == "cooling" and state.reason != USAGE_WINDOW_FULL:
+            self.health.restore(key)
+        self.affinity.set(session, key)

@@ -1,0 +1,167 @@
+"""The WebSocket gate's per-socket state: which turn is open, what is held, whether a rejected turn
+may move. Pure (no mitmproxy, no I/O, clock injected): the shell feeds it messages and carries out
+what it returns.
+
+On Codex's Responses WebSocket every client `response.create` starts a turn, and the server
+answers with the same JSON events as SSE, one per message. Each turn opens a bootstrap window:
+the server messages of that turn go through the same classifier as an SSE stream (one message is
+one frame, empty ones included) and are held until it decides. Messages outside a window pass.
+
+A rejected turn may move to another credential's socket only if it is self-contained (DESIGN §5):
+no `previous_response_id` (that state lives on this socket's account), or one that names a
+warm-up of this socket (`generate: false`, empty input: no conversation state), which is then
+dropped from the moved copy.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .classifier import BootstrapClassifier, Decision, Verdict
+from .framer import Event
+from .replay_safety import assess, strip_encrypted_reasoning
+from .rules import Rules
+
+Message = tuple[bytes, bool]  # (content, is_text), exactly as received
+PREVIOUS = "previous_response_id"
+
+
+@dataclass
+class Turn:
+    n: int  # 1-based, on this client socket
+    create: Message  # the client's response.create, as sent
+    body: dict
+    movable: bool
+    why_pinned: str | None = None
+    warmup: bool = False  # generate:false with empty input: establishes no conversation state
+    moved_body: dict | None = None  # what to send instead when moved (None: the create as sent)
+    response_id: str | None = None
+
+    def create_for_move(self) -> Message:
+        if self.moved_body is None:
+            return self.create
+        return json.dumps(self.moved_body, separators=(",", ":"), ensure_ascii=False).encode(), True
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the shell does with a server message (or with time passing, or the upstream closing)."""
+
+    release: tuple[Message, ...] = ()  # deliver to the client now, in order
+    decision: Decision | None = None  # set when a window just closed
+    held: tuple[Message, ...] = ()  # a FAILOVER's swallowed messages (delivered on exhaustion)
+
+
+def parse_create(content: bytes | str) -> dict | None:
+    """A client message's JSON body when it is a `response.create`, else None."""
+    text = content if isinstance(content, str) else content.decode("utf-8", "replace")
+    if '"response.create"' not in text:  # cheap: most client traffic is not a create
+        return None
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) and body.get("type") == "response.create" else None
+
+
+@dataclass
+class TurnGate:
+    rules: Rules
+    timeout: float = 0.0  # the bootstrap time budget (0: none)
+    clock: Callable[[], float] = time.monotonic
+    encrypted_reasoning: str = "strip"
+    turns: int = 0
+    turn: Turn | None = None  # the latest turn
+    _clf: BootstrapClassifier | None = None  # open window
+    _held: list[Message] = field(default_factory=list)
+    _warmups: dict[str, dict] = field(default_factory=dict)  # response id -> warm-up body
+
+    # -- client side -----------------------------------------------------------------------
+
+    def client_message(self, content: bytes, is_text: bool, headers) -> Turn | None:
+        """A `response.create` opens a window and returns its turn; anything else passes."""
+        body = parse_create(content) if is_text else None
+        if body is None:
+            return None
+        self.turns += 1
+        self.turn = self._turn(self.turns, (content, is_text), body, headers)
+        self.reopen()
+        return self.turn
+
+    def _turn(self, n: int, create: Message, body: dict, headers) -> Turn:
+        warmup = body.get("generate") is False and body.get("input") == []
+        previous = body.get(PREVIOUS)
+        warm = self._warmups.get(previous) if isinstance(previous, str) else None
+        if warm is not None and _covers(body, warm):
+            # Only a warm-up precedes it: the turn carries everything; move it without the id.
+            body_alone = {k: v for k, v in body.items() if k != PREVIOUS}
+            policy = assess(body_alone, headers, self.encrypted_reasoning)
+            moved = strip_encrypted_reasoning(body_alone) if policy.strip_reasoning else body_alone
+            return Turn(n, create, body, policy.movable, policy.why_pinned, warmup, moved)
+        policy = assess(body, headers, self.encrypted_reasoning)
+        why = policy.why_pinned
+        if previous and why is not None:
+            why = "carries previous_response_id: it continues a response on this socket's account"
+        moved = strip_encrypted_reasoning(body) if policy.strip_reasoning else None
+        return Turn(n, create, body, policy.movable, why, warmup, moved)
+
+    def reopen(self) -> None:
+        """A fresh window for the current turn (a new turn, or the same one on a new socket)."""
+        self._clf = BootstrapClassifier(self.rules, timeout=self.timeout, clock=self.clock)
+        self._held = []
+        if self.turn is not None:
+            self.turn.response_id = None  # the next socket names its own response
+
+    # -- server side -----------------------------------------------------------------------
+
+    @property
+    def holding(self) -> bool:
+        return self._clf is not None
+
+    @property
+    def deadline(self) -> float | None:
+        return self._clf.deadline if self._clf is not None else None
+
+    def server_message(self, content: bytes, is_text: bool) -> Step:
+        message = (content, is_text)
+        event = Event.from_ws_message(content)
+        self._note_response_id(event)
+        if self._clf is None:
+            return Step(release=(message,))
+        self._held.append(message)
+        return self._settle(self._clf.feed(event))
+
+    def tick(self) -> Step:
+        return self._settle(self._clf.tick()) if self._clf is not None else Step()
+
+    def upstream_closed(self) -> Step:
+        """The upstream socket ended. Inside a window nothing useful came: a rejection."""
+        return self._settle(self._clf.end()) if self._clf is not None else Step()
+
+    def _settle(self, decision: Decision) -> Step:
+        if not decision.final:
+            return Step()
+        held, self._held, self._clf = tuple(self._held), [], None
+        if decision.verdict is Verdict.FAILOVER:
+            return Step(decision=decision, held=held)
+        return Step(release=held, decision=decision)
+
+    def _note_response_id(self, event: Event) -> None:
+        turn = self.turn
+        if turn is None or turn.response_id is not None or not event.type or not event.type.startswith("response."):
+            return
+        response = event.payload.get("response")
+        rid = response.get("id") if isinstance(response, dict) else None
+        if isinstance(rid, str):
+            turn.response_id = rid
+            if turn.warmup:
+                self._warmups[rid] = turn.body
+
+
+def _covers(body: dict, warmup: dict) -> bool:
+    """The turn sets every field the warm-up set (so dropping the warm-up loses nothing)."""
+    skip = {"generate", "input", PREVIOUS, "client_metadata"}
+    return all(k in skip or k in body for k in warmup)

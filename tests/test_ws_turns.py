@@ -1,0 +1,165 @@
+"""The WebSocket gate's pure core: turns, the hold window, order, and which turns may move."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from codex_failover.classifier import Verdict
+from codex_failover.ws_turns import TurnGate, parse_create
+
+from conftest import Clock, LIVE, WIRE
+
+
+def msg(obj) -> tuple[bytes, bool]:
+    return (obj if isinstance(obj, bytes) else json.dumps(obj).encode()), True
+
+
+def fixture(name) -> dict:
+    return json.loads((WIRE / "ws" / name).read_text())
+
+
+CREATED = {"type": "response.created", "response": {"id": "resp_1", "status": "in_progress"}}
+IN_PROGRESS = {"type": "response.in_progress", "response": {"id": "resp_1"}}
+RATE = fixture("server_codex_rate_limits.json")
+DELTA = {"type": "response.output_text.delta", "delta": "Hi"}
+COMPLETED = {"type": "response.completed", "response": {"id": "resp_1", "output": []}}
+CREATE = {"type": "response.create", "model": "m", "input": [{"type": "message", "role": "user", "content": []}]}
+
+
+def gate(rules, **kw) -> TurnGate:
+    g = TurnGate(rules, **kw)
+    g.client_message(*msg(CREATE), {})
+    return g
+
+
+@pytest.mark.parametrize("name, tail, verdict, reason", [
+    ("wrapped 503 overload", [fixture("server_error_server_is_overloaded_503.json")], Verdict.FAILOVER, "overloaded"),
+    ("wrapped 429 usage limit", [fixture("server_error_usage_limit_reached_429.json")], Verdict.FAILOVER, "usage_limit"),
+    ("overload without status: classified by its body", [fixture("server_error_server_is_overloaded_no_status.json")],
+     Verdict.FAILOVER, "overloaded"),
+    ("response.failed overload", [fixture("server_response_failed_server_is_overloaded.json")], Verdict.FAILOVER, "overloaded"),
+    ("response.failed other: delivered", [fixture("server_response_failed_invalid_prompt.json")], Verdict.DELIVER, "terminal_error"),
+    ("wrapped 400: delivered", [fixture("server_error_invalid_request_400.json")], Verdict.DELIVER, "terminal_error"),
+    ("delta then overload: committed at the delta", [DELTA, fixture("server_error_server_is_overloaded_503.json")],
+     Verdict.COMMIT, "output"),
+    ("rate limits and empty messages are held", [RATE, b"", DELTA], Verdict.COMMIT, "output"),
+])
+def test_turn_decisions(rules, name, tail, verdict, reason):
+    g = gate(rules)
+    steps = [g.server_message(*msg(m)) for m in [CREATED, IN_PROGRESS, *tail]]
+    decided = [s for s in steps if s.decision is not None]
+    assert len(decided) == 1, name
+    assert (decided[0].decision.verdict, decided[0].decision.reason) == (verdict, reason)
+    released = [m for s in steps for m in s.release]
+    if verdict is Verdict.FAILOVER:
+        assert released == [] and list(decided[0].held) == [msg(m) for m in [CREATED, IN_PROGRESS, *tail]]
+    else:  # everything, in order, exactly once; the deciding step releases all held so far
+        assert released == [msg(m) for m in [CREATED, IN_PROGRESS, *tail]]
+        assert len(decided[0].release) == steps.index(decided[0]) + 1
+
+
+def test_messages_outside_a_turn_pass_at_once(rules):
+    g = TurnGate(rules)
+    assert g.server_message(*msg(RATE)).release == (msg(RATE),)
+    g = gate(rules)
+    for m in [CREATED, DELTA]:
+        g.server_message(*msg(m))
+    assert not g.holding
+    assert g.server_message(*msg(COMPLETED)).release == (msg(COMPLETED),)
+
+
+def test_budget_counts_empty_messages(rules):
+    g = gate(rules)
+    steps = [g.server_message(b"", True) for _ in range(rules.max_frames + 1)]
+    assert steps[-1].decision.reason == "frame_budget"
+    assert len(steps[-1].release) == rules.max_frames + 1
+
+
+def test_time_budget_commits_on_tick(rules):
+    clock = Clock()
+    g = gate(rules, timeout=5.0, clock=clock)
+    g.server_message(*msg(CREATED))
+    assert g.tick().decision is None
+    clock.now += 5
+    step = g.tick()
+    assert step.decision.reason == "timeout" and step.release == (msg(CREATED),)
+
+
+def test_upstream_closing_inside_the_window_is_a_rejection(rules):
+    g = gate(rules)
+    g.server_message(*msg(CREATED))
+    step = g.upstream_closed()
+    assert step.decision.verdict is Verdict.FAILOVER and step.decision.reason == "closed_before_output"
+    assert gate(rules).upstream_closed().decision.verdict is Verdict.FAILOVER
+    assert TurnGate(rules).upstream_closed().decision is None
+
+
+def test_only_self_contained_turns_move(rules):
+    g = TurnGate(rules)
+    first = g.client_message(*msg(CREATE), {})
+    later = g.client_message(*msg({**CREATE, "previous_response_id": "resp_x"}), {})
+    assert first.movable and first.n == 1
+    assert not later.movable and "previous_response_id" in later.why_pinned
+    pinned = TurnGate(rules).client_message(*msg(CREATE), {"x-codex-failover-pin": "true"})
+    assert not pinned.movable
+
+
+def test_a_turn_after_a_warmup_moves_without_the_warmup_id(rules):
+    frames = [json.loads(line) for line in (LIVE / "apikey_ws_client_frames.jsonl").read_text().splitlines()]
+    g = TurnGate(rules)
+    warm = g.client_message(*msg(frames[0]), {})
+    assert warm.movable and warm.warmup
+    for m in [{**CREATED, "response": {"id": frames[1]["previous_response_id"]}}, COMPLETED]:
+        g.server_message(*msg(m))
+    first = g.client_message(*msg(frames[1]), {})
+    assert first.movable
+    body, is_text = first.create_for_move()
+    moved = json.loads(body)
+    assert is_text and "previous_response_id" not in moved and moved["input"] == frames[1]["input"]
+    follow = g.client_message(*msg(frames[2]), {})
+    assert not follow.movable
+
+
+def test_warmup_shortcut_needs_the_turn_to_repeat_the_warmups_fields(rules):
+    g = TurnGate(rules)
+    g.client_message(*msg({**CREATE, "input": [], "generate": False, "instructions": "x"}), {})
+    g.server_message(*msg(CREATED))
+    turn = g.client_message(*msg({**CREATE, "previous_response_id": "resp_1"}), {})
+    assert not turn.movable
+
+
+def test_moved_copy_strips_encrypted_reasoning(rules):
+    body = {**CREATE, "input": [{"type": "reasoning", "summary": [], "encrypted_content": "gAAA"}]}
+    turn = TurnGate(rules).client_message(*msg(body), {})
+    moved = json.loads(turn.create_for_move()[0])
+    assert turn.movable and "encrypted_content" not in moved["input"][0]
+    plain = TurnGate(rules).client_message(*msg(CREATE), {})
+    assert plain.create_for_move() == msg(CREATE)  # unchanged bytes when nothing needs changing
+
+
+def test_parse_create_ignores_other_messages():
+    assert parse_create(b'{"type":"response.cancel"}') is None
+    assert parse_create(b'not json "response.create"') is None
+    assert parse_create(json.dumps(CREATE)) == CREATE
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["created", "rate", "empty", "delta", "reject"]), min_size=1, max_size=60))
+def test_every_message_is_released_once_in_order_or_swallowed(rules, kinds):
+    table = {"created": CREATED, "rate": RATE, "empty": b"", "delta": DELTA,
+             "reject": fixture("server_error_server_is_overloaded_503.json")}
+    g = gate(rules)
+    sent = [msg(table[k]) for k in kinds]
+    out, swallowed = [], []
+    for m in sent:
+        step = g.server_message(*m)
+        out += step.release
+        swallowed += step.held
+    end = g.upstream_closed()
+    out += end.release
+    swallowed += end.held
+    assert out + swallowed == sent or swallowed + out == sent
+    if not swallowed:
+        assert out == sent
