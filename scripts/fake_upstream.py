@@ -5,6 +5,13 @@ Each request's behaviour is chosen by its credential: the first scenario name fo
 bearer token or the ChatGPT-Account-ID header (e.g. a key `sk-test-overload-1` is overloaded).
 Without one, it streams a normal answer. Every request is logged as one JSON line.
 
+Model requests come as `POST …/responses` (an SSE answer) or, as Codex prefers, as a WebSocket
+(`GET …/responses` + `Upgrade: websocket`, see WsSession): a synchronous scenario rejects the upgrade with
+its HTTP status; otherwise each `response.create` text message is a turn, answered with the same events,
+one per text message. `POST /_fake/next {"credential", "scenario", "count"}` makes the credential's next
+`count` model requests (POSTs or WebSocket turns; a synchronous scenario applies to the next handshake)
+follow `scenario`.
+
     scripts/fake_upstream [--port 0] [--tls] [--pace 0.02] [--deltas 20] [--log FILE]
 
 It prints `{"listening": PORT, "tls": bool}` on its first stdout line.
@@ -20,6 +27,13 @@ import re
 import ssl
 import sys
 import time
+from contextlib import suppress
+
+from wsproto import ConnectionType, WSConnection
+from wsproto.connection import ConnectionState
+from wsproto.events import AcceptConnection, CloseConnection, Ping, Request, TextMessage
+from wsproto.extensions import PerMessageDeflate
+from wsproto.utilities import RemoteProtocolError
 
 SCENARIOS = {
     "overload-eof": "overload `error` event after response.created, then EOF",
@@ -52,7 +66,15 @@ SCENARIOS = {
     "http-502": "synchronous HTTP 502",
     "http-503": "synchronous HTTP 503 that is not an overload (service unavailable, no code)",
     "http-504": "synchronous HTTP 504",
+    "toolcall": "WebSocket turns: a call to an unknown tool (Codex answers it with a follow-up turn)",
     "good": "a normal streamed answer (reasoning summary + text)",
+    # WebSocket turns only (a POST with these gets a normal answer); `overload`, `usage-limit`,
+    # `delta-overload`, `capacity`, `slow-down`, `stall` and `overload-once` also apply to WebSocket turns,
+    # as wrapped `error` messages ({"type":"error","status":503,...}) where the POST has an HTTP status.
+    "overload-nostatus": "WS: response.created, an `error` without `status`, response.failed (server_is_overloaded)",
+    "overload-close": "WS: response.created, an `error` without `status`, then the server closes with 1011",
+    "close-after-created": "WS: response.created, then the server closes with 1011",
+    "many": "WS: response.created, then --deltas text deltas `d0 `, `d1 `, … in one write, then completed",
 }
 ORDER = sorted(SCENARIOS, key=len, reverse=True)  # longest name first: overload-eof before overload
 _REJECTION = (b'"type":"error"', b'"type":"response.failed"')
@@ -77,25 +99,42 @@ def sse(obj: dict) -> bytes:
     return f"event: {obj['type']}\ndata: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
 
 
-class Turn:
-    """Builds the events of one response."""
+def ws_text(obj: dict) -> str:
+    """An event as the text of one WebSocket message."""
+    return json.dumps(obj, separators=(",", ":"))
 
-    def __init__(self, label: str, deltas: int):
+
+OVERLOADED = {"type": "service_unavailable_error", "code": "server_is_overloaded",
+              "message": "Our servers are currently overloaded. Please try again later.", "param": None}
+
+
+class Turn:
+    """Builds the events of one response, each encoded by `encode`: SSE bytes (sse) or WebSocket text (ws_text)."""
+
+    def __init__(self, label: str, deltas: int, encode=sse):
         self.rid = "resp_" + hashlib.sha256(f"{label}{time.time_ns()}".encode()).hexdigest()[:24]
         self.label = label
         self.deltas = deltas
+        self.encode = encode
         self.seq = 0
 
-    def ev(self, kind: str, **fields) -> bytes:
+    def ev(self, kind: str, **fields):
         obj = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
-        return sse(obj)
+        return self.encode(obj)
 
-    def handshake(self) -> list[bytes]:
-        resp = {"id": self.rid, "object": "response", "status": "in_progress", "model": "gpt-fake", "output": []}
-        return [self.ev("response.created", response=resp), self.ev("response.in_progress", response=resp)]
+    def created(self, kind: str = "response.created"):
+        return self.ev(kind, response={"id": self.rid, "object": "response", "status": "in_progress", "model": "gpt-fake",
+                                       "output": []})
 
-    def answer(self) -> list[bytes]:
+    def handshake(self) -> list:
+        return [self.created(), self.created("response.in_progress")]
+
+    def completed(self, output: list, output_tokens: int = 0):
+        return self.ev("response.completed", response={"id": self.rid, "object": "response", "status": "completed",
+                                                       "output": output, "usage": usage(10, output_tokens)})
+
+    def answer(self) -> list:
         text = f"Hello from {self.label}."
         words = [f" w{i}" for i in range(self.deltas)]
         out = [
@@ -117,15 +156,17 @@ class Turn:
         item = {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
                 "content": [{"type": "output_text", "text": full, "annotations": []}]}
         out.append(self.ev("response.output_item.done", output_index=1, item=item))
-        out.append(self.ev("response.completed", response={"id": self.rid, "object": "response", "status": "completed",
-                                                            "output": [item], "usage": usage(10, self.deltas)}))
+        out.append(self.completed([item], self.deltas))
         return out
 
-    def overload_error(self) -> bytes:
-        return self.ev("error", error={"type": "service_unavailable_error", "code": "server_is_overloaded",
-                                       "message": "Our servers are currently overloaded. Please try again later.", "param": None})
+    def overload_error(self):
+        return self.ev("error", error=OVERLOADED)
 
-    def failed(self, code: str, message: str) -> bytes:
+    def wrapped(self, status: int, error: dict, **extra):
+        """A WebSocket error wrapping an HTTP status: {"type":"error","status":503,"error":{…}} (no sequence_number)."""
+        return self.encode({"type": "error", "status": status, "error": error, **extra})
+
+    def failed(self, code: str, message: str):
         return self.ev("response.failed", response={"id": self.rid, "status": "failed", "error": {"code": code, "message": message}})
 
 
@@ -180,6 +221,7 @@ class FakeUpstream:
         self.forced: dict[str, list[str]] = {}  # credential label -> scenarios of its next model requests
         self._digests: dict[int, "hashlib._Hash"] = {}  # per open response: sha256 of its body
         self.requests: list[dict] = []  # in-process users read this
+        self.sockets = 0  # WebSocket connections so far (their ids in the log)
         self.server: asyncio.Server | None = None
         self.port = 0
 
@@ -198,7 +240,7 @@ class FakeUpstream:
                 head = await reader.readuntil(b"\r\n\r\n")
                 method, path, headers = parse_head(head)
                 body = await read_body(reader, headers)
-                keep = await self.respond(method, path, headers, body, reader, writer)
+                keep = await self.respond(method, path, headers, body, reader, writer, head)
                 if not keep:
                     break
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
@@ -206,7 +248,7 @@ class FakeUpstream:
         finally:
             writer.close()
 
-    async def respond(self, method, path, headers, body, reader, writer) -> bool:
+    async def respond(self, method, path, headers, body, reader, writer, head: bytes = b"") -> bool:
         scenario = scenario_of(headers)
         record = {"ts": time.time(), "method": method, "path": path, "credential": label_of(headers),
                   "scenario": scenario, "turn_state": headers.get("x-codex-turn-state")}
@@ -219,6 +261,9 @@ class FakeUpstream:
             self._log({"ts": time.time(), "event": "control", **order})
             await write_full(writer, 200, {"content-type": "application/json"}, b"{}")
             return True
+        if method == "GET" and path.split("?")[0].endswith("/responses") and headers.get("upgrade", "").lower() == "websocket":
+            await self.websocket(head, path, headers, reader, writer)
+            return False
         if not path.split("?")[0].endswith("/responses") or method != "POST":
             record["scenario"] = "other"
             self._log(record)
@@ -241,6 +286,22 @@ class FakeUpstream:
             return True
         await self.stream(scenario, label_of(headers), reader, writer)
         return False
+
+    async def websocket(self, head: bytes, path: str, headers: dict[str, str], reader, writer) -> None:
+        """A WebSocket handshake: a synchronous scenario (the credential's or the next forced one) rejects
+        it with its HTTP status; otherwise a WsSession serves the turns."""
+        label, scenario = label_of(headers), scenario_of(headers)
+        queue = self.forced.get(label)
+        if queue and queue[0] in SYNC:  # other forced scenarios are for the turns
+            scenario = queue.pop(0)
+        self.sockets += 1
+        self._log({"ts": time.time(), "method": "GET", "path": path, "credential": label, "scenario": scenario,
+                   "websocket": True, "socket": self.sockets, "turn_state": headers.get("x-codex-turn-state"),
+                   "session": headers.get("session-id") or headers.get("session_id"), "headers_seen": sorted(headers)})
+        if scenario in SYNC:
+            await write_full(writer, *SYNC[scenario]())
+            return
+        await WsSession(self, self.sockets, label, scenario, reader, writer).run(head)
 
     def _trace(self, ev: bytes, label: str, traced: set[str]) -> None:
         for kind, markers in (("rejection_sent", _REJECTION), ("first_output_sent", _OUTPUT)):
@@ -360,6 +421,169 @@ class FakeUpstream:
                            "seq": int(m.group(1)) if m else None})
             if self.pace:
                 await asyncio.sleep(self.pace)
+
+
+class WsSession:
+    """One Responses-over-WebSocket connection. Each `response.create` text message is a turn, whose scenario is
+    the credential's next forced one, else the handshake's; its events go out one per text message, paced.
+    A `generate: false` create (a warm-up) is answered without output; a `previous_response_id` that this socket
+    did not send is answered with previous_response_not_found."""
+
+    def __init__(self, fake: FakeUpstream, socket_id: int, label: str, scenario: str, reader, writer):
+        self.fake, self.id, self.label, self.scenario = fake, socket_id, label, scenario
+        self.reader, self.writer = reader, writer
+        self.ws = WSConnection(ConnectionType.SERVER)
+        self.creates: asyncio.Queue[dict | None] = asyncio.Queue()  # None: the client is gone
+        self.gone = asyncio.Event()  # closed (or closing) by either side
+        self.issued: set[str] = set()  # response ids of this socket: the valid previous_response_id values
+        self.turns = 0
+        self.traced: set[str] = set()  # for --trace, per turn
+        self.ended = False  # ws_closed logged
+
+    async def run(self, head: bytes) -> None:
+        try:
+            self.ws.receive_data(head)
+            next(e for e in self.ws.events() if isinstance(e, Request))
+        except (RemoteProtocolError, StopIteration):
+            await write_full(self.writer, 400, {"content-type": "text/plain"}, b"bad WebSocket handshake")
+            return
+        self.writer.write(self.ws.send(AcceptConnection(extensions=[PerMessageDeflate()], extra_headers=[
+            (b"x-codex-turn-state", b"ts-" + self.label.encode()[-8:]), (b"openai-model", b"gpt-fake")])))
+        await self.writer.drain()
+        reading = asyncio.create_task(self._read())
+        try:
+            while not self.gone.is_set() and (create := await self.creates.get()) is not None:
+                await self.turn(create)
+            with suppress(TimeoutError):  # after a server close: the client's answer, briefly
+                await asyncio.wait_for(reading, 2)
+        finally:
+            reading.cancel()
+            self._ended(1006, "client")  # unless a close was logged: the connection just dropped
+
+    async def _read(self) -> None:
+        """Answers pings and closes, queues the creates."""
+        text = ""
+        try:
+            while data := await self.reader.read(65536):
+                self.ws.receive_data(data)
+                for event in self.ws.events():
+                    if isinstance(event, Ping) and self.ws.state is ConnectionState.OPEN:
+                        self.writer.write(self.ws.send(event.response()))
+                    elif isinstance(event, CloseConnection):
+                        if self.ws.state is ConnectionState.REMOTE_CLOSING:
+                            self.writer.write(self.ws.send(event.response()))
+                            self._ended(event.code, "client")
+                        return
+                    elif isinstance(event, TextMessage):
+                        text += event.data
+                        if event.message_finished:
+                            with suppress(ValueError):
+                                msg = json.loads(text)
+                                if isinstance(msg, dict) and msg.get("type") == "response.create":
+                                    self.creates.put_nowait(msg)
+                            text = ""
+        except (ConnectionError, RemoteProtocolError):
+            pass
+        finally:
+            self.gone.set()
+            self.creates.put_nowait(None)
+
+    def _ended(self, code: int | None, by: str) -> None:
+        if not self.ended:
+            self.ended = True
+            self.fake._log({"ts": time.time(), "event": "ws_closed", "credential": self.label, "socket": self.id,
+                            "code": code, "by": by})
+
+    async def turn(self, create: dict) -> None:
+        fake, label = self.fake, self.label
+        self.turns += 1
+        prev, queue = create.get("previous_response_id"), fake.forced.get(label)
+        if prev and prev not in self.issued:
+            scenario = "previous_response_not_found"
+        elif queue:
+            scenario = queue.pop(0)
+        elif create.get("generate") is False:
+            scenario = "warmup"
+        else:
+            scenario = self.scenario
+        if scenario == "overload-once":
+            fake.seen[label] = fake.seen.get(label, 0) + 1
+            scenario = "overload" if fake.seen[label] == 1 else "good"
+        items = create.get("input")
+        fake._log({"ts": time.time(), "event": "ws_turn", "credential": label, "scenario": scenario, "turn": self.turns,
+                   "previous_response_id": prev, "input_items": len(items) if isinstance(items, list) else 0,
+                   "generate": create.get("generate"), "socket": self.id})
+        turn = Turn(label, fake.deltas, ws_text)
+        self.issued.add(turn.rid)
+        self.traced = set()
+        if scenario == "previous_response_not_found":
+            msgs = [turn.wrapped(400, {"type": "invalid_request_error", "code": "previous_response_not_found",
+                                       "message": f"Previous response with id '{prev}' not found.",
+                                       "param": "previous_response_id"})]
+        elif scenario == "warmup":
+            msgs = [turn.created(), turn.completed([])]
+        elif scenario == "overload":
+            msgs = [turn.created(), turn.wrapped(503, OVERLOADED)]
+        elif scenario == "overload-nostatus":
+            msgs = [turn.created(), turn.overload_error(), turn.failed("server_is_overloaded", OVERLOADED["message"])]
+        elif scenario == "overload-close":
+            msgs = [turn.created(), turn.overload_error()]
+        elif scenario == "close-after-created":
+            msgs = [turn.created()]
+        elif scenario == "usage-limit":
+            msgs = [turn.wrapped(429, {"type": "usage_limit_reached", "message": "The usage limit has been reached",
+                                       "plan_type": "plus", "resets_at": int(time.time()) + 3600, "resets_in_seconds": 3600},
+                                 headers={"x-codex-primary-used-percent": "100.0"})]
+        elif scenario == "delta-overload":
+            msgs = [turn.created(), turn.ev("response.output_text.delta", item_id="m", output_index=0, content_index=0,
+                                            delta="Hi"), turn.wrapped(503, OVERLOADED)]
+        elif scenario == "capacity":
+            msgs = turn.handshake() + [turn.failed("server_error", "Selected model is at capacity. Please try a different model.")]
+        elif scenario == "slow-down":
+            msgs = turn.handshake() + [turn.failed("slow_down", "Please slow down.")]
+        elif scenario == "toolcall":
+            call = {"id": "fc_1", "type": "function_call", "status": "completed", "call_id": f"call_{turn.rid[-8:]}",
+                    "name": "fake_unknown_tool", "arguments": "{}"}
+            msgs = turn.handshake() + [turn.ev("response.output_item.done", output_index=0, item=call), turn.completed([call])]
+        elif scenario == "many":
+            await self.send([turn.created()])
+            deltas = [f"d{i} " for i in range(fake.deltas)]
+            item = {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": "".join(deltas), "annotations": []}]}
+            await self.send([turn.ev("response.output_text.delta", item_id="msg_1", output_index=0, content_index=0, delta=d)
+                             for d in deltas], burst=True)
+            msgs = [turn.ev("response.output_item.done", output_index=0, item=item), turn.completed([item], len(deltas))]
+        elif scenario == "stall":
+            await self.send(turn.handshake())
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self.gone.wait(), fake.stall)
+                fake._log({"ts": round(time.time(), 3), "event": "peer_closed", "credential": label})
+                return
+            msgs = turn.answer()
+        else:
+            msgs = turn.handshake() + turn.answer()
+        await self.send(msgs)
+        if scenario in ("overload-close", "close-after-created") and self.ws.state is ConnectionState.OPEN:
+            self.writer.write(self.ws.send(CloseConnection(code=1011, reason="server closing")))
+            await self.writer.drain()
+            self._ended(1011, "server")
+            self.gone.set()
+
+    async def send(self, msgs: list[str], burst: bool = False) -> None:
+        """Each message as one text message, paced by --pace, or all in one write (`burst`)."""
+        if burst and self.ws.state is ConnectionState.OPEN:
+            self.writer.write(b"".join(self.ws.send(TextMessage(data=m)) for m in msgs))
+            await self.writer.drain()
+            return
+        for m in msgs:
+            if self.ws.state is not ConnectionState.OPEN:
+                raise ConnectionError("the WebSocket is closing")
+            self.writer.write(self.ws.send(TextMessage(data=m)))
+            await self.writer.drain()
+            if self.fake.trace:
+                self.fake._trace(m.encode(), self.label, self.traced)
+            if self.fake.pace:
+                await asyncio.sleep(self.fake.pace)
 
 
 def parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:

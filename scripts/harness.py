@@ -1,6 +1,6 @@
 """Processes for end-to-end tests, the demo and measurements: the fake upstream and a real `mitmdump -s addon/failover.py`,
 both on 127.0.0.1, each stopped by its PID; and a small HTTP client that talks through the proxy.
-Every wait is bounded; every mitmdump gets its own temporary confdir."""
+Every wait is bounded; every mitmdump gets its own temporary confdir. WsClient speaks Responses over a WebSocket."""
 
 from __future__ import annotations
 
@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from collections import deque
+
 from codex_failover.socks_bridge import pipe_both
+from wsproto import ConnectionType, WSConnection
+from wsproto.connection import ConnectionState
+from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Ping, Pong, RejectConnection, RejectData,
+                            Request, TextMessage)
+from wsproto.extensions import PerMessageDeflate
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 PYTHON = sys.executable
@@ -196,6 +203,146 @@ def start_raw_post(proxy_port: int, url: str, token: str, timeout: float = 5.0) 
     sock.sendall(f"POST {url} HTTP/1.1\r\nHost: {url.split('/')[2]}\r\nauthorization: Bearer {token}\r\n"
                  f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
     return sock
+
+
+@dataclass
+class WsRejected:
+    """A WebSocket upgrade answered with another status than 101."""
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> dict:
+        return json.loads(self.body)
+
+
+WS_TERMINAL = ("response.completed", "response.failed", "response.incomplete", "error")
+
+
+class WsClient:
+    """A blocking Responses-over-WebSocket client, as Codex connects (plain ws, offering permessage-deflate):
+    through the proxy's CONNECT tunnel, or straight to the server when proxy_port is None. Every wait is bounded;
+    server pings are answered."""
+
+    def __init__(self, sock: socket.socket, ws: WSConnection):
+        self.sock, self.ws = sock, ws
+        self.headers: dict[str, str] = {}  # of the 101
+        self._events: deque = deque()
+        self._text = ""
+
+    @classmethod
+    def connect(cls, proxy_port: int | None, url: str, headers: dict[str, str], timeout: float = 10.0) -> "WsClient | WsRejected":
+        hostport, _, path = url.split("://", 1)[1].partition("/")
+        host, port = hostport.rsplit(":", 1)
+        sock = socket.create_connection(("127.0.0.1", proxy_port) if proxy_port else (host, int(port)), timeout=timeout)
+        try:
+            if proxy_port:
+                sock.sendall(f"CONNECT {hostport} HTTP/1.1\r\nHost: {hostport}\r\n\r\n".encode())
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        raise ConnectionError("the proxy closed the connection during CONNECT")
+                    head += chunk
+                if head.split(b" ", 2)[1] != b"200":
+                    raise ConnectionError(f"CONNECT refused: {head.splitlines()[0]!r}")
+            ws = WSConnection(ConnectionType.CLIENT)
+            sock.sendall(ws.send(Request(host=hostport, target="/" + path, extensions=[PerMessageDeflate()],
+                                         extra_headers=[(k.encode(), v.encode()) for k, v in headers.items()])))
+            client = cls(sock, ws)
+            deadline = time.monotonic() + timeout
+            event = client._next(deadline)
+            if isinstance(event, AcceptConnection):
+                client.headers = {k.decode().lower(): v.decode() for k, v in event.extra_headers}
+                return client
+            if not isinstance(event, RejectConnection):
+                raise ConnectionError(f"unexpected answer to the upgrade: {event!r}")
+            rejected = WsRejected(event.status_code, {k.decode().lower(): v.decode() for k, v in event.headers}, b"")
+            more = event.has_body
+            while more:
+                event = client._next(deadline)
+                rejected.body, more = rejected.body + event.data, not event.body_finished
+            sock.close()
+            return rejected
+        except BaseException:
+            sock.close()
+            raise
+
+    def _next(self, deadline: float):
+        """The next wsproto event (pings answered on the way); TimeoutError at the deadline."""
+        while not self._events:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no WebSocket event in time")
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            if not data and self.ws.state is ConnectionState.CONNECTING:
+                raise ConnectionError("the connection closed during the WebSocket handshake")
+            self.ws.receive_data(data or None)
+            self._events.extend(self.ws.events())
+        event = self._events.popleft()
+        if isinstance(event, Ping):
+            self.sock.sendall(self.ws.send(event.response()))
+        return event
+
+    def send_json(self, obj: dict) -> None:
+        self.sock.sendall(self.ws.send(TextMessage(data=json.dumps(obj))))
+
+    def send_ping(self, payload: bytes = b"p") -> None:
+        self.sock.sendall(self.ws.send(Ping(payload=payload)))
+
+    def recv(self, timeout: float = 10.0) -> tuple:
+        """("text", str) | ("bytes", bytes) | ("pong", bytes) | ("close", code, reason); TimeoutError."""
+        deadline = time.monotonic() + timeout
+        data = b""
+        while True:
+            event = self._next(deadline)
+            if isinstance(event, TextMessage):
+                self._text += event.data
+                if event.message_finished:
+                    text, self._text = self._text, ""
+                    return "text", text
+            elif isinstance(event, BytesMessage):
+                data += event.data
+                if event.message_finished:
+                    return "bytes", bytes(data)
+            elif isinstance(event, Pong):
+                return "pong", bytes(event.payload)
+            elif isinstance(event, CloseConnection):
+                if self.ws.state is ConnectionState.REMOTE_CLOSING:
+                    with contextlib.suppress(OSError):
+                        self.sock.sendall(self.ws.send(event.response()))
+                return "close", int(event.code), event.reason
+
+    def recv_turn(self, timeout: float = 10.0) -> list[dict]:
+        """The text messages (as JSON) up to a terminal one, or a close ({"type": "__close__", "code", "reason"})."""
+        deadline = time.monotonic() + timeout
+        out: list[dict] = []
+        while True:
+            got = self.recv(max(0.0, deadline - time.monotonic()))
+            if got[0] == "close":
+                out.append({"type": "__close__", "code": got[1], "reason": got[2]})
+                return out
+            if got[0] == "text":
+                out.append(json.loads(got[1]))
+                if out[-1].get("type") in WS_TERMINAL:
+                    return out
+
+    def close(self, code: int = 1000) -> None:
+        """Close (waiting a moment for the server's answer) and drop the socket; never raises."""
+        try:
+            if self.ws.state is ConnectionState.OPEN:
+                self.sock.sendall(self.ws.send(CloseConnection(code=code)))
+                deadline = time.monotonic() + 1.0
+                while self.ws.state is not ConnectionState.CLOSED:
+                    self._next(deadline)
+        except Exception:  # noqa: BLE001 - closing is best effort
+            pass
+        finally:
+            self.sock.close()
 
 
 def proxy_status(proxy_port: int) -> dict:

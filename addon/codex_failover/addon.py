@@ -20,17 +20,20 @@ from .auth_watch import AuthWatch
 from .codex_request import EndpointMatcher, asks_to_stream, is_websocket_upgrade, parse_body
 from .config import ConfigError, PoolConfig, load_pool
 from .health import Health
-from .orchestrator import RELAY_TAG, ClientGone, RequestRun
+from .orchestrator import RELAY_TAG, ClientGone, RequestRun, point_at_relay
+from .outcomes import Outcomes
 from .recovery import Slots
 from .relay import Relay
 from .routes import RouteHealth
 from .rules import RulesError, load_rules
 from .socks_bridge import SocksBridges
 from .usage import UsageBook
+from .ws_gate import GateContext, WebsocketGate
+from .ws_upstream import tls_context
 
 log = logging.getLogger("codex_failover")
 
-WEBSOCKET_MODES = ("downgrade", "passthrough")
+WEBSOCKET_MODES = ("downgrade", "gate", "passthrough")
 STATUS_HOST = "codex-failover.status"
 
 
@@ -53,6 +56,8 @@ class FailoverAddon:
         self.auth_watch = AuthWatch()
         self._auth_checked = 0.0
         self._tasks: set[asyncio.Task] = set()
+        self.ws_gate = WebsocketGate()
+        self._tls = None  # (options it was built from, upstream TLS context) for gated WebSockets
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -60,7 +65,9 @@ class FailoverAddon:
         loader.add_option("failover_config", str, "", "codex-failover pool file (YAML): spare credentials and policy.")
         loader.add_option("failover_rules", str, "", "codex-failover rules file (YAML); default: rules/default.yaml.")
         loader.add_option("failover_websocket", str, "downgrade",
-                          "Codex WebSocket upgrades on model endpoints: downgrade (answer 426, Codex uses SSE) or passthrough.")
+                          "Codex WebSocket upgrades on model endpoints: downgrade (answer 426, Codex uses SSE), "
+                          "gate (keep the WebSocket; hold and classify every turn, move rejected first turns) "
+                          "or passthrough (untouched, unprotected).")
 
     def configure(self, updated: set[str]) -> None:
         if "failover_config" in updated or "failover_rules" in updated:
@@ -129,6 +136,8 @@ class FailoverAddon:
         if is_websocket_upgrade(req.method, req.headers):
             if ctx.options.failover_websocket == "downgrade":
                 flow.response = responses.websocket_downgrade()
+            elif ctx.options.failover_websocket == "gate":
+                await self._gate_upgrade(flow)
             return
         if req.method != "POST":
             return
@@ -137,6 +146,25 @@ class FailoverAddon:
             return
         self._refresh_auth_files()
         await self._hold(flow, body)
+
+    async def _gate_upgrade(self, flow: http.HTTPFlow) -> None:
+        """Open the upstream socket now (any credential, any route that works); 426 if none can."""
+        self._refresh_auth_files()
+        await self.relay.start()
+        session, why = await self.ws_gate.open(flow, self._gate_context())
+        if session is None:
+            flow.response = responses.websocket_downgrade(f"failover_websocket=gate: {why}")
+            return
+        point_at_relay(flow, self.relay.port, self.relay.register(session))
+
+    def _gate_context(self) -> GateContext:
+        opts = ctx.options
+        key = (opts.ssl_insecure, opts.ssl_verify_upstream_trusted_ca, opts.ssl_verify_upstream_trusted_confdir)
+        if self._tls is None or self._tls[0] != key:
+            self._tls = (key, tls_context(*key))
+        return GateContext(self.pool, self.rules, self.health, self.affinity,
+                           Outcomes(self.health, self.affinity, self.usage), self.route_health, self.bridges,
+                           self._tls[1])
 
     def _refresh_auth_files(self) -> None:
         """At most once a second: reload auth files that changed; a reloaded credential is back in
@@ -208,7 +236,7 @@ class FailoverAddon:
         if attempt is not None:
             ctype = flow.response.headers.get("content-type", "")
             attempt.on_responseheaders(200 <= flow.response.status_code < 300 and "text/event-stream" in ctype)
-        elif RELAY_TAG in flow.metadata:
+        elif RELAY_TAG in flow.metadata and flow.response.status_code != 101:
             flow.response.stream = True
 
     def response(self, flow: http.HTTPFlow) -> None:
@@ -276,7 +304,7 @@ class FailoverAddon:
         return {"pool": self.pool.source, "credentials": creds, "routes": routes,
                 "held_requests": self._held, "attempts_in_flight": len(self.attempts),
                 "relay_unclaimed": self.relay.pending, "relay_streaming": self.relay.streaming,
-                "recovery_buffering": self.recovery_slots.used}
+                "recovery_buffering": self.recovery_slots.used, "websockets": self.ws_gate.report()}
 
     @command.command("failover.status")
     def status(self) -> str:

@@ -53,7 +53,9 @@ class Relay:
                 self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
                 self.port = self._server.sockets[0].getsockname()[1]
 
-    def register(self, session: RelaySession) -> str:
+    def register(self, session) -> str:
+        """A RelaySession (HTTP), or any session with `token`, `abort()` and
+        `serve(head, reader, writer)` (a gated WebSocket)."""
         self._sessions[session.token] = session
         loop = asyncio.get_running_loop()
         loop.call_later(UNCLAIMED_TTL, self._expire, session.token)
@@ -85,11 +87,14 @@ class Relay:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         session = None
         try:
-            session = await self._claim(reader, writer)
+            session, head = await self._claim(reader, writer)
             if session is not None:
                 self.streaming += 1
                 try:
-                    await self._serve(session, reader, writer)
+                    if isinstance(session, RelaySession):
+                        await self._serve(session, reader, writer)
+                    else:  # a gated WebSocket: it speaks for itself
+                        await session.serve(head, reader, writer)
                 finally:
                     self.streaming -= 1
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
@@ -99,10 +104,11 @@ class Relay:
                 await _maybe_await(session.abort())
             writer.close()
 
-    async def _claim(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> RelaySession | None:
+    async def _claim(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        """The session named by the request's token (and the request head), or None."""
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
         if len(head) > _MAX_HEAD:
-            return None
+            return None, head
         request_line, *header_lines = head.split(b"\r\n")
         parts = request_line.split(b" ")
         token = parts[1].decode("latin-1").removeprefix("/r/") if len(parts) == 3 and parts[1].startswith(b"/r/") else ""
@@ -111,7 +117,7 @@ class Relay:
         if session is None:
             writer.write(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
             await writer.drain()
-        return session
+        return session, head
 
     async def _serve(self, session: RelaySession, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Stream the session until it ends, or until the reader leaves (then stop at once)."""

@@ -86,10 +86,10 @@ def recovery_exhausted(why: str, history) -> http.Response:
     return _json(408, error)
 
 
-def websocket_downgrade() -> http.Response:
+def websocket_downgrade(why: str = "failover_websocket=downgrade") -> http.Response:
     """426 makes Codex switch the session to HTTP POST + SSE at once (DESIGN §3)."""
     error = {"type": "invalid_request_error", "code": "websocket_not_supported",
-             "message": "codex-failover: use HTTP/SSE for model requests (failover_websocket=downgrade)."}
+             "message": f"codex-failover: use HTTP/SSE for model requests ({why})."}
     return _json(426, error)
 
 

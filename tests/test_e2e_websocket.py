@@ -1,0 +1,203 @@
+"""End to end, `failover_websocket: gate`: a real mitmdump with the addon, the fake upstream's
+WebSocket transport, and a WebSocket client through the proxy's CONNECT tunnel."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from harness import LocalProxies, ProxyProcess, WsClient, WsRejected, pool_yaml, proxy_status
+
+pytestmark = pytest.mark.e2e
+
+PRIMARY, SPARE, THIRD = "sk-test-primary-1", "sk-test-spare-2", "sk-test-third-3"
+CREATE = {"type": "response.create", "model": "gpt-fake", "stream": True, "store": False,
+          "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}]}
+HEADERS = {"authorization": "Bearer sk-test-client-0", "openai-beta": "responses_websockets=2026-02-06",
+           "session-id": "thread-1"}
+
+
+@pytest.fixture
+def gated(tmp_path):
+    procs = []
+
+    def start(fake, creds, routes=None, **policy):
+        policy.setdefault("use_client_credential", False)
+        text, env = pool_yaml(fake.base, creds, routes, **policy)
+        proxy = ProxyProcess(tmp_path, text, env, extra=["--set", "failover_websocket=gate"])
+        procs.append(proxy)
+        return proxy
+
+    yield start
+    for proc in procs:
+        proc.stop()
+
+
+def connect(proxy, fake, headers=HEADERS) -> WsClient:
+    client = WsClient.connect(proxy.port, f"{fake.base}/v1/responses", headers)
+    assert not isinstance(client, WsRejected), client
+    return client
+
+
+def turn(client, body=CREATE, timeout=10.0) -> list[dict]:
+    client.send_json(body)
+    return client.recv_turn(timeout)
+
+
+def handshakes(fake) -> list[dict]:
+    return [r for r in fake.requests() if r.get("websocket")]
+
+
+def ws_turns(fake) -> list[dict]:
+    return [r for r in fake.requests() if r.get("event") == "ws_turn"]
+
+
+def text_of(events) -> str:
+    return "".join(e.get("delta", "") for e in events if e["type"] == "response.output_text.delta")
+
+
+def test_first_turn_overload_moves_to_the_spare_and_the_client_sees_only_the_spare(fake, gated):
+    proxy = gated(fake, [("primary", "sk-test-overload-1"), ("spare", SPARE)])
+    client = connect(proxy, fake)
+    events = turn(client)
+    assert [e["type"] for e in events][:2] == ["response.created", "response.in_progress"]
+    assert events[-1]["type"] == "response.completed"
+    assert not any(e["type"] == "error" for e in events)
+    assert text_of(events).startswith(f"Hello from {SPARE}.")
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))  # one clean turn, in order
+    # The session stays pinned to the spare's socket: the next turn goes there.
+    follow = turn(client, {**CREATE, "previous_response_id": events[-1]["response"]["id"], "input": []})
+    assert follow[-1]["type"] == "response.completed"
+    client.close()
+    assert [(r["credential"], r["turn"]) for r in ws_turns(fake)] == [("sk-test-overload-1", 1), (SPARE, 1), (SPARE, 2)]
+    assert ws_turns(fake)[2]["scenario"] == "good"  # its previous_response_id was found on the spare's socket
+
+
+def test_later_turn_overload_closes_the_client_and_the_reconnect_is_served_by_a_healthy_credential(fake, gated):
+    proxy = gated(fake, [("primary", PRIMARY), ("spare", SPARE)])
+    client = connect(proxy, fake)
+    first = turn(client)
+    assert text_of(first).startswith(f"Hello from {PRIMARY}.")
+    fake.overload_next(PRIMARY, 1, "overload")
+    second = turn(client, {**CREATE, "previous_response_id": first[-1]["response"]["id"], "input": []})
+    assert second == [{"type": "__close__", "code": 1012, "reason": "codex-failover: reconnect"}]  # rejection swallowed
+    client.close()
+    again = connect(proxy, fake)  # what Codex does: a new socket with the full request
+    events = turn(again)
+    assert text_of(events).startswith(f"Hello from {SPARE}.")
+    again.close()
+    assert [r["credential"] for r in handshakes(fake)] == [PRIMARY, SPARE]
+    status = proxy_status(proxy.port)
+    assert {c["name"]: c["state"] for c in status["credentials"]}["primary"] == "cooling"
+
+
+def test_a_delta_before_the_overload_is_delivered_and_nothing_moves(fake, gated):
+    proxy = gated(fake, [("primary", "sk-test-delta-overload-1"), ("spare", SPARE)])
+    client = connect(proxy, fake)
+    events = turn(client)
+    client.close()
+    assert [e["type"] for e in events] == ["response.created", "response.output_text.delta", "error"]
+    assert events[-1]["status"] == 503
+    assert len(handshakes(fake)) == 1
+
+
+def test_a_status_bearing_429_cools_the_credential_and_the_turn_moves(fake, gated):
+    proxy = gated(fake, [("primary", PRIMARY), ("spare", SPARE)])
+    client = connect(proxy, fake)
+    fake.overload_next(PRIMARY, 1, "usage-limit")  # after the handshake: the turn gets the wrapped 429
+    events = turn(client)
+    assert [(r["credential"], r["scenario"]) for r in ws_turns(fake)] == [(PRIMARY, "usage-limit"), (SPARE, "good")]
+    assert text_of(events).startswith(f"Hello from {SPARE}.")
+    status = proxy_status(proxy.port)
+    client.close()
+    primary = {c["name"]: c for c in status["credentials"]}["primary"]
+    assert (primary["state"], primary["reason"]) == ("cooling", "usage_limit")
+    assert primary["cooling_for_s"] > 60  # the 429's resets_in_seconds, not the default cooldown
+
+
+def test_a_dead_route_at_the_handshake_is_answered_426(fake, gated):
+    proxies = LocalProxies()
+    try:
+        refused = proxies.http_proxy("dead", "refuse")
+        proxy = gated(fake, [("primary", PRIMARY, "egress")], routes={"egress": [f"http://127.0.0.1:{refused}"]})
+        answer = WsClient.connect(proxy.port, f"{fake.base}/v1/responses", HEADERS)
+    finally:
+        proxies.close()
+    assert isinstance(answer, WsRejected) and answer.status == 426
+    assert "route egress" in answer.json()["error"]["message"]
+    assert handshakes(fake) == []
+
+
+def test_an_overloaded_upgrade_goes_to_the_spare_and_without_one_is_answered_426(fake, gated):
+    proxy = gated(fake, [("primary", "sk-test-overload-503-1"), ("spare", SPARE)])
+    client = connect(proxy, fake)
+    assert text_of(turn(client)).startswith(f"Hello from {SPARE}.")
+    client.close()
+    alone = gated(fake, [("primary", "sk-test-overload-503-9")])
+    answer = WsClient.connect(alone.port, f"{fake.base}/v1/responses", HEADERS)
+    assert isinstance(answer, WsRejected) and answer.status == 426
+    answer = WsClient.connect(alone.port, f"{fake.base}/v1/responses", HEADERS)  # cooling now: not even dialled
+    assert isinstance(answer, WsRejected) and answer.status == 426
+    assert [r["credential"] for r in handshakes(fake)].count("sk-test-overload-503-9") == 1
+
+
+def test_exhaustion_delivers_the_last_rejection_as_a_status_bearing_error_frame(fake, gated):
+    proxy = gated(fake, [("primary", "sk-test-overload-1"), ("spare", "sk-test-overload-2")])
+    client = connect(proxy, fake)
+    events = turn(client)
+    client.close()
+    assert events[-1]["type"] == "error" and events[-1]["status"] == 503
+    assert events[-1]["error"]["code"] == "server_is_overloaded"
+    assert [r["credential"] for r in ws_turns(fake)] == ["sk-test-overload-1", "sk-test-overload-2"]
+
+
+def test_order_and_exactly_once_under_the_hold_with_many_small_messages(tmp_path, gated):
+    from harness import FakeUpstreamProcess
+
+    (tmp_path / "many").mkdir()
+    fake = FakeUpstreamProcess(tmp_path / "many", "--pace", "0", "--deltas", "2000")
+    try:
+        proxy = gated(fake, [("primary", "sk-test-many-1")])
+        client = connect(proxy, fake)
+        for _ in range(3):
+            events = turn(client, timeout=30)
+            assert [e["delta"] for e in events if e["type"] == "response.output_text.delta"] == [f"d{i} " for i in range(2000)]
+            assert [e["type"] for e in events][0] == "response.created" and events[-1]["type"] == "response.completed"
+        client.close()
+    finally:
+        fake.stop()
+
+
+def test_pings_are_not_delayed_by_a_held_turn_and_the_status_shows_the_socket(fake, gated):
+    proxy = gated(fake, [("primary", "sk-test-stall-1")])
+    client = connect(proxy, fake)
+    client.send_json(CREATE)
+    time.sleep(0.3)  # the turn's response.created is held now (the fake stalls after it)
+    client.send_ping(b"still-there")
+    assert client.recv(2) == ("pong", b"still-there")
+    sockets = proxy_status(proxy.port)["websockets"]
+    assert [(s["credential"], s["holding"], s["turns"]) for s in sockets] == [("primary", True, 1)]
+    client.close()
+
+
+def test_a_rejection_followed_by_the_upstream_closing_still_moves_cleanly(fake, gated):
+    proxy = gated(fake, [("primary", "sk-test-overload-close-1"), ("spare", SPARE)])
+    client = connect(proxy, fake)
+    events = turn(client)
+    assert text_of(events).startswith(f"Hello from {SPARE}.") and events[-1]["type"] == "response.completed"
+    assert turn(client, {**CREATE, "previous_response_id": events[-1]["response"]["id"]})[-1]["type"] == "response.completed"
+    client.close()
+
+
+def test_the_time_budget_releases_a_held_turn_while_the_upstream_is_silent(fake, gated):
+    proxy = gated(fake, [("primary", "sk-test-stall-1")], bootstrap_timeout="0.3s")
+    client = connect(proxy, fake)
+    client.send_json(CREATE)
+    started = time.monotonic()
+    got = [client.recv(5), client.recv(5)]
+    waited = time.monotonic() - started
+    client.close()
+    assert [json.loads(text)["type"] for _, text in got] == ["response.created", "response.in_progress"]
+    assert 0.25 < waited < 3
