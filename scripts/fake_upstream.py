@@ -448,7 +448,7 @@ class WsSession:
             await write_full(self.writer, 400, {"content-type": "text/plain"}, b"bad WebSocket handshake")
             return
         self.writer.write(self.ws.send(AcceptConnection(extensions=[PerMessageDeflate()], extra_headers=[
-            (b"x-codex-turn-state", b"ts-" + self.label.encode()[-8:]), (b"openai-model", b"gpt-fake")])))
+            (b"x-codex-turn-state", b"ts-" + self.label.encode()[-8:])])))  # no openai-model: Codex would report a reroute
         await self.writer.drain()
         reading = asyncio.create_task(self._read())
         try:

@@ -35,6 +35,7 @@ import shutil
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -183,27 +184,72 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
-def test_real_codex_turn_completes_with_the_spare_when_its_own_key_is_overloaded(tmp_path, codex_bin, capsys,
-                                                                               record_property):
+@dataclass
+class CodexRun:
+    """One `codex exec` through mitmdump with the addon, against the fake upstream."""
+
+    run: subprocess.CompletedProcess
+    took: float
+    records: list[dict]  # what the recorder saw
+    fake: FakeUpstreamProcess
+    proxy_log: str
+
+    @property
+    def events(self) -> list[dict]:
+        return _events(self.run.stdout)
+
+    @property
+    def asked(self) -> list[dict]:
+        return [r for r in self.records if r["kind"] == "request" and not r["replay"]]
+
+    @property
+    def context(self) -> str:
+        fake_log = self.fake.log_path.read_text() if self.fake.log_path.exists() else ""
+        return (f"\n--- codex stdout ---\n{self.run.stdout}\n--- codex stderr ---\n{self.run.stderr[-3000:]}"
+                f"\n--- mitmdump log ---\n{self.proxy_log[-6000:]}\n--- fake log ---\n{fake_log}")
+
+    def assert_completed_with(self, key: str) -> None:
+        """Exit 0, `key`'s answer, no error of any kind, the turn completed."""
+        events, context = self.events, self.context
+        assert self.run.returncode == 0, context
+        messages = [e["item"].get("text", "") for e in events
+                    if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "agent_message"]
+        assert any(f"Hello from {key}" in m for m in messages), context
+        assert not [e for e in events if e.get("type") in ("error", "turn.failed")], context
+        assert not [e for e in events if e.get("type") == "item.completed" and e["item"].get("type") == "error"], context
+        assert events and events[-1].get("type") == "turn.completed", context
+
+    def assert_loopback_only(self) -> None:
+        """Every upstream connection mitmdump opened went to 127.0.0.1."""
+        connects = [(r["host"], r["port"]) for r in self.records if r["kind"] == "server_connect"]
+        assert connects and all(host == "127.0.0.1" for host, _ in connects), connects
+
+
+def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] = (), prepare=None,
+              output: tuple[str, ...] = ("--json",), **policy) -> CodexRun:
+    """Start the fake and mitmdump (pool `creds`), run `codex exec "say hi"` with CLIENT_KEY, stop both.
+    `prepare(fake)` runs before Codex starts (e.g. to queue scenarios)."""
     fake = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "5")
     proxy = None
     try:
         recorder = tmp_path / "recorder.py"
         recorder.write_text(RECORDER)
         record_path = tmp_path / "record.jsonl"
-        pool, pool_env = pool_yaml(fake.base, [("spare", SPARE_KEY)])
+        pool, pool_env = pool_yaml(fake.base, creds, **policy)
         to_fake = rf"|^https?://(?!127\.0\.0\.1[:/])[^/]+|{fake.base}"
         # connection_strategy=lazy (the addon sets it too): a CONNECT never makes mitmdump resolve or
         # dial the named host itself, even if the addon failed to load.
         proxy = ProxyProcess(tmp_path, pool, {**pool_env, "CODEX_TEST_RECORD": str(record_path)},
                              extra=["--set", "connection_strategy=lazy", "--set", f"map_remote={to_fake}",
-                                    "-s", str(recorder)])
+                                    "-s", str(recorder), *extra])
         ca = proxy.confdir / "mitmproxy-ca-cert.pem"
         assert ca.exists(), "mitmdump did not write its CA certificate"
         deadline = time.monotonic() + 5
         while "codex-failover: pool" not in proxy.log() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert "codex-failover: pool" in proxy.log(), f"the addon did not load its pool file:\n{proxy.log()}"
+        if prepare is not None:
+            prepare(fake)
 
         home, codex_home, work = tmp_path / "home", tmp_path / "codex-home", tmp_path / "work"
         for d in (home, codex_home, work):
@@ -216,7 +262,7 @@ def test_real_codex_turn_completes_with_the_spare_when_its_own_key_is_overloaded
             "HTTPS_PROXY": proxy_url, "https_proxy": proxy_url, "HTTP_PROXY": proxy_url, "http_proxy": proxy_url,
             "ALL_PROXY": proxy_url, "all_proxy": proxy_url, "NO_PROXY": "", "no_proxy": "",
         }
-        cmd = [str(codex_bin), "exec", "--json", "--skip-git-repo-check", "--sandbox", "read-only", "--cd", str(work), "say hi"]
+        cmd = [str(codex_bin), "exec", *output, "--skip-git-repo-check", "--sandbox", "read-only", "--cd", str(work), "say hi"]
         started = time.monotonic()
         try:
             run = _run_bounded(cmd, CODEX_TIMEOUT, env=env, cwd=work)
@@ -224,57 +270,103 @@ def test_real_codex_turn_completes_with_the_spare_when_its_own_key_is_overloaded
             pytest.fail(f"codex exec did not finish within {CODEX_TIMEOUT:.0f}s (killed)\n--- codex stdout ---\n{exc.output}"
                         f"\n--- codex stderr ---\n{(exc.stderr or '')[-3000:]}\n--- mitmdump log ---\n{proxy.log()[-6000:]}")
         took = time.monotonic() - started
-        record_property("codex_exec_seconds", round(took, 2))
-        records = _records(record_path)
-        asked = [r for r in records if r["kind"] == "request" and not r["replay"]]
-        with capsys.disabled():
-            print(f"\n[codex-cli] {codex_bin.parent.parent.parent.name}: codex exec took {took:.2f}s, exit {run.returncode}; "
-                  f"{len(asked)} requests: " + ", ".join(f"{r['method']} {r['url'].split('?')[0]}" for r in asked))
-
-        fake_log = fake.log_path.read_text() if fake.log_path.exists() else ""
-        context = (f"\n--- codex stdout ---\n{run.stdout}\n--- codex stderr ---\n{run.stderr[-3000:]}"
-                   f"\n--- mitmdump log ---\n{proxy.log()[-6000:]}\n--- fake log ---\n{fake_log}")
-        events = _events(run.stdout)
-
-        # Codex: exit 0, the spare's answer, no error of any kind, the turn completed.
-        assert run.returncode == 0, context
-        messages = [e["item"].get("text", "") for e in events
-                    if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "agent_message"]
-        assert any(f"Hello from {SPARE_KEY}" in m for m in messages), context
-        assert not [e for e in events if e.get("type") in ("error", "turn.failed")], context
-        assert not [e for e in events if e.get("type") == "item.completed" and e["item"].get("type") == "error"], context
-        assert events and events[-1].get("type") == "turn.completed", context
-
-        # The fake: the client's overloaded attempt first, then the spare; one POST from Codex in all.
-        served = [(r["method"], r["path"], r["credential"], r["scenario"]) for r in fake.model_requests()]
-        assert served == [("POST", "/v1/responses", CLIENT_KEY, "overload"),
-                          ("POST", "/v1/responses", SPARE_KEY, "good")], context
-        posts = [r for r in asked if r["method"] == "POST" and r["url"].split("?")[0].endswith("/responses")]
-        assert [r["url"] for r in posts] == ["https://api.openai.com/v1/responses"], context
-
-        # The addon: failover on the overload, commit on the spare; no secret in its log.
-        log = proxy.log()
-        assert "credential=client" in log and "verdict=failover reason=overloaded" in log, context
-        assert "credential=spare" in log and "verdict=commit" in log, context
-        assert "sk-test-" not in log, context
-
-        # WebSocket first: the upgrade was answered 426 by the proxy (it never reached the upstream),
-        # and Codex moved to HTTP POST + SSE at once: a single upgrade, before the POST.
-        upgrades = [r for r in asked if r["upgrade"].lower() == "websocket"]
-        assert [r["url"] for r in upgrades] == ["https://api.openai.com/v1/responses"], context
-        answers = [r for r in records if r["kind"] == "response" and not r["replay"] and r["method"] == "GET"
-                   and r["url"] == "https://api.openai.com/v1/responses"]
-        assert [r["status"] for r in answers] == [426], context
-        assert upgrades[0]["t"] < posts[0]["t"], context
-        assert not [r for r in fake.requests() if r.get("method") == "GET" and r.get("path", "").endswith("/responses")]
-        with capsys.disabled():
-            print(f"[codex-cli] WebSocket upgrade -> 426, HTTP POST ({posts[0]['http_version']}) "
-                  f"{(posts[0]['t'] - upgrades[0]['t']) * 1000:.0f} ms later")
-
-        # Loopback only: every upstream connection mitmdump opened went to 127.0.0.1.
-        connects = [(r["host"], r["port"]) for r in records if r["kind"] == "server_connect"]
-        assert connects and all(host == "127.0.0.1" for host, _ in connects), connects
+        time.sleep(0.2)  # the proxy's last log lines (socket ends)
+        return CodexRun(run, took, _records(record_path), fake, proxy.log())
     finally:
         if proxy is not None:
             proxy.stop()
         fake.stop()
+
+
+def test_real_codex_turn_completes_with_the_spare_when_its_own_key_is_overloaded(tmp_path, codex_bin, capsys,
+                                                                               record_property):
+    codex = run_codex(tmp_path, codex_bin, [("spare", SPARE_KEY)])
+    record_property("codex_exec_seconds", round(codex.took, 2))
+    asked, records, context = codex.asked, codex.records, codex.context
+    with capsys.disabled():
+        print(f"\n[codex-cli] {codex_bin.parent.parent.parent.name}: codex exec took {codex.took:.2f}s, exit "
+              f"{codex.run.returncode}; {len(asked)} requests: " + ", ".join(f"{r['method']} {r['url'].split('?')[0]}" for r in asked))
+    codex.assert_completed_with(SPARE_KEY)
+
+    # The fake: the client's overloaded attempt first, then the spare; one POST from Codex in all.
+    served = [(r["method"], r["path"], r["credential"], r["scenario"]) for r in codex.fake.model_requests()]
+    assert served == [("POST", "/v1/responses", CLIENT_KEY, "overload"),
+                      ("POST", "/v1/responses", SPARE_KEY, "good")], context
+    posts = [r for r in asked if r["method"] == "POST" and r["url"].split("?")[0].endswith("/responses")]
+    assert [r["url"] for r in posts] == ["https://api.openai.com/v1/responses"], context
+
+    # The addon: failover on the overload, commit on the spare; no secret in its log.
+    log = codex.proxy_log
+    assert "credential=client" in log and "verdict=failover reason=overloaded" in log, context
+    assert "credential=spare" in log and "verdict=commit" in log, context
+    assert "sk-test-" not in log, context
+
+    # WebSocket first: the upgrade was answered 426 by the proxy (it never reached the upstream),
+    # and Codex moved to HTTP POST + SSE at once: a single upgrade, before the POST.
+    upgrades = [r for r in asked if r["upgrade"].lower() == "websocket"]
+    assert [r["url"] for r in upgrades] == ["https://api.openai.com/v1/responses"], context
+    answers = [r for r in records if r["kind"] == "response" and not r["replay"] and r["method"] == "GET"
+               and r["url"] == "https://api.openai.com/v1/responses"]
+    assert [r["status"] for r in answers] == [426], context
+    assert upgrades[0]["t"] < posts[0]["t"], context
+    assert not [r for r in codex.fake.requests() if r.get("method") == "GET" and r.get("path", "").endswith("/responses")]
+    with capsys.disabled():
+        print(f"[codex-cli] WebSocket upgrade -> 426, HTTP POST ({posts[0]['http_version']}) "
+              f"{(posts[0]['t'] - upgrades[0]['t']) * 1000:.0f} ms later")
+    codex.assert_loopback_only()
+
+
+# -- failover_websocket: gate -----------------------------------------------------------------------
+# Both credentials are pooled with the fake as base_url (use_client_credential: false): the gate
+# dials its own upstream sockets, which map_remote does not rewrite.
+
+PRIMARY_KEY = "sk-test-primary-ok"
+GATE = ["--set", "failover_websocket=gate"]
+
+
+def _ws_turns(fake) -> list[tuple]:
+    return [(r["credential"], r["scenario"], r["socket"], r["previous_response_id"] is not None)
+            for r in fake.requests() if r.get("event") == "ws_turn"]
+
+
+def test_real_codex_over_the_gated_websocket_moves_an_overloaded_first_turn_to_the_spare(tmp_path, codex_bin, capsys):
+    codex = run_codex(tmp_path, codex_bin, [("primary", "sk-test-overload-1"), ("spare", SPARE_KEY)], extra=GATE,
+                      use_client_credential=False)
+    context = codex.context
+    codex.assert_completed_with(SPARE_KEY)
+    # Codex stayed on the WebSocket: no POST to /responses, no 426.
+    assert not [r for r in codex.asked if r["method"] == "POST" and r["url"].split("?")[0].endswith("/responses")], context
+    assert not [r for r in codex.records if r["kind"] == "response" and r.get("status") == 426], context
+    # The warm-up on the primary, the real turn overloaded there, then moved (full request) to the spare.
+    turns = _ws_turns(codex.fake)
+    assert turns[:3] == [("sk-test-overload-1", "warmup", 1, False), ("sk-test-overload-1", "overload", 1, True),
+                         (SPARE_KEY, "good", 2, False)], context
+    assert "moved to spare" in codex.proxy_log and "sk-test-" not in codex.proxy_log, context
+    codex.assert_loopback_only()
+    with capsys.disabled():
+        print(f"\n[codex-cli] gated WebSocket, first turn moved: codex exec took {codex.took:.2f}s; turns {turns}")
+
+
+def test_real_codex_reconnects_after_a_rejected_later_turn_and_completes_on_the_spare(tmp_path, codex_bin, capsys):
+    def prepare(fake):  # on the primary's socket: the warm-up, a tool call, then the follow-up is overloaded
+        for scenario in ("warmup", "toolcall", "overload"):
+            fake.overload_next(PRIMARY_KEY, 1, scenario)
+
+    codex = run_codex(tmp_path, codex_bin, [("primary", PRIMARY_KEY), ("spare", SPARE_KEY)], extra=GATE,
+                      prepare=prepare, use_client_credential=False)
+    context = codex.context
+    codex.assert_completed_with(SPARE_KEY)
+    turns = _ws_turns(codex.fake)
+    assert turns[:3] == [(PRIMARY_KEY, "warmup", 1, False), (PRIMARY_KEY, "toolcall", 1, True),
+                         (PRIMARY_KEY, "overload", 1, True)], context
+    # The client socket was closed with 1012; Codex reconnected, and the new socket went to the spare
+    # (the primary cools) with the full request: no previous_response_id.
+    assert "closing the client socket with 1012" in codex.proxy_log, context
+    after = turns[3:]
+    assert after and all(cred == SPARE_KEY for cred, *_ in after), context
+    assert not [t for t in after if t[1] == "previous_response_not_found"], context
+    codex.assert_loopback_only()
+    with capsys.disabled():
+        shown = [e for e in codex.events if e.get("type") not in ("thread.started", "turn.started")]
+        print(f"\n[codex-cli] gated WebSocket, later turn rejected: codex exec took {codex.took:.2f}s; turns {turns}; "
+              f"codex --json events: {[e.get('type') + ':' + e.get('item', {}).get('type', '') for e in shown]}")
