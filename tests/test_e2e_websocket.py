@@ -3,12 +3,13 @@ WebSocket transport, and a WebSocket client through the proxy's CONNECT tunnel."
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 
 import pytest
 
-from harness import LocalProxies, ProxyProcess, WsClient, WsRejected, pool_yaml, proxy_status
+from harness import LocalProxies, ProxyProcess, WsClient, WsRejected, free_port, pool_yaml, proxy_status
 
 pytestmark = pytest.mark.e2e
 
@@ -201,3 +202,45 @@ def test_the_time_budget_releases_a_held_turn_while_the_upstream_is_silent(fake,
     client.close()
     assert [json.loads(text)["type"] for _, text in got] == ["response.created", "response.in_progress"]
     assert 0.25 < waited < 3
+
+
+# -- routes: the gate's own upstream sockets go through each credential's route ---------------------
+
+
+@pytest.fixture
+def proxies():
+    local = LocalProxies()
+    yield local
+    local.close()
+
+
+def test_a_moved_turn_goes_through_the_spares_route_and_proxy_credentials_reach_only_that_proxy(fake, proxies, gated):
+    a = proxies.http_proxy("a")
+    socks = proxies.socks5("socks", users={"alice": "s3cret"})
+    proxy = gated(fake, [("primary", "sk-test-overload-1", "ra"), ("spare", SPARE, "rs")],
+                  routes={"ra": [f"http://bob:pa%3Ass@127.0.0.1:{a}"], "rs": [f"socks5://alice:s3cret@127.0.0.1:{socks}"]})
+    client = connect(proxy, fake)
+    assert text_of(turn(client)).startswith(f"Hello from {SPARE}.")
+    client.close()
+    assert proxies.connections == {"a": 1, "socks": 1}
+    assert proxies.proxy_auth["a"] == ["Basic " + base64.b64encode(b"bob:pa:ss").decode()]
+    assert all("proxy-authorization" not in r["headers_seen"] for r in handshakes(fake))
+    log = proxy.log()
+    assert "pa:ss" not in log and "s3cret" not in log and "sk-test-" not in log
+    assert "moved to spare via rs[0] socks5://127.0.0.1" in log
+
+
+def test_a_dead_endpoint_is_skipped_for_the_next_one_of_the_route(fake, proxies, gated):
+    alive = proxies.http_proxy("alive")
+    silent = proxies.http_proxy("silent", mode="silent")
+    proxy = gated(fake, [("primary", PRIMARY, "egress")], connect_timeout="0.5s",
+                  routes={"egress": [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{silent}",
+                                     f"http://127.0.0.1:{alive}"]})
+    started = time.monotonic()
+    client = connect(proxy, fake)
+    took = time.monotonic() - started
+    assert text_of(turn(client)).startswith(f"Hello from {PRIMARY}.")
+    client.close()
+    assert proxies.connections["alive"] == 1 and took < 3
+    endpoints = {r["endpoint"]: r["state"] for r in proxy_status(proxy.port)["routes"]}
+    assert [s.split()[0] for s in endpoints.values()] == ["backing", "backing", "up"], endpoints
