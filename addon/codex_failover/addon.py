@@ -28,7 +28,8 @@ from .routes import RouteHealth
 from .rules import RulesError, load_rules
 from .socks_bridge import SocksBridges
 from .usage import UsageBook
-from .ws_gate import GateContext, WebsocketGate
+from .ws_dial import GateContext
+from .ws_gate import WebsocketGate
 from .ws_upstream import tls_context
 
 log = logging.getLogger("codex_failover")

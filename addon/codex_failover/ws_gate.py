@@ -17,79 +17,25 @@ import itertools
 import json
 import logging
 import secrets
-import ssl
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from mitmproxy import http
 
-from .affinity import Affinity, session_of
-from .auth import auth_from_headers
 from .classifier import Decision, Verdict
-from .codex_request import swap_credential
-from .config import PoolConfig
-from .health import Health
-from .outcomes import Outcomes
-from .planner import Candidate, make_plan
-from .replay_safety import PIN_HEADER
-from .routes import RouteHealth
-from .rules import Rules
-from .socks_bridge import SocksBridges
-from .taxonomy import FAILOVER, classify_response, error_object, exhausted_status
-from .transport import HOST_NETWORK, PRE_DISPATCH, TLS_FAILED
+from .taxonomy import FAILOVER
 from .usage import from_event
-from .ws_conn import ABNORMAL, HANDSHAKE_HEADERS, HandshakeRejected, Message, WsConn
+from .ws_conn import ABNORMAL, HANDSHAKE_HEADERS, Message, WsConn
+from .ws_dial import Dialer, GateContext, Rejection, Upstream
 from .ws_turns import Step, Turn, TurnGate
-from .ws_upstream import ConnectFailed, Target, open_upstream
 
 log = logging.getLogger("codex_failover")
 
 # Codex treats a socket that closes during a turn as a transport error: it reconnects and sends
-# the full request on a new socket (verified with Codex 0.169, see tests/test_codex_cli.py).
+# the full request on a new socket, silently (verified with Codex 0.169, tests/test_codex_cli.py).
 RECONNECT_CLOSE = 1012  # "service restart"
-UPGRADE_REFUSED = "upgrade_refused"  # a non-101 answer that is not a known rejection
-HANDSHAKE_FAILED = "handshake_failed"
-
-
-@dataclass
-class Rejection:
-    reason: str
-    status: int | None
-    error: dict
-    frames: tuple[Message, ...] = ()  # the rejection as upstream sent it, if it came in-stream
-    retry_after: str | None = None
-
-    def as_frames(self) -> tuple[Message, ...]:
-        """What the client gets on exhaustion: upstream's own messages, or a status-bearing
-        `error` frame shaped like Codex's wrapped errors."""
-        if self.frames:
-            return self.frames
-        status = self.status or exhausted_status(self.reason)
-        error = {"type": self.error.get("type") or "upstream_error", "code": self.error.get("code") or self.reason,
-                 "message": self.error.get("message") or f"codex-failover: {self.reason}"}
-        body = {"type": "error", "status": status, "error": error}
-        return ((json.dumps(body, separators=(",", ":")).encode(), True),)
-
-
-@dataclass
-class Upstream:
-    conn: WsConn
-    cand: Candidate
-    route: str  # the endpoint's label, or direct
-
-
-@dataclass
-class GateContext:
-    """What every gated socket shares with the rest of the addon."""
-
-    pool: PoolConfig
-    rules: Rules
-    health: Health
-    affinity: Affinity
-    outcomes: Outcomes
-    route_health: RouteHealth
-    bridges: SocksBridges
-    tls: ssl.SSLContext
+HISTORY_LINES = 50  # per socket, for its flow comment and log context
 
 
 class WebsocketGate:
@@ -119,130 +65,27 @@ class GateSession:
     owner: WebsocketGate
     up: Upstream | None = None
     down: WsConn | None = None
-    tried: set[str] = field(default_factory=set)
-    history: list[str] = field(default_factory=list)  # one line per attempt, for comments and status
+    history: deque[str] = field(default_factory=lambda: deque(maxlen=HISTORY_LINES))  # attempts, moves
     backlog: list[Message] = field(default_factory=list)  # client messages while a turn moves
     moving: bool = False
     moves: int = 0
-    last: Rejection | None = None
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # the relay's one-time token
 
     def __post_init__(self) -> None:
-        req = self.flow.request
-        self.url = req.url
-        self.headers = req.headers.copy()
-        self.client_auth = auth_from_headers(req.headers)
-        self.session = session_of(req.headers, None)
-        self.pinned = req.headers.get(PIN_HEADER, "").strip().lower() in ("1", "true", "yes")
+        self.dialer = Dialer(self.sid, self.flow.request, self.ctx, self._note)
         policy = self.ctx.pool.policy
         self.gate = TurnGate(self.ctx.rules, policy.bootstrap_timeout, time.monotonic, policy.encrypted_reasoning)
         self.started = time.monotonic()
 
-    # -- choosing an upstream --------------------------------------------------------------
-
-    def candidates(self) -> list[Candidate]:
-        sticky = self.ctx.affinity.get(self.session)
-        plan = make_plan(self.client_auth, self.ctx.pool, self.ctx.health, not self.pinned, sticky)
-        return [c for c in plan.candidates if c.key not in self.tried]
-
     async def connect_first(self) -> str | None:
         """At the upgrade: the first candidate whose upstream accepts. None, or why none did."""
-        self.up = await self._open_next()
+        self.up = await self.dialer.open_next()
         if self.up is None:
             why = "; ".join(self.history) or "every credential is cooling or out of rotation"
             self._note(f"upgrade answered 426, Codex continues on SSE ({why})")
             return why
         self._note(f"socket on {self.up.cand.name} via {self.up.route}")
         return None
-
-    async def _open_next(self) -> Upstream | None:
-        attempts = 0
-        while attempts < self.ctx.pool.policy.max_attempts:
-            queue = self.candidates()
-            if not queue:
-                return None
-            cand = queue[0]
-            self.tried.add(cand.key)
-            attempts += 1
-            up = await self._open(cand)
-            if up is not None:
-                return up
-            if self.last is not None and self.last.reason == TLS_FAILED:
-                return None  # fails closed: never retried elsewhere (DESIGN §5)
-        return None
-
-    async def _open(self, cand: Candidate) -> Upstream | None:
-        """One credential, through the endpoints of its route in order."""
-        endpoints = self.ctx.pool.routes.get(cand.route) or (None,)
-        failures = []
-        for ep in endpoints:
-            if ep is not None and not self.ctx.route_health.claim(ep):
-                failures.append(f"{ep.label}: {self.ctx.route_health.describe(ep)}")
-                continue
-            label = ep.label if ep else "direct"
-            try:
-                conn = await self._dial(cand, ep)
-            except ConnectFailed as exc:
-                if ep is not None and exc.kind == PRE_DISPATCH:
-                    backoff = self.ctx.route_health.failed(ep, str(exc))
-                    log.warning("[%s] %s failed before dispatch (%s); not dialled again for %ds", self.sid, label, exc, backoff)
-                    failures.append(f"{label}: {exc}")
-                    continue
-                if ep is not None:
-                    self.ctx.route_health.release(ep) if exc.kind == HOST_NETWORK else self.ctx.route_health.succeeded(ep)
-                self._rejected(cand, label, Rejection(exc.kind, None, {"message": str(exc)}))
-                return None
-            except HandshakeRejected as exc:
-                self._route_ok(ep)
-                self._upgrade_rejected(cand, label, exc)
-                return None
-            except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
-                self._route_ok(ep)
-                self._rejected(cand, label, Rejection(HANDSHAKE_FAILED, None, {"message": f"{type(exc).__name__}: {exc}"}))
-                return None
-            self._route_ok(ep)
-            self.history.append(f"{cand.name} via {label}: upgrade accepted")
-            return Upstream(conn, cand, label)
-        message = f"route {cand.route}: no endpoint could be used ({'; '.join(failures)})"
-        self._rejected(cand, cand.route, Rejection("route_down", 502, {"message": message}))
-        return None
-
-    def _route_ok(self, ep) -> None:
-        if ep is not None:
-            self.ctx.route_health.succeeded(ep)
-
-    async def _dial(self, cand: Candidate, ep) -> WsConn:
-        policy = self.ctx.pool.policy
-        headers = self.headers.copy()
-        if cand.auth is not None:
-            swap_credential(headers, cand.auth, moved=not cand.is_client)
-        fields = [(k.encode(), v.encode()) for k, v in headers.items(multi=True)
-                  if k.lower() not in HANDSHAKE_HEADERS and k.lower() != PIN_HEADER]
-        url = cand.base_url + "/responses" if cand.base_url else self.url
-        deflate = "permessage-deflate" in self.headers.get("sec-websocket-extensions", "")
-        return await open_upstream(Target.from_url(url), fields, ep, self.ctx.bridges, self.ctx.tls,
-                                   policy.connect_timeout, policy.response_timeout, deflate)
-
-    def _upgrade_rejected(self, cand: Candidate, label: str, exc: HandshakeRejected) -> None:
-        verdict = classify_response(exc.status, exc.body, self.ctx.rules)
-        retry_after = next((v.decode("latin-1") for k, v in exc.headers if k.lower() == b"retry-after"), None)
-        if verdict.verdict == FAILOVER:
-            reason = verdict.reason
-        else:
-            reason = UPGRADE_REFUSED  # e.g. an upstream without the WebSocket transport: Codex can use SSE
-        self._rejected(cand, label, Rejection(reason, exc.status, dict(verdict.error or error_object(exc.body)),
-                                              retry_after=retry_after))
-
-    def _rejected(self, cand: Candidate, label: str, rejection: Rejection) -> None:
-        self.last = rejection
-        if rejection.reason not in (UPGRADE_REFUSED, HANDSHAKE_FAILED, PRE_DISPATCH, HOST_NETWORK, TLS_FAILED, "route_down"):
-            self.ctx.outcomes.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
-                                       rejection.retry_after, self.ctx.pool.policy, f"[{self.sid}] ")
-        status = f" HTTP {rejection.status}" if rejection.status else ""
-        detail = str(rejection.error.get("message") or "")[:200]
-        self.history.append(f"{cand.name} via {label}: failover ({rejection.reason}{status}){': ' + detail if detail else ''}")
-        log.info("[%s] websocket credential=%s route=%s verdict=failover reason=%s status=%s", self.sid, cand.name,
-                 label.replace(" ", "="), rejection.reason, rejection.status)
 
     # -- serving (called by the relay once mitmproxy connects) -----------------------------
 
@@ -280,10 +123,10 @@ class GateSession:
 
     async def _from_client(self) -> None:
         while (message := await self.down.recv()) is not None:
-            turn = self.gate.client_message(message[0], message[1], self.headers)
+            turn = self.gate.client_message(message[0], message[1], self.dialer.headers)
             if turn is not None:
                 if not self.moving:
-                    self.tried = {self.up.cand.key}  # a new turn may move to any credential but this one
+                    self.dialer.tried = {self.up.cand.key}  # a new turn may move to any credential but this one
                 log.info("[%s] turn %d on %s%s", self.sid, turn.n, self.up.cand.name,
                          "" if turn.movable else f" (cannot move: {turn.why_pinned})")
             if self.moving:
@@ -342,28 +185,23 @@ class GateSession:
     async def _decided(self, up: Upstream, step: Step) -> None:
         decision, turn = step.decision, self.gate.turn
         if decision.verdict is not Verdict.FAILOVER:
-            self.ctx.outcomes.succeeded(up.cand.key, self.session)
+            self.ctx.outcomes.succeeded(up.cand.key, self.dialer.session)
             self._attempt_line(up, turn, decision.verdict.value, decision.reason)
             return
         rejection = self._rejection(decision, step)
-        self.last = rejection
+        self.dialer.last = rejection
         self.ctx.outcomes.rejected(up.cand.key, up.cand.name, rejection.reason, rejection.status, rejection.error,
                                    None, self.ctx.pool.policy, f"[{self.sid}] ")
         self._attempt_line(up, turn, FAILOVER, rejection.reason)
         if turn is not None and turn.movable:
             await self._move(up, turn)
-        elif turn is not None and self._others_ready(up):
+        elif turn is not None and self.dialer.others_ready(up.cand.key):
             self._note(f"turn {turn.n} rejected ({rejection.reason}) and cannot move ({turn.why_pinned}); "
                        f"closing the client socket with {RECONNECT_CLOSE} so Codex reconnects with the full request")
             up.conn.close(1000)
             self.down.close(RECONNECT_CLOSE, "codex-failover: reconnect")
         else:
             await self._exhausted(up)
-
-    def _others_ready(self, up: Upstream) -> bool:
-        """Would a reconnect find another credential (not the one that just rejected)?"""
-        plan = make_plan(self.client_auth, self.ctx.pool, self.ctx.health, not self.pinned)
-        return any(c.key != up.cand.key for c in plan.candidates)
 
     def _rejection(self, decision: Decision, step: Step) -> Rejection:
         error = dict(decision.error or {})
@@ -374,7 +212,7 @@ class GateSession:
         """A self-contained turn was rejected: the same create on the next credential's socket."""
         self.moving = True
         try:
-            new = await self._open_next()
+            new = await self.dialer.open_next()
             if new is None:
                 return await self._exhausted(old)
             old.conn.close(1000, "codex-failover: moved")
@@ -391,9 +229,10 @@ class GateSession:
     async def _exhausted(self, up: Upstream) -> None:
         """Nothing else can serve the turn: the client gets the last rejection as upstream sent it
         (or a status-bearing `error` frame). The session goes on if its upstream is still open."""
+        last = self.dialer.last
         self._note(f"no other credential can serve turn {self.gate.turn.n if self.gate.turn else 0}: "
-                   f"delivering the rejection ({self.last.reason if self.last else 'none'})")
-        for frame in self.last.as_frames() if self.last else ():
+                   f"delivering the rejection ({last.reason if last else 'none'})")
+        for frame in last.as_frames() if last else ():
             await self.down.send(frame)
         if not up.conn.open:
             self.down.close(1011, "codex-failover: upstream closed")
@@ -413,8 +252,7 @@ class GateSession:
         self._comment()
 
     def _comment(self) -> None:
-        lines = self.history[-20:]  # a long session keeps only its latest lines in the comment
-        self.flow.comment = f"codex-failover websocket {self.sid}:\n" + "\n".join(lines)
+        self.flow.comment = f"codex-failover websocket {self.sid}:\n" + "\n".join(self.history)
 
     def _log_end(self) -> None:
         elapsed = time.monotonic() - self.started
