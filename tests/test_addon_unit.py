@@ -24,3 +24,12 @@ def test_status_shows_each_credentials_state_and_no_secret():
     assert "cooling for 42s more (overloaded" in lines["cool-one"]
     assert "out: HTTP 401 from upstream" in lines["out-one"]
     assert "sk-secret" not in report and "/etc/pool.yaml" in report
+
+
+def test_status_lists_gated_websockets():
+    addon = make_addon()
+    addon.ws_gate.report = lambda: [{"id": "w3", "credential": "ready-one", "route": "direct", "turns": 4, "moves": 1,
+                                     "holding": True, "open_s": 12.4}]
+    line = next(x for x in addon.status().splitlines() if "websocket" in x)
+    assert line.split() == ["websocket", "w3", "on", "ready-one", "via", "direct:", "4", "turn(s),", "1", "move(s),",
+                            "holding", "a", "turn,", "open", "12s"]

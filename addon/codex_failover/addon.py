@@ -320,6 +320,8 @@ class FailoverAddon:
                 text += f": {c['reason']}"
             lines.append(f"  {c['name']:<20} {c['kind']:<8} {c['base_url']:<45} {text}; {c['usage']}")
         lines += [f"  route {r['endpoint']:<40} {r['state']}" for r in report["routes"]]
+        lines += [f"  websocket {w['id']:<6} on {w['credential']} via {w['route']}: {w['turns']} turn(s), {w['moves']} move(s)"
+                  f"{', holding a turn' if w['holding'] else ''}, open {w['open_s']:.0f}s" for w in report["websockets"]]
         lines.append(f"  held requests: {report['held_requests']}, attempts in flight: {report['attempts_in_flight']}, "
                      f"relay: {report['relay_streaming']} streaming, {report['relay_unclaimed']} unclaimed")
         text = "\n".join(lines)
