@@ -99,6 +99,7 @@ def test_upstream_closing_inside_the_window_is_a_rejection(rules):
 def test_only_self_contained_turns_move(rules):
     g = TurnGate(rules)
     first = g.client_message(*msg(CREATE), {})
+    g.server_message(*msg(COMPLETED))
     later = g.client_message(*msg({**CREATE, "previous_response_id": "resp_x"}), {})
     assert first.movable and first.n == 1
     assert not later.movable and "previous_response_id" in later.why_pinned
@@ -137,6 +138,15 @@ def test_moved_copy_strips_encrypted_reasoning(rules):
     assert turn.movable and "encrypted_content" not in moved["input"][0]
     plain = TurnGate(rules).client_message(*msg(CREATE), {})
     assert plain.create_for_move() == msg(CREATE)  # unchanged bytes when nothing needs changing
+
+
+def test_a_create_while_a_turn_is_held_keeps_the_window_and_drops_nothing(rules):
+    g = gate(rules)
+    g.server_message(*msg(CREATED))
+    second = g.client_message(*msg(CREATE), {})
+    assert not second.movable and g.holding
+    step = g.server_message(*msg(DELTA))
+    assert step.release == (msg(CREATED), msg(DELTA))
 
 
 def test_parse_create_ignores_other_messages():

@@ -87,9 +87,16 @@ class TurnGate:
         if body is None:
             return None
         self.turns += 1
-        self.turn = self._turn(self.turns, (content, is_text), body, headers)
+        turn = self._turn(self.turns, (content, is_text), body, headers)
+        if self._clf is not None:
+            # The previous turn is still held: its window goes on and covers this one too (nothing
+            # held is dropped); such an overlap cannot tell whose rejection it sees, so it never moves.
+            turn.movable, turn.why_pinned = False, "sent while the previous turn was still held"
+            self.turn = turn
+            return turn
+        self.turn = turn
         self.reopen()
-        return self.turn
+        return turn
 
     def _turn(self, n: int, create: Message, body: dict, headers) -> Turn:
         warmup = body.get("generate") is False and body.get("input") == []
