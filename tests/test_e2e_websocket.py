@@ -244,3 +244,18 @@ def test_a_dead_endpoint_is_skipped_for_the_next_one_of_the_route(fake, proxies,
     assert proxies.connections["alive"] == 1 and took < 3
     endpoints = {r["endpoint"]: r["state"] for r in proxy_status(proxy.port)["routes"]}
     assert [s.split()[0] for s in endpoints.values()] == ["backing", "backing", "up"], endpoints
+
+
+def test_a_client_leaving_mid_hold_closes_the_upstream_socket_and_leaves_nothing_behind(fake, gated):
+    proxy = gated(fake, [("primary", "sk-test-stall-1")])
+    client = connect(proxy, fake)
+    client.send_json(CREATE)
+    time.sleep(0.3)  # held: the fake stalls after response.created
+    client.close(1001)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not [r for r in fake.requests() if r.get("event") == "ws_closed"]:
+        time.sleep(0.05)
+    closed = [r for r in fake.requests() if r.get("event") == "ws_closed"]
+    assert [(r["code"], r["by"]) for r in closed] == [(1001, "client")]  # the client's own close code
+    status = proxy_status(proxy.port)
+    assert status["websockets"] == [] and status["relay_streaming"] == 0 and status["relay_unclaimed"] == 0
