@@ -67,3 +67,9 @@ def test_bench_quick_runs_side_by_side(tmp_path):
     out = run(ROOT / "scripts" / "bench.py", "--quick", "--png", tmp_path / "bench.png", timeout=300)
     assert "(a) plain mitmdump" in out and "(b) addon, healthy" in out and "goals:" in out
     assert (tmp_path / "bench.png").stat().st_size > 1000
+
+
+def test_measure_websocket_prints_its_table():
+    out = run(ROOT / "scripts" / "measure_websocket.py", "--quick", timeout=180)
+    assert "(c) gate, healthy credential" in out and "rejected, moved to the spare" in out
+    assert "gate / passthrough (medians)" in out and "messages/s" in out
