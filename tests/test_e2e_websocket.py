@@ -259,3 +259,33 @@ def test_a_client_leaving_mid_hold_closes_the_upstream_socket_and_leaves_nothing
     assert [(r["code"], r["by"]) for r in closed] == [(1001, "client")]  # the client's own close code
     status = proxy_status(proxy.port)
     assert status["websockets"] == [] and status["relay_streaming"] == 0 and status["relay_unclaimed"] == 0
+
+
+# -- TLS: the gate's own sockets to an https upstream (wss) ----------------------------------------
+
+
+@pytest.mark.parametrize("insecure", [True, False])
+def test_wss_upstream_verification_follows_mitmproxys_options(tmp_path, proxies, insecure):
+    from harness import FakeUpstreamProcess
+
+    tls_fake = FakeUpstreamProcess(tmp_path, "--tls", "--pace", "0.002", "--deltas", "4")
+    base = f"https://127.0.0.1:{tls_fake.port}"
+    alive = proxies.http_proxy("alive")
+    text, env = pool_yaml(base, [("primary", "sk-test-overload-1"), ("spare", SPARE, "egress")],
+                          {"egress": [f"http://127.0.0.1:{alive}"]}, use_client_credential=False)
+    extra = ["--set", "failover_websocket=gate"] + (["--set", "ssl_insecure=true"] if insecure else [])
+    proxy = ProxyProcess(tmp_path, text, env, extra=extra)
+    try:
+        # The client speaks plain ws inside its tunnel; the gate dials the pool's https base_url itself.
+        answer = WsClient.connect(proxy.port, f"http://127.0.0.1:{tls_fake.port}/v1/responses", HEADERS)
+        if insecure:  # moved from the direct primary to the spare, whose TLS runs inside its proxy's tunnel
+            assert text_of(turn(answer)).startswith(f"Hello from {SPARE}.")
+            answer.close()
+            assert proxies.connections["alive"] == 1
+        else:  # a certificate that does not verify fails closed: no other credential, 426
+            assert isinstance(answer, WsRejected) and answer.status == 426
+            assert "certificate" in answer.json()["error"]["message"].lower()
+            assert handshakes(tls_fake) == [] and proxies.connections["alive"] == 0
+    finally:
+        proxy.stop()
+        tls_fake.stop()
