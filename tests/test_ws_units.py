@@ -1,0 +1,36 @@
+"""Small pieces of the WebSocket gate: upstream targets and the exhaustion frame."""
+
+import json
+
+import pytest
+
+from codex_failover.ws_dial import Rejection
+from codex_failover.ws_upstream import Target
+
+
+@pytest.mark.parametrize("url, secure, host, port, path, authority", [
+    ("https://chatgpt.com/backend-api/codex/responses", True, "chatgpt.com", 443, "/backend-api/codex/responses", "chatgpt.com"),
+    ("wss://api.openai.com/v1/responses?x=1", True, "api.openai.com", 443, "/v1/responses?x=1", "api.openai.com"),
+    ("http://127.0.0.1:8123/v1/responses", False, "127.0.0.1", 8123, "/v1/responses", "127.0.0.1:8123"),
+])
+def test_target_from_url(url, secure, host, port, path, authority):
+    target = Target.from_url(url)
+    assert (target.secure, target.host, target.port, target.path, target.authority) == (secure, host, port, path, authority)
+
+
+def test_exhaustion_replays_upstreams_own_frames_when_it_sent_some():
+    frames = ((b'{"type":"response.created"}', True), (b'{"type":"error","status":503}', True))
+    assert Rejection("overloaded", 503, {}, frames).as_frames() == frames
+
+
+@pytest.mark.parametrize("reason, status, error, want_status, want_code", [
+    ("overloaded", 503, {"type": "service_unavailable_error", "code": "server_is_overloaded", "message": "busy"},
+     503, "server_is_overloaded"),
+    ("route_down", 502, {"message": "route egress: no endpoint could be used"}, 502, "route_down"),
+    ("usage_limit", None, {}, 429, "usage_limit"),
+])
+def test_exhaustion_without_frames_is_a_status_bearing_error_frame(reason, status, error, want_status, want_code):
+    (content, is_text), = Rejection(reason, status, error).as_frames()
+    frame = json.loads(content)
+    assert is_text and frame["type"] == "error" and frame["status"] == want_status
+    assert frame["error"]["code"] == want_code and frame["error"]["message"]
