@@ -4,7 +4,9 @@
 Scenario 1: the client's own key is overloaded in-stream (HTTP 200, `response.created`, then
 `error`/`response.failed`); the first spare is overloaded too; the second spare answers. The
 client sees one clean stream from the second spare. Scenario 2: every credential is overloaded:
-the client gets a real 503 listing the attempts.
+the client gets a real 503 listing the attempts. Scenario 3: the same over Codex's WebSocket with
+`failover_websocket=gate`: an overloaded first turn moves to the spare's socket, and the client sees
+one clean turn.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import FakeUpstreamProcess, ProxyProcess, pool_yaml, post_responses
+from harness import FakeUpstreamProcess, ProxyProcess, WsClient, pool_yaml, post_responses
 
 
 def show_stream(reply) -> None:
@@ -23,6 +25,17 @@ def show_stream(reply) -> None:
     text = "".join(e.get("delta", "") for e in reply.events() if e["type"] == "response.output_text.delta")
     print(f"  client got HTTP {reply.status}, {len(kinds)} events, first byte after {reply.first_byte_s * 1000:.0f} ms")
     print(f"  events: {kinds[0]} ... {kinds[-1]}; 'error' events: {kinds.count('error')}")
+    print(f"  answer: {text[:60]}{'...' if len(text) > 60 else ''}")
+
+
+def show_websocket_turn(proxy: ProxyProcess, fake: FakeUpstreamProcess) -> None:
+    client = WsClient.connect(proxy.port, f"{fake.base}/v1/responses", {"authorization": "Bearer sk-test-own-good"})
+    client.send_json({"type": "response.create", "model": "gpt-fake", "stream": True, "input": []})
+    events = client.recv_turn(30)
+    client.close()
+    kinds = [e["type"] for e in events]
+    text = "".join(e.get("delta", "") for e in events if e["type"] == "response.output_text.delta")
+    print(f"  client got {len(kinds)} messages: {kinds[0]} ... {kinds[-1]}; 'error' messages: {kinds.count('error')}")
     print(f"  answer: {text[:60]}{'...' if len(text) > 60 else ''}")
 
 
@@ -59,6 +72,15 @@ def main() -> None:
                   f"Retry-After: {reply.headers.get('retry-after')}")
             print("  body:", json.dumps(reply.json(), indent=None)[:400])
             show_log(proxy, "r1")
+
+            print("\n3) the WebSocket, gated: the first turn is overloaded on primary, spare answers")
+            proxy.stop()
+            text3, env3 = pool_yaml(fake.base, [("primary", "sk-test-primary-overload"), ("spare", "sk-test-spare-good")],
+                                    use_client_credential=False)
+            (tmp / "p3").mkdir()
+            proxy = ProxyProcess(tmp / "p3", text3, env3, extra=["--set", "failover_websocket=gate"])
+            show_websocket_turn(proxy, fake)
+            show_log(proxy, "w1")
         finally:
             if proxy:
                 proxy.stop()
