@@ -67,6 +67,7 @@ SCENARIOS = {
     "http-503": "synchronous HTTP 503 that is not an overload (service unavailable, no code)",
     "http-504": "synchronous HTTP 504",
     "toolcall": "WebSocket turns: a call to an unknown tool (Codex answers it with a follow-up turn)",
+    "held-many": "WebSocket turns: 61 holdable messages, then the deltas, all in one burst",
     "good": "a normal streamed answer (reasoning summary + text)",
     # WebSocket turns only (a POST with these gets a normal answer); `overload`, `usage-limit`,
     # `delta-overload`, `capacity`, `slow-down`, `stall` and `overload-once` also apply to WebSocket turns,
@@ -545,6 +546,14 @@ class WsSession:
             call = {"id": "fc_1", "type": "function_call", "status": "completed", "call_id": f"call_{turn.rid[-8:]}",
                     "name": "fake_unknown_tool", "arguments": "{}"}
             msgs = turn.handshake() + [turn.ev("response.output_item.done", output_index=0, item=call), turn.completed([call])]
+        elif scenario == "held-many":  # 60 holdable messages (over the 48-message budget), then output: one burst
+            item = {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": "held", "annotations": []}]}
+            held = [turn.created()] + [turn.created("response.in_progress") for _ in range(60)]
+            output = [turn.ev("response.output_text.delta", item_id="msg_1", output_index=0, content_index=0,
+                              delta=f"d{i} ") for i in range(fake.deltas)]
+            await self.send(held + output, burst=True)
+            msgs = [turn.ev("response.output_item.done", output_index=0, item=item), turn.completed([item])]
         elif scenario == "many":
             await self.send([turn.created()])
             deltas = [f"d{i} " for i in range(fake.deltas)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from harness import LocalProxies, ProxyProcess, WsClient, WsRejected, free_port,
 
 pytestmark = pytest.mark.e2e
 
+RULES_TEMPLATE = Path(__file__).resolve().parents[1] / "rules" / "default.yaml"
 PRIMARY, SPARE, THIRD = "sk-test-primary-1", "sk-test-spare-2", "sk-test-third-3"
 CREATE = {"type": "response.create", "model": "gpt-fake", "stream": True, "store": False,
           "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}]}
@@ -167,6 +169,34 @@ def test_order_and_exactly_once_under_the_hold_with_many_small_messages(tmp_path
             assert [e["delta"] for e in events if e["type"] == "response.output_text.delta"] == [f"d{i} " for i in range(2000)]
             assert [e["type"] for e in events][0] == "response.created" and events[-1]["type"] == "response.completed"
         client.close()
+    finally:
+        fake.stop()
+
+
+@pytest.mark.parametrize("max_frames", [48, 100])
+def test_a_held_burst_is_delivered_once_in_order_whether_output_or_the_budget_ends_the_hold(tmp_path, gated, max_frames):
+    """61 holdable messages then 300 deltas, all in one read: with the default 48-message budget the
+    hold ends on the budget, with a 100-message one on the first delta."""
+    from harness import FakeUpstreamProcess
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES_TEMPLATE.read_text().replace("max_frames: 48", f"max_frames: {max_frames}"))
+    (tmp_path / "held").mkdir()
+    fake = FakeUpstreamProcess(tmp_path / "held", "--pace", "0", "--deltas", "300")
+    try:
+        text, env = pool_yaml(fake.base, [("primary", "sk-test-held-many-1")], use_client_credential=False)
+        proxy = ProxyProcess(tmp_path, text, env, extra=["--set", "failover_websocket=gate",
+                                                         "--set", f"failover_rules={rules}"])
+        try:
+            client = connect(proxy, fake)
+            for _ in range(2):
+                events = turn(client, timeout=30)
+                assert [e["sequence_number"] for e in events] == list(range(len(events))) and len(events) == 363
+            client.close()
+            reason = "frame_budget" if max_frames == 48 else "output"
+            assert f"verdict=commit reason={reason}" in proxy.log()
+        finally:
+            proxy.stop()
     finally:
         fake.stop()
 
