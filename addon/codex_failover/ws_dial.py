@@ -8,8 +8,8 @@ import asyncio
 import json
 import logging
 import ssl
+from collections import deque
 from dataclasses import dataclass
-from typing import Callable
 
 from .affinity import Affinity, session_of
 from .auth import auth_from_headers
@@ -79,8 +79,10 @@ class GateContext:
 class Dialer:
     """Opens upstream sockets for one client socket; remembers which credentials this turn tried."""
 
-    def __init__(self, sid: str, request, ctx: GateContext, note: Callable[[str], None]):
-        self.sid, self.ctx, self.note = sid, ctx, note
+    def __init__(self, sid: str, request, ctx: GateContext, history: deque[str]):
+        # `history` is the session's: a plain shared deque, not a callback into the session, so a
+        # finished session is freed by reference counting (no cycle to wait for the collector).
+        self.sid, self.ctx, self.history = sid, ctx, history
         self.url = request.url
         self.headers = request.headers.copy()
         self.client_auth = auth_from_headers(request.headers)
@@ -182,4 +184,6 @@ class Dialer:
                                        rejection.retry_after, self.ctx.pool.policy, f"[{self.sid}] ")
         status = f" HTTP {rejection.status}" if rejection.status else ""
         detail = str(rejection.error.get("message") or "")[:200]
-        self.note(f"{cand.name} via {label}: upgrade failed ({rejection.reason}{status}){': ' + detail if detail else ''}")
+        line = f"{cand.name} via {label}: upgrade failed ({rejection.reason}{status}){': ' + detail if detail else ''}"
+        self.history.append(line)
+        log.info("[%s] %s", self.sid, line)

@@ -72,7 +72,7 @@ class GateSession:
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # the relay's one-time token
 
     def __post_init__(self) -> None:
-        self.dialer = Dialer(self.sid, self.flow.request, self.ctx, self._note)
+        self.dialer = Dialer(self.sid, self.flow.request, self.ctx, self.history)
         policy = self.ctx.pool.policy
         self.gate = TurnGate(self.ctx.rules, policy.bootstrap_timeout, time.monotonic, policy.encrypted_reasoning)
         self.started = time.monotonic()
@@ -107,10 +107,13 @@ class GateSession:
                               exc_info=exc)
                     self.down.close(1011, "codex-failover internal error")
         finally:
-            for task in (client, upstream):
-                task.cancel()
-            await asyncio.gather(client, upstream, return_exceptions=True)
+            # Closing both sockets ends both loops by themselves (their reads see EOF). Cancelling
+            # them instead would leave cancelled-task reference cycles holding this session, and
+            # the zlib state of its upstream socket, until the next full garbage collection.
             self.abort()
+            _, pending = await asyncio.wait({client, upstream}, timeout=5)
+            for task in pending:
+                task.cancel()
 
     def abort(self) -> None:
         if self.up is not None:
