@@ -24,7 +24,8 @@ from pathlib import Path
 
 import yaml
 
-from harness import start_raw_post, FakeUpstreamProcess, LocalProxies, ProxyProcess, free_port, pool_yaml, post_responses, proxy_status
+from harness import (FakeUpstreamProcess, LocalProxies, ProxyProcess, WsClient, WsRejected, free_port, pool_yaml,
+                     post_responses, proxy_status, start_raw_post)
 
 HERE = Path(__file__).resolve().parent
 MEMORY_SLACK_MB = 15.0
@@ -55,7 +56,8 @@ class Scenario:
             creds.append((f"spare{i}", key, *route))
         policy = {"bootstrap_timeout": "10s", **self.spec.get("policy", {})}
         text, env = pool_yaml(self.fake.base, creds, routes or None, **policy)
-        self.proxy = ProxyProcess(self.tmp, text, env)
+        self.websocket = self.spec.get("kind", "single").startswith("websocket")
+        self.proxy = ProxyProcess(self.tmp, text, env, extra=["--set", "failover_websocket=gate"] if self.websocket else None)
         self.url = f"{self.fake.base}/v1/responses"
 
     def _endpoint(self, url: str) -> str:
@@ -88,8 +90,8 @@ class Scenario:
         deadline = time.monotonic() + 3
         while True:
             state = proxy_status(self.proxy.port)
-            busy = {k: state[k] for k in ("held_requests", "attempts_in_flight", "relay_unclaimed", "relay_streaming")
-                    if state[k]}
+            busy = {k: state[k] for k in ("held_requests", "attempts_in_flight", "relay_unclaimed", "relay_streaming",
+                                          "websockets") if state[k]}
             if not busy or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
@@ -123,11 +125,15 @@ class Scenario:
                 self.check_reply(reply)
             time.sleep(0.6)
 
-    def run_concurrent(self) -> None:
-        n = int(self.spec.get("clients", 64))
+    def mixed_tokens(self) -> list[str]:
+        """`clients` client keys, the `overloaded` share of them overloaded (seeded)."""
         rng = random.Random(7)
-        tokens = [f"sk-test-c{i}-{'overload' if rng.random() < self.spec.get('overloaded', 0.3) else 'good'}"
-                  for i in range(n)]
+        return [f"sk-test-c{i}-{'overload' if rng.random() < self.spec.get('overloaded', 0.3) else 'good'}"
+                for i in range(int(self.spec.get("clients", 64)))]
+
+    def run_concurrent(self) -> None:
+        tokens = self.mixed_tokens()
+        n = len(tokens)
         with concurrent.futures.ThreadPoolExecutor(n) as pool:
             replies = list(pool.map(self.post, tokens))
         ok = sum(1 for r in replies if r is not None and r.status == 200 and self.stream_kind(r) == "complete")
@@ -151,6 +157,64 @@ class Scenario:
                 return
             time.sleep(0.02)
         self.problems.append("the upstream attempt kept running after the client left")
+
+    def ws_turn(self, token: str) -> tuple[int, list[dict]]:
+        """One gated WebSocket turn: (101 or the upgrade's status, the turn's messages)."""
+        client = WsClient.connect(self.proxy.port, self.url, {"authorization": f"Bearer {token}"}, timeout=30)
+        if isinstance(client, WsRejected):
+            return client.status, []
+        try:
+            client.send_json({"type": "response.create", "model": "m", "stream": True, "input": []})
+            return 101, client.recv_turn(30)
+        finally:
+            client.close()
+
+    def run_websocket(self) -> None:
+        before = self._ws_turns()
+        status, events = self.ws_turn(self.spec["client"])
+        self.check_ws(status, events)
+        self.check_upstream(self._ws_turns() - before)
+
+    def run_websocket_concurrent(self) -> None:
+        tokens = self.mixed_tokens()
+        n = len(tokens)
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            outcomes = list(pool.map(self.ws_turn, tokens))
+        ok = sum(1 for status, events in outcomes if status == 101 and self.ws_kind(events) == "complete")
+        self.observed.append(f"{ok}/{n} complete")
+        if ok != n:
+            self.problems.append(f"only {ok} of {n} clients got a complete turn")
+
+    def _ws_turns(self) -> int:
+        return sum(1 for r in self.fake.requests() if r.get("event") == "ws_turn")
+
+    @staticmethod
+    def ws_kind(events: list[dict]) -> str:
+        types = [e.get("type") for e in events]
+        if "__close__" in types:
+            return "closed"
+        if "error" in types or "response.failed" in types:
+            return "error_in_stream"
+        if types.count("response.created") == 1 and types[-1:] == ["response.completed"]:
+            return "complete"
+        return "truncated"
+
+    def check_ws(self, status: int, events: list[dict]) -> None:
+        kind = self.ws_kind(events) if status == 101 else "rejected"
+        who = next((e["delta"].split("Hello from ", 1)[1].split(".", 1)[0] for e in events
+                    if e.get("type") == "response.output_text.delta" and "Hello from " in e.get("delta", "")), None)
+        self.observed.append(f"{status} {kind}" + (f" by {who}" if who else ""))
+        want = self.expect
+        if want.get("upgrade") is not None and status != want["upgrade"]:
+            self.problems.append(f"upgrade answered {status}, expected {want['upgrade']}")
+        if want.get("stream") is not None and kind != want["stream"]:
+            self.problems.append(f"turn {kind}, expected {want['stream']}")
+        if want.get("served_by") and who != want["served_by"]:
+            self.problems.append(f"served by {who}, expected {want['served_by']}")
+        if want.get("error_status") is not None and (events[-1:] or [{}])[0].get("status") != want["error_status"]:
+            self.problems.append(f"last frame {events[-1:]}, expected an error with status {want['error_status']}")
+        if kind == "complete" and [e.get("sequence_number") for e in events] != list(range(len(events))):
+            self.problems.append("the turn's messages are not one response in order (lost, duplicated or mixed)")
 
     # -- checks ----------------------------------------------------------------------------
 
@@ -222,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reduced", action="store_true", help="only the scenarios marked reduced (the CI run)")
     ap.add_argument("--only", help="only scenarios whose name contains this")
     ap.add_argument("--catalogue", default=str(HERE / "chaos.yaml"))
+    ap.add_argument("--markdown", action="store_true", help="print the scorecard as a Markdown table (for README)")
     args = ap.parse_args(argv)
     catalogue = yaml.safe_load(Path(args.catalogue).read_text())
     chosen = [s for s in catalogue if (not args.reduced or s.get("reduced")) and (not args.only or args.only in s["name"])]
@@ -246,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
                              "PASS" if ok else "FAIL: " + "; ".join(scenario.problems), time.monotonic() - t0))
     finally:
         proxies.close()
+    if args.markdown:
+        print("| scenario | expected | observed | result |\n|---|---|---|---|")
+        print("\n".join(f"| {name} | {expected} | {observed} | {verdict} |" for name, expected, observed, verdict, _ in rows))
     width = max(len(r[0]) for r in rows) if rows else 10
     print(f"{'scenario':<{width}}  result  time   expected | observed")
     for name, expected, observed, verdict, secs in rows:
