@@ -319,3 +319,13 @@ def test_wss_upstream_verification_follows_mitmproxys_options(tmp_path, proxies,
     finally:
         proxy.stop()
         tls_fake.stop()
+
+
+def test_the_clients_own_credential_is_tried_first_and_its_overload_moves_the_turn(fake, gated):
+    proxy = gated(fake, [("spare", SPARE)], use_client_credential=True)
+    client = connect(proxy, fake, {**HEADERS, "authorization": "Bearer sk-test-client-overload"})
+    events = turn(client)
+    client.close()
+    assert text_of(events).startswith(f"Hello from {SPARE}.")
+    assert [r["credential"] for r in handshakes(fake)] == ["sk-test-client-overload", SPARE]
+    assert "credential=client" in proxy.log() and "sk-test-" not in proxy.log()
