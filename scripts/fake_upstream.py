@@ -513,6 +513,9 @@ class WsSession:
         items = create.get("input")
         fake._log({"ts": time.time(), "event": "ws_turn", "credential": label, "scenario": scenario, "turn": self.turns,
                    "previous_response_id": prev, "input_items": len(items) if isinstance(items, list) else 0,
+                   "encrypted_reasoning": sum(1 for i in items or [] if isinstance(i, dict) and i.get("type") == "reasoning"
+                                              and i.get("encrypted_content")) if isinstance(items, list) else 0,
+                   "compaction": any(isinstance(i, dict) and i.get("type") == "compaction" for i in items or []),
                    "generate": create.get("generate"), "socket": self.id})
         turn = Turn(label, fake.deltas, ws_text)
         self.issued.add(turn.rid)

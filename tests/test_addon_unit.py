@@ -33,3 +33,25 @@ def test_status_lists_gated_websockets():
     line = next(x for x in addon.status().splitlines() if "websocket" in x)
     assert line.split() == ["websocket", "w3", "on", "ready-one", "via", "direct:", "4", "turn(s),", "1", "move(s),",
                             "holding", "a", "turn,", "open", "12s"]
+
+
+def test_a_bug_while_opening_a_gated_websocket_answers_426_not_an_ungated_upgrade():
+    import asyncio
+
+    from mitmproxy.test import taddons, tflow
+
+    addon = make_addon()
+
+    async def broken(flow, ctx):
+        raise RuntimeError("boom")
+
+    addon.ws_gate.open = broken
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, failover_websocket="gate")
+        flow = tflow.tflow()
+        flow.request.url = "https://api.openai.com/v1/responses"
+        flow.request.method = "GET"
+        flow.request.headers["upgrade"] = "websocket"
+        asyncio.run(addon.request(flow))
+    assert flow.response.status_code == 426
+    assert b"internal error: RuntimeError" in flow.response.content

@@ -329,3 +329,60 @@ def test_the_clients_own_credential_is_tried_first_and_its_overload_moves_the_tu
     assert text_of(events).startswith(f"Hello from {SPARE}.")
     assert [r["credential"] for r in handshakes(fake)] == ["sk-test-client-overload", SPARE]
     assert "credential=client" in proxy.log() and "sk-test-" not in proxy.log()
+
+
+# -- replay safety on a spare's socket, and bounds ----------------------------------------------------
+
+REASONING = {"type": "reasoning", "summary": [], "encrypted_content": "gAAAA-from-the-client-account"}
+COMPACTION = {"type": "compaction", "encrypted_content": "gAAAA-compacted-by-the-client-account"}
+
+
+def test_a_spares_socket_never_gets_another_accounts_encrypted_reasoning(fake, gated):
+    proxy = gated(fake, [("spare", SPARE)])  # the socket opens on the spare: it is not the client's account
+    client = connect(proxy, fake)
+    events = turn(client, {**CREATE, "input": [*CREATE["input"], REASONING]})
+    client.close()
+    assert text_of(events).startswith(f"Hello from {SPARE}.")
+    assert [(r["credential"], r["input_items"], r["encrypted_reasoning"]) for r in ws_turns(fake)] == [(SPARE, 2, 0)]
+
+
+def test_a_turn_bound_to_the_clients_account_goes_home_from_a_spares_socket(fake, gated):
+    proxy = gated(fake, [("spare", SPARE)])
+    client = connect(proxy, fake, {**HEADERS, "authorization": "Bearer sk-test-client-good"})
+    events = turn(client, {**CREATE, "input": [COMPACTION, *CREATE["input"]]})
+    client.close()
+    assert text_of(events).startswith("Hello from sk-test-client-good.")
+    assert [(r["credential"], r["compaction"]) for r in ws_turns(fake)] == [("sk-test-client-good", True)]
+    assert "stays on the client's credential" in proxy.log()
+
+
+def test_a_client_leaving_mid_hold_never_sends_its_turn_to_a_spare(fake, gated):
+    proxy = gated(fake, [("primary", "sk-test-stall-1"), ("spare", SPARE)])
+    client = connect(proxy, fake)
+    client.send_json(CREATE)
+    time.sleep(0.3)
+    client.close(1001)
+    time.sleep(1.0)
+    assert [r["credential"] for r in handshakes(fake)] == ["sk-test-stall-1"]
+    assert "verdict=failover" not in proxy.log() and "moved" not in proxy.log()
+
+
+def test_the_clients_own_401_at_the_upgrade_is_left_to_codex_on_sse(fake, gated):
+    from harness import post_responses
+
+    proxy = gated(fake, [("spare", SPARE)], use_client_credential=True)
+    answer = WsClient.connect(proxy.port, f"{fake.base}/v1/responses", {"authorization": "Bearer sk-test-me-unauthorized"})
+    assert isinstance(answer, WsRejected) and answer.status == 426
+    reply = post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-me-unauthorized")
+    assert reply.status == 401  # still the client's own answer: its credential was not taken out of rotation
+    assert [r["credential"] for r in handshakes(fake)] == ["sk-test-me-unauthorized"]
+
+
+def test_max_attempts_bounds_one_turns_sockets(fake, gated):
+    proxy = gated(fake, [("a", "sk-test-a-overload"), ("b", "sk-test-b-overload"), ("c", "sk-test-c-overload"),
+                         ("d", "sk-test-d-good")], max_attempts=2)
+    client = connect(proxy, fake)
+    events = turn(client)
+    client.close()
+    assert events[-1]["type"] == "error" and events[-1]["status"] == 503
+    assert [r["credential"] for r in ws_turns(fake)] == ["sk-test-a-overload", "sk-test-b-overload"]

@@ -116,7 +116,8 @@ def test_a_turn_after_a_warmup_moves_without_the_warmup_id(rules):
         g.server_message(*msg(m))
     first = g.client_message(*msg(frames[1]), {})
     assert first.movable
-    body, is_text = first.create_for_move()
+    assert first.message_for(new_socket=False, foreign=True) == msg(frames[1])  # its warm-up is on this socket
+    body, is_text = first.message_for(new_socket=True, foreign=False)
     moved = json.loads(body)
     assert is_text and "previous_response_id" not in moved and moved["input"] == frames[1]["input"]
     follow = g.client_message(*msg(frames[2]), {})
@@ -131,13 +132,38 @@ def test_warmup_shortcut_needs_the_turn_to_repeat_the_warmups_fields(rules):
     assert not turn.movable
 
 
-def test_moved_copy_strips_encrypted_reasoning(rules):
+def test_another_accounts_copy_strips_encrypted_reasoning(rules):
     body = {**CREATE, "input": [{"type": "reasoning", "summary": [], "encrypted_content": "gAAA"}]}
     turn = TurnGate(rules).client_message(*msg(body), {})
-    moved = json.loads(turn.create_for_move()[0])
-    assert turn.movable and "encrypted_content" not in moved["input"][0]
+    for new_socket in (True, False):
+        moved = json.loads(turn.message_for(new_socket=new_socket, foreign=True)[0])
+        assert turn.movable and "encrypted_content" not in moved["input"][0]
+    assert turn.message_for(new_socket=True, foreign=False) == msg(body)  # the client's own account reads it
     plain = TurnGate(rules).client_message(*msg(CREATE), {})
-    assert plain.create_for_move() == msg(CREATE)  # unchanged bytes when nothing needs changing
+    assert plain.message_for(new_socket=True, foreign=True) == msg(CREATE)  # unchanged bytes when nothing changes
+
+
+def test_a_self_contained_turn_with_a_compaction_item_stays_home(rules):
+    body = {**CREATE, "input": [{"type": "compaction", "encrypted_content": "x"}]}
+    turn = TurnGate(rules).client_message(*msg(body), {})
+    assert not turn.movable and turn.stays_home
+    g = TurnGate(rules)
+    g.client_message(*msg(CREATE), {})
+    g.server_message(*msg(COMPLETED))
+    later = g.client_message(*msg({**body, "previous_response_id": "resp_1"}), {})
+    assert not later.stays_home  # it continues this socket's response: it belongs here
+
+
+def test_a_warmup_that_continues_a_response_is_not_a_warmup(rules):
+    g = TurnGate(rules)
+    g.client_message(*msg(CREATE), {})
+    g.server_message(*msg(COMPLETED))
+    chained = g.client_message(*msg({**CREATE, "input": [], "generate": False, "previous_response_id": "resp_1"}), {})
+    assert not chained.warmup
+    g.server_message(*msg({**CREATED, "response": {"id": "resp_2"}}))
+    g.server_message(*msg(COMPLETED))
+    follow = g.client_message(*msg({**CREATE, "previous_response_id": "resp_2"}), {})
+    assert not follow.movable
 
 
 def test_a_create_while_a_turn_is_held_keeps_the_window_and_drops_nothing(rules):

@@ -152,7 +152,11 @@ class FailoverAddon:
         """Open the upstream socket now (any credential, any route that works); 426 if none can."""
         self._refresh_auth_files()
         await self.relay.start()
-        session, why = await self.ws_gate.open(flow, self._gate_context())
+        try:
+            session, why = await self.ws_gate.open(flow, self._gate_context())
+        except Exception as exc:  # noqa: BLE001 - a bug must not let the upgrade through ungated
+            log.error("codex-failover internal error opening a gated WebSocket: %s\n%s", exc, traceback.format_exc())
+            session, why = None, f"codex-failover internal error: {type(exc).__name__}"
         if session is None:
             flow.response = responses.websocket_downgrade(f"failover_websocket=gate: {why}")
             return

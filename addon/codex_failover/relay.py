@@ -64,7 +64,7 @@ class Relay:
     def _expire(self, token: str) -> None:
         session = self._sessions.pop(token, None)
         if session is not None:
-            log.warning("relay: committed stream was never fetched; dropping it")
+            log.warning("relay: a committed stream or gated WebSocket was never fetched; dropping it")
             self._spawn(_maybe_await(session.abort()))
 
     def _spawn(self, coro) -> None:

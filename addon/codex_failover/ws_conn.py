@@ -96,7 +96,7 @@ class WsConn:
                     if isinstance(event, TextMessage):
                         return "".join(parts).encode(), True
                     return b"".join(parts), False
-            elif isinstance(event, Ping):
+            elif isinstance(event, Ping) and self.ws.state is ConnectionState.OPEN:
                 self._write(self.ws.send(event.response()))
             elif isinstance(event, CloseConnection):
                 self._closed(event.code, event.reason or "")

@@ -22,7 +22,7 @@ from .replay_safety import PIN_HEADER
 from .routes import Endpoint, RouteHealth
 from .rules import Rules
 from .socks_bridge import SocksBridges
-from .taxonomy import FAILOVER, classify_response, error_object, exhausted_status
+from .taxonomy import AUTH_REJECTED, FAILOVER, classify_response, error_object, exhausted_status
 from .transport import HOST_NETWORK, PRE_DISPATCH, ROUTE_DOWN, TLS_FAILED
 from .ws_conn import HANDSHAKE_HEADERS, HandshakeRejected, Message, WsConn
 from .ws_upstream import ConnectFailed, Target, open_upstream
@@ -88,7 +88,8 @@ class Dialer:
         self.client_auth = auth_from_headers(request.headers)
         self.session = session_of(request.headers, None)
         self.pinned = request.headers.get(PIN_HEADER, "").strip().lower() in ("1", "true", "yes")
-        self.tried: set[str] = set()
+        self.tried: set[str] = set()  # credentials this turn was sent to (or whose upgrade failed)
+        self.attempts = 0  # sockets this turn used or tried, bounded by max_attempts
         self.last: Rejection | None = None
 
     def candidates(self) -> list[Candidate]:
@@ -101,18 +102,35 @@ class Dialer:
         plan = make_plan(self.client_auth, self.ctx.pool, self.ctx.health, not self.pinned)
         return any(c.key != key for c in plan.candidates)
 
+    def new_turn(self, key: str) -> None:
+        """A new turn starts on the socket of credential `key` (its first attempt)."""
+        self.tried, self.attempts = {key}, 1
+
     async def open_next(self) -> Upstream | None:
-        for _ in range(self.ctx.pool.policy.max_attempts):
-            queue = self.candidates()
-            if not queue:
-                return None
-            self.tried.add(queue[0].key)
-            up = await self._open(queue[0])
-            if up is not None:
+        """The next candidate's socket, within this turn's attempts; None when none opens."""
+        while self.attempts < self.ctx.pool.policy.max_attempts and (queue := self.candidates()):
+            up = await self._try(queue[0])
+            if up is not None or self._final(queue[0]):
                 return up
-            if self.last is not None and self.last.reason == TLS_FAILED:
-                return None  # fails closed: never retried elsewhere (DESIGN §5)
         return None
+
+    async def open_home(self) -> Upstream | None:
+        """A socket on the client's own credential (for a request that may not leave it)."""
+        plan = make_plan(self.client_auth, self.ctx.pool, self.ctx.health, movable=False)
+        if not plan.candidates or self.attempts >= self.ctx.pool.policy.max_attempts:
+            return None
+        return await self._try(plan.candidates[0])
+
+    async def _try(self, cand: Candidate) -> Upstream | None:
+        self.tried.add(cand.key)
+        self.attempts += 1
+        return await self._open(cand)
+
+    def _final(self, cand: Candidate) -> bool:
+        """Stop trying others: a TLS verification failure fails closed (DESIGN §5); the client's
+        own 401/403 must reach Codex (426 sends it to SSE, where it gets its own answer)."""
+        reason = self.last.reason if self.last else None
+        return reason == TLS_FAILED or (reason == AUTH_REJECTED and cand.is_client)
 
     async def _open(self, cand: Candidate) -> Upstream | None:
         """One credential, through the endpoints of its route in order; an endpoint that fails
@@ -150,8 +168,12 @@ class Dialer:
             return Rejection(exc.kind, None, {"message": str(exc)})
         except HandshakeRejected as exc:
             outcome = self._upgrade_rejected(exc)
-        except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             outcome = Rejection(HANDSHAKE_FAILED, None, {"message": f"{type(exc).__name__}: {exc}"})
+        except BaseException:
+            if ep is not None:
+                health.release(ep)  # a probe that never finished must not keep the endpoint claimed
+            raise
         else:
             outcome = Upstream(conn, cand, label)
         if ep is not None:
@@ -167,8 +189,10 @@ class Dialer:
                   if k.lower() not in HANDSHAKE_HEADERS and k.lower() != PIN_HEADER]
         url = cand.base_url + "/responses" if cand.base_url else self.url
         deflate = "permessage-deflate" in self.headers.get("sec-websocket-extensions", "")
+        # The upgrade's answer is bounded by connect_timeout too: a silent upstream must reach
+        # Codex as a quick 426 (SSE), not after its own handshake timeout and reconnect attempts.
         return await open_upstream(Target.from_url(url), fields, ep, self.ctx.bridges, self.ctx.tls,
-                                   policy.connect_timeout, policy.response_timeout, deflate)
+                                   policy.connect_timeout, policy.connect_timeout, deflate)
 
     def _upgrade_rejected(self, exc: HandshakeRejected) -> Rejection:
         verdict = classify_response(exc.status, exc.body, self.ctx.rules)
@@ -179,7 +203,9 @@ class Dialer:
 
     def _rejected(self, cand: Candidate, label: str, rejection: Rejection) -> None:
         self.last = rejection
-        if rejection.reason not in _NOT_THE_CREDENTIAL:
+        if rejection.reason == AUTH_REJECTED and cand.is_client:
+            pass  # the client's own credential: Codex hears about it itself, on SSE
+        elif rejection.reason not in _NOT_THE_CREDENTIAL:
             self.ctx.outcomes.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
                                        rejection.retry_after, self.ctx.pool.policy, f"[{self.sid}] ")
         status = f" HTTP {rejection.status}" if rejection.status else ""

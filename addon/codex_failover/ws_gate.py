@@ -36,6 +36,7 @@ log = logging.getLogger("codex_failover")
 # the full request on a new socket, silently (verified with Codex 0.169, tests/test_codex_cli.py).
 RECONNECT_CLOSE = 1012  # "service restart"
 HISTORY_LINES = 50  # per socket, for its flow comment and log context
+TICK = object()  # the hold's time budget ran out while waiting for the upstream
 
 
 class WebsocketGate:
@@ -66,8 +67,9 @@ class GateSession:
     up: Upstream | None = None
     down: WsConn | None = None
     history: deque[str] = field(default_factory=lambda: deque(maxlen=HISTORY_LINES))  # attempts, moves
-    backlog: list[Message] = field(default_factory=list)  # client messages while a turn moves
+    backlog: deque[Message] = field(default_factory=deque)  # client messages while a turn moves
     moving: bool = False
+    ended: bool = False
     moves: int = 0
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # the relay's one-time token
 
@@ -96,52 +98,60 @@ class GateSession:
     async def serve(self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.down = WsConn.accept(head, reader, writer, self.relay_headers())
         loop = asyncio.get_running_loop()
-        client = loop.create_task(self._from_client())
-        upstream = loop.create_task(self._from_upstream())
+        tasks = {loop.create_task(self._from_client()), loop.create_task(self._from_upstream())}
         try:
-            done, _ = await asyncio.wait({client, upstream}, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if not task.cancelled() and task.exception() is not None:
-                    exc = task.exception()
-                    log.error("[%s] codex-failover internal error in the WebSocket gate: %r", self.sid, exc,
-                              exc_info=exc)
-                    self.down.close(1011, "codex-failover internal error")
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
             # Closing both sockets ends both loops by themselves (their reads see EOF). Cancelling
             # them instead would leave cancelled-task reference cycles holding this session, and
             # the zlib state of its upstream socket, until the next full garbage collection.
             self.abort()
-            _, pending = await asyncio.wait({client, upstream}, timeout=5)
+            _, pending = await asyncio.wait(tasks, timeout=5)
             for task in pending:
                 task.cancel()
+            for task in tasks - pending:
+                if task.exception() is not None:
+                    exc = task.exception()
+                    log.error("[%s] codex-failover internal error in the WebSocket gate: %r", self.sid, exc, exc_info=exc)
 
     def abort(self) -> None:
+        """End the session: both sockets closed (the upstream with the client's code). Idempotent."""
+        if self.ended:
+            return
+        self.ended = True
         if self.up is not None:
             code = self.down.close_code if self.down is not None and self.down.close_code not in (None, ABNORMAL) else 1000
             self.up.conn.close(code)
         if self.down is not None:
-            self.down.close(1000)
-        if self.owner.sessions.pop(self.sid, None) is not None:
-            self._log_end()
+            self.down.close(1011 if self.down.open else 1000)
+        self.owner.sessions.pop(self.sid, None)
+        self._log_end()
 
     async def _from_client(self) -> None:
         while (message := await self.down.recv()) is not None:
             turn = self.gate.client_message(message[0], message[1], self.dialer.headers)
-            if turn is not None:
-                if not self.moving:
-                    self.dialer.tried = {self.up.cand.key}  # a new turn may move to any credential but this one
-                log.info("[%s] turn %d on %s%s", self.sid, turn.n, self.up.cand.name,
-                         "" if turn.movable else f" (cannot move: {turn.why_pinned})")
             if self.moving:
                 self.backlog.append(message)
-            else:
-                await self.up.conn.send(message)
+                continue
+            if turn is not None:
+                self.dialer.new_turn(self.up.cand.key)
+                log.info("[%s] turn %d on %s%s", self.sid, turn.n, self.up.cand.name,
+                         "" if turn.movable else f" (cannot move: {turn.why_pinned})")
+                if turn.stays_home and not self.up.cand.is_client:
+                    await self._go_home(turn)
+                    continue
+                message = turn.message_for(new_socket=False, foreign=not self.up.cand.is_client)
+            await self.up.conn.send(message)
 
     async def _from_upstream(self) -> None:
-        while True:
+        while not self.ended:
             up = self.up
             message = await self._next_upstream(up)
-            if message == "tick":
+            if self.ended:
+                return  # our own close (the client left): not a rejection
+            if self.up is not up:
+                continue  # replaced while we waited (a turn went home): its end is ours, not news
+            if message is TICK:
                 step = self.gate.tick()
             elif message is None:
                 step = self.gate.upstream_closed()
@@ -160,17 +170,17 @@ class GateSession:
                 self._upstream_ended(up)
                 return
 
-    async def _next_upstream(self, up: Upstream) -> Message | str | None:
+    async def _next_upstream(self, up: Upstream) -> Message | object | None:
         deadline = self.gate.deadline
         if deadline is None:
             return await up.conn.recv()
         try:
             return await asyncio.wait_for(up.conn.recv(), max(0.0, deadline - time.monotonic()))
         except TimeoutError:
-            return "tick"
+            return TICK
 
     def _watch_usage(self, up: Upstream, message: Message) -> None:
-        if b'"codex.rate_limits"' in message[0][:64]:
+        if b'"codex.rate_limits"' in message[0]:
             try:
                 payload = json.loads(message[0])
             except ValueError:
@@ -191,51 +201,90 @@ class GateSession:
             self.ctx.outcomes.succeeded(up.cand.key, self.dialer.session)
             self._attempt_line(up, turn, decision.verdict.value, decision.reason)
             return
-        rejection = self._rejection(decision, step)
+        rejection = _rejection(decision, step)
         self.dialer.last = rejection
         self.ctx.outcomes.rejected(up.cand.key, up.cand.name, rejection.reason, rejection.status, rejection.error,
-                                   None, self.ctx.pool.policy, f"[{self.sid}] ")
+                                   rejection.retry_after, self.ctx.pool.policy, f"[{self.sid}] ")
         self._attempt_line(up, turn, FAILOVER, rejection.reason)
         if turn is not None and turn.movable:
-            await self._move(up, turn)
+            await self._move(up, turn, rejection)
         elif turn is not None and self.dialer.others_ready(up.cand.key):
             self._note(f"turn {turn.n} rejected ({rejection.reason}) and cannot move ({turn.why_pinned}); "
                        f"closing the client socket with {RECONNECT_CLOSE} so Codex reconnects with the full request")
             up.conn.close(1000)
             self.down.close(RECONNECT_CLOSE, "codex-failover: reconnect")
         else:
-            await self._exhausted(up)
+            await self._exhausted(up, rejection)
 
-    def _rejection(self, decision: Decision, step: Step) -> Rejection:
-        error = dict(decision.error or {})
-        status = error.get("status") if isinstance(error.get("status"), int) else None
-        return Rejection(decision.reason, status, error, step.held)
-
-    async def _move(self, old: Upstream, turn: Turn) -> None:
+    async def _move(self, old: Upstream, turn: Turn, rejection: Rejection) -> None:
         """A self-contained turn was rejected: the same create on the next credential's socket."""
         self.moving = True
         try:
             new = await self.dialer.open_next()
+            if new is not None and self.ended:  # the client left while we dialled
+                new.conn.close(1001)
+                return
             if new is None:
-                return await self._exhausted(old)
-            old.conn.close(1000, "codex-failover: moved")
-            self.up = new
-            self.moves += 1
-            self.gate.reopen()
-            self._note(f"turn {turn.n} moved to {new.cand.name} via {new.route}; the socket is pinned there")
-            await new.conn.send(turn.create_for_move())
-            while self.backlog:  # what the client sent meanwhile, in order (it may grow while we send)
-                await new.conn.send(self.backlog.pop(0))
+                await self._exhausted(old, rejection)
+            else:
+                await self._switch(old, new, turn, f"turn {turn.n} moved to {new.cand.name} via {new.route}; "
+                                                   f"the socket is pinned there")
+            await self._flush_backlog()
         finally:
             self.moving = False
 
-    async def _exhausted(self, up: Upstream) -> None:
-        """Nothing else can serve the turn: the client gets the last rejection as upstream sent it
-        (or a status-bearing `error` frame). The session goes on if its upstream is still open."""
-        last = self.dialer.last
+    async def _go_home(self, turn: Turn) -> None:
+        """A self-contained turn bound to the client's own account (compaction, pin) arrived on a
+        spare's socket: it goes to a new socket on the client's credential, or fails as it would
+        on HTTP when that credential cannot serve."""
+        self.moving = True
+        try:
+            old = self.up
+            home = await self.dialer.open_home()
+            if self.ended:
+                if home is not None:
+                    home.conn.close(1001)
+                return
+            if home is None:
+                for message in self.gate.abandon():
+                    await self.down.send(message)
+                why = f"codex-failover: this request stays on your own credential ({turn.why_pinned}), which cannot serve it now"
+                busy = Rejection("no_usable_credential", 503, {"type": "service_unavailable_error",
+                                                                "code": "no_usable_credential", "message": why})
+                self._note(f"turn {turn.n} must stay on the client's credential ({turn.why_pinned}); it cannot serve: 503")
+                for frame in busy.as_frames():
+                    await self.down.send(frame)
+            else:
+                await self._switch(old, home, turn, f"turn {turn.n} stays on the client's credential "
+                                                    f"({turn.why_pinned}): socket moved to {home.cand.name}")
+            await self._flush_backlog()
+        finally:
+            self.moving = False
+
+    async def _switch(self, old: Upstream, new: Upstream, turn: Turn, note: str) -> None:
+        old.conn.close(1000, "codex-failover: moved")
+        self.up = new
+        self.moves += 1
+        self.gate.reopen()
+        self._note(note)
+        await new.conn.send(turn.message_for(new_socket=True, foreign=not new.cand.is_client))
+
+    async def _flush_backlog(self) -> None:
+        """What the client sent while a turn moved, in order (it may grow while we send), to the
+        socket in use; dropped if there is none."""
+        while self.backlog:
+            message = self.backlog.popleft()
+            if self.up.conn.open:
+                await self.up.conn.send(message)
+
+    async def _exhausted(self, up: Upstream, rejection: Rejection) -> None:
+        """Nothing else can serve the turn. If its socket is still open, the client gets the turn's
+        rejection as upstream sent it (the rest of that response follows from there); if it closed,
+        the last rejection seen (a status-bearing `error` frame for a failed upgrade), then a close."""
+        last = rejection if up.conn.open or self.dialer.last is None else self.dialer.last
         self._note(f"no other credential can serve turn {self.gate.turn.n if self.gate.turn else 0}: "
-                   f"delivering the rejection ({last.reason if last else 'none'})")
-        for frame in last.as_frames() if last else ():
+                   f"delivering the rejection ({last.reason})")
+        for frame in last.as_frames():
             await self.down.send(frame)
         if not up.conn.open:
             self.down.close(1011, "codex-failover: upstream closed")
@@ -266,3 +315,19 @@ class GateSession:
         return {"id": self.sid, "credential": up.cand.name if up else None, "route": up.route if up else None,
                 "turns": self.gate.turns, "moves": self.moves, "holding": self.gate.holding,
                 "open_s": round(time.monotonic() - self.started, 1)}
+
+
+def _rejection(decision: Decision, step: Step) -> Rejection:
+    """An in-stream rejection: its error, status, upstream's own messages, and the wrapped error's
+    `headers` (Retry-After) when the deciding message has them."""
+    error = dict(decision.error or {})
+    status = error.get("status") if isinstance(error.get("status"), int) else None
+    retry_after = None
+    if step.held:
+        try:
+            headers = json.loads(step.held[-1][0]).get("headers")
+        except (ValueError, AttributeError):
+            headers = None
+        if isinstance(headers, dict):
+            retry_after = next((str(v) for k, v in headers.items() if str(k).lower() == "retry-after"), None)
+    return Rejection(decision.reason, status, error, step.held, retry_after)

@@ -34,16 +34,25 @@ class Turn:
     n: int  # 1-based, on this client socket
     create: Message  # the client's response.create, as sent
     body: dict
-    movable: bool
+    movable: bool  # may go to another credential's socket
     why_pinned: str | None = None
     warmup: bool = False  # generate:false with empty input: establishes no conversation state
-    moved_body: dict | None = None  # what to send instead when moved (None: the create as sent)
+    warmup_id: str | None = None  # its previous_response_id names only a warm-up: dropped when moved
+    strip: bool = False  # carries encrypted reasoning that another account cannot read
+    stays_home: bool = False  # self-contained, yet bound to the client's own account (compaction, pin)
     response_id: str | None = None
 
-    def create_for_move(self) -> Message:
-        if self.moved_body is None:
+    def message_for(self, new_socket: bool, foreign: bool) -> Message:
+        """The create to send: on a new socket without a warm-up's id, and to an account other than
+        the client's without encrypted reasoning (as the HTTP path does). Unchanged bytes otherwise."""
+        body = self.body
+        if new_socket and self.warmup_id is not None:
+            body = {k: v for k, v in body.items() if k != PREVIOUS}
+        if foreign and self.strip and PREVIOUS not in body:
+            body = strip_encrypted_reasoning(body)
+        if body is self.body:
             return self.create
-        return json.dumps(self.moved_body, separators=(",", ":"), ensure_ascii=False).encode(), True
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(), True
 
 
 @dataclass(frozen=True)
@@ -99,21 +108,26 @@ class TurnGate:
         return turn
 
     def _turn(self, n: int, create: Message, body: dict, headers) -> Turn:
-        warmup = body.get("generate") is False and body.get("input") == []
         previous = body.get(PREVIOUS)
+        warmup = body.get("generate") is False and body.get("input") == [] and not previous
         warm = self._warmups.get(previous) if isinstance(previous, str) else None
         if warm is not None and _covers(body, warm):
-            # Only a warm-up precedes it: the turn carries everything; move it without the id.
-            body_alone = {k: v for k, v in body.items() if k != PREVIOUS}
-            policy = assess(body_alone, headers, self.encrypted_reasoning)
-            moved = strip_encrypted_reasoning(body_alone) if policy.strip_reasoning else body_alone
-            return Turn(n, create, body, policy.movable, policy.why_pinned, warmup, moved)
+            # Only a warm-up precedes it: the turn carries everything; it moves without the id.
+            alone = {k: v for k, v in body.items() if k != PREVIOUS}
+            policy = assess(alone, headers, self.encrypted_reasoning)
+            return Turn(n, create, body, policy.movable, policy.why_pinned, warmup, previous, policy.strip_reasoning,
+                        stays_home=not policy.movable)
         policy = assess(body, headers, self.encrypted_reasoning)
-        why = policy.why_pinned
-        if previous and why is not None:
+        if previous:
             why = "carries previous_response_id: it continues a response on this socket's account"
-        moved = strip_encrypted_reasoning(body) if policy.strip_reasoning else None
-        return Turn(n, create, body, policy.movable, why, warmup, moved)
+            return Turn(n, create, body, False, why, warmup)
+        return Turn(n, create, body, policy.movable, policy.why_pinned, warmup, None, policy.strip_reasoning,
+                    stays_home=not policy.movable)
+
+    def abandon(self) -> tuple[Message, ...]:
+        """Close the window without a decision (the turn was never sent); returns what it held."""
+        held, self._held, self._clf = tuple(self._held), [], None
+        return held
 
     def reopen(self) -> None:
         """A fresh window for the current turn (a new turn, or the same one on a new socket)."""

@@ -10,6 +10,8 @@ import asyncio
 import base64
 import ssl
 from dataclasses import dataclass
+
+import certifi
 from urllib.parse import urlsplit
 
 from .routes import Endpoint
@@ -77,7 +79,7 @@ async def _tunnel(target: Target, via: Endpoint | None, bridges: SocksBridges, t
         proxy_tls = None
     else:
         host, port = via.host, via.port
-        proxy_tls = ssl.create_default_context() if via.scheme == "https" else None
+        proxy_tls = tls if via.scheme == "https" else None  # an https proxy: verified like the upstream
     reader, writer = await asyncio.open_connection(host, port, ssl=proxy_tls, server_hostname=host if proxy_tls else None)
     try:
         await _connect_through(reader, writer, target, via)
@@ -90,7 +92,8 @@ async def _tunnel(target: Target, via: Endpoint | None, bridges: SocksBridges, t
 
 
 async def _connect_through(reader, writer, target: Target, via: Endpoint) -> None:
-    lines = [f"CONNECT {target.host}:{target.port} HTTP/1.1", f"Host: {target.host}:{target.port}"]
+    host = f"[{target.host}]" if ":" in target.host else target.host  # IPv6 literal
+    lines = [f"CONNECT {host}:{target.port} HTTP/1.1", f"Host: {host}:{target.port}"]
     if via.username is not None and not via.is_socks:
         token = base64.b64encode(f"{via.username}:{via.password or ''}".encode()).decode()
         lines.append(f"Proxy-Authorization: Basic {token}")  # to this proxy only
@@ -104,7 +107,10 @@ async def _connect_through(reader, writer, target: Target, via: Endpoint) -> Non
 
 
 def tls_context(insecure: bool, cafile: str | None = None, capath: str | None = None) -> ssl.SSLContext:
-    """Upstream TLS as mitmproxy's own options say (ssl_insecure, ssl_verify_upstream_trusted_*)."""
+    """Upstream TLS as mitmproxy's own options say (ssl_insecure, ssl_verify_upstream_trusted_*);
+    without a CA option, certifi's bundle, which is what mitmproxy trusts by default."""
+    if not cafile and not capath:
+        cafile = certifi.where()
     context = ssl.create_default_context(cafile=cafile or None, capath=capath or None)
     if insecure:
         context.check_hostname = False
