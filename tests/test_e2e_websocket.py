@@ -386,3 +386,14 @@ def test_max_attempts_bounds_one_turns_sockets(fake, gated):
     client.close()
     assert events[-1]["type"] == "error" and events[-1]["status"] == 503
     assert [r["credential"] for r in ws_turns(fake)] == ["sk-test-a-overload", "sk-test-b-overload"]
+
+
+def test_a_turn_bound_to_the_clients_account_fails_with_503_when_that_account_cannot_serve(fake, gated):
+    proxy = gated(fake, [("spare", SPARE)])
+    client = connect(proxy, fake, {**HEADERS, "authorization": "Bearer sk-test-client-overload-503"})
+    events = turn(client, {**CREATE, "input": [COMPACTION, *CREATE["input"]]})
+    follow = turn(client)  # the socket (still on the spare) goes on serving other turns
+    client.close()
+    assert [(e["type"], e["status"], e["error"]["code"]) for e in events] == [("error", 503, "no_usable_credential")]
+    assert text_of(follow).startswith(f"Hello from {SPARE}.")
+    assert [r["credential"] for r in ws_turns(fake)] == [SPARE]  # the bound turn reached no account

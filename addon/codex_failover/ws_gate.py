@@ -218,48 +218,46 @@ class GateSession:
 
     async def _move(self, old: Upstream, turn: Turn, rejection: Rejection) -> None:
         """A self-contained turn was rejected: the same create on the next credential's socket."""
-        self.moving = True
-        try:
-            new = await self.dialer.open_next()
-            if new is not None and self.ended:  # the client left while we dialled
-                new.conn.close(1001)
-                return
-            if new is None:
-                await self._exhausted(old, rejection)
-            else:
-                await self._switch(old, new, turn, f"turn {turn.n} moved to {new.cand.name} via {new.route}; "
-                                                   f"the socket is pinned there")
-            await self._flush_backlog()
-        finally:
-            self.moving = False
+        await self._relocate(turn, self.dialer.open_next, lambda: self._exhausted(old, rejection),
+                             lambda new: f"turn {turn.n} moved to {new.cand.name} via {new.route}; "
+                                         f"the socket is pinned there")
 
     async def _go_home(self, turn: Turn) -> None:
         """A self-contained turn bound to the client's own account (compaction, pin) arrived on a
         spare's socket: it goes to a new socket on the client's credential, or fails as it would
         on HTTP when that credential cannot serve."""
+        await self._relocate(turn, self.dialer.open_home, lambda: self._cannot_go_home(turn),
+                             lambda new: f"turn {turn.n} stays on the client's credential ({turn.why_pinned}): "
+                                         f"socket moved to {new.cand.name}")
+
+    async def _relocate(self, turn: Turn, dial, fallback, note) -> None:
+        """Send `turn` on the socket `dial()` opens, pinning the session there, or run `fallback()`.
+        Client messages meanwhile wait in the backlog."""
         self.moving = True
         try:
             old = self.up
-            home = await self.dialer.open_home()
-            if self.ended:
-                if home is not None:
-                    home.conn.close(1001)
+            new = await dial()
+            if self.ended:  # the client left while we dialled
+                if new is not None:
+                    new.conn.close(1001)
                 return
-            if home is None:
-                for message in self.gate.abandon():
-                    await self.down.send(message)
-                why = f"codex-failover: this request stays on your own credential ({turn.why_pinned}), which cannot serve it now"
-                busy = Rejection("no_usable_credential", 503, {"type": "service_unavailable_error",
-                                                                "code": "no_usable_credential", "message": why})
-                self._note(f"turn {turn.n} must stay on the client's credential ({turn.why_pinned}); it cannot serve: 503")
-                for frame in busy.as_frames():
-                    await self.down.send(frame)
+            if new is None:
+                await fallback()
             else:
-                await self._switch(old, home, turn, f"turn {turn.n} stays on the client's credential "
-                                                    f"({turn.why_pinned}): socket moved to {home.cand.name}")
+                await self._switch(old, new, turn, note(new))
             await self._flush_backlog()
         finally:
             self.moving = False
+
+    async def _cannot_go_home(self, turn: Turn) -> None:
+        for message in self.gate.abandon():
+            await self.down.send(message)
+        why = f"codex-failover: this request stays on your own credential ({turn.why_pinned}), which cannot serve it now"
+        busy = Rejection("no_usable_credential", 503, {"type": "service_unavailable_error",
+                                                        "code": "no_usable_credential", "message": why})
+        self._note(f"turn {turn.n} must stay on the client's credential ({turn.why_pinned}); it cannot serve: 503")
+        for frame in busy.as_frames():
+            await self.down.send(frame)
 
     async def _switch(self, old: Upstream, new: Upstream, turn: Turn, note: str) -> None:
         old.conn.close(1000, "codex-failover: moved")
