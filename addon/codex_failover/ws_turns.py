@@ -148,10 +148,13 @@ class TurnGate:
 
     def server_message(self, content: bytes, is_text: bool) -> Step:
         message = (content, is_text)
-        event = Event.from_ws_message(content)
-        self._note_response_id(event)
-        if self._clf is None:
+        if self._clf is None:  # the hot path: passed on as is, never parsed
+            if self._wants_response_id():
+                self._note_response_id(Event.from_ws_message(content))
             return Step(release=(message,))
+        event = Event.from_ws_message(content)
+        if self._wants_response_id():
+            self._note_response_id(event)
         self._held.append(message)
         return self._settle(self._clf.feed(event))
 
@@ -170,16 +173,18 @@ class TurnGate:
             return Step(decision=decision, held=held)
         return Step(release=held, decision=decision)
 
+    def _wants_response_id(self) -> bool:
+        """Only a warm-up's response id matters (a later turn may name it)."""
+        return self.turn is not None and self.turn.warmup and self.turn.response_id is None
+
     def _note_response_id(self, event: Event) -> None:
-        turn = self.turn
-        if turn is None or turn.response_id is not None or not event.type or not event.type.startswith("response."):
+        if not event.type or not event.type.startswith("response."):
             return
         response = event.payload.get("response")
         rid = response.get("id") if isinstance(response, dict) else None
         if isinstance(rid, str):
-            turn.response_id = rid
-            if turn.warmup:
-                self._warmups[rid] = turn.body
+            self.turn.response_id = rid
+            self._warmups[rid] = self.turn.body
 
 
 def _covers(body: dict, warmup: dict) -> bool:
