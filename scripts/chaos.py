@@ -247,9 +247,11 @@ class Scenario:
 
     def check_exact(self, reply, who: str | None) -> None:
         """The client's bytes are exactly one response the upstream sent: no losing bytes, no dup."""
-        sent = [r["sha256"] for r in self.fake.requests() if r.get("event") == "response_sent" and r["credential"] == who]
-        if hashlib.sha256(reply.body).hexdigest() not in sent:
-            self.problems.append("the client's bytes differ from every response the winner's upstream sent")
+        digest = hashlib.sha256(reply.body).hexdigest()
+        sent = self.fake.sent_digests(expect=digest, credential=who)
+        if digest not in sent:
+            self.problems.append(f"the client's bytes differ from every response the winner's upstream sent "
+                                 f"({len(sent)} logged, client got {len(reply.body)} bytes)")
 
     def check_upstream(self, count: int) -> None:
         want = self.expect.get("upstream")

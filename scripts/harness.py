@@ -80,6 +80,18 @@ class FakeUpstreamProcess:
     def model_requests(self) -> list[dict]:
         return [r for r in self.requests() if r.get("scenario") not in (None, "other") and "event" not in r]
 
+    def sent_digests(self, expect: str | None = None, credential: str | None = None, timeout: float = 3.0) -> list[str]:
+        """sha256 of each streamed response the fake finished sending (of `credential`, if given). It
+        logs one just after the response's last write, so a client can have read it all first: with
+        `expect`, wait (bounded) until that digest is logged."""
+        deadline = time.monotonic() + timeout
+        while True:
+            sent = [r["sha256"] for r in self.requests() if r.get("event") == "response_sent"
+                    and (credential is None or r["credential"] == credential)]
+            if expect is None or expect in sent or time.monotonic() > deadline:
+                return sent
+            time.sleep(0.05)
+
     def overload_next(self, credential: str, count: int = 1, scenario: str = "overload") -> None:
         """Make the next `count` model requests of `credential` (its label) follow `scenario`
         (default: overloaded in-stream)."""

@@ -48,8 +48,8 @@ def one_clean_response(reply, fake):
     types = kinds(reply)
     assert types.count("response.created") == 1 and types[-1] == "response.completed"
     assert "error" not in types and "response.failed" not in types
-    sent = [r["sha256"] for r in fake.requests() if r.get("event") == "response_sent"]
-    assert hashlib.sha256(reply.body).hexdigest() == sent[-1]
+    digest = hashlib.sha256(reply.body).hexdigest()
+    assert fake.sent_digests(expect=digest)[-1] == digest
 
 
 @pytest.mark.parametrize("fault", ["midstream-server-error", "cut", "http-502", "http-503", "http-504", "http-500"])
@@ -170,9 +170,9 @@ def test_heartbeat_keeps_an_idle_client_alive_then_delivers_the_winner(tmp_path)
     with upstream_and_proxy(tmp_path / "hb", pool, "--pace", "0.002", "--deltas", "8", "--stall", "2.5") as (slow, proxy):
         slow.overload_next(CLIENT, 1, "stall-after-output")
         reply = post_responses(proxy.port, f"{slow.base}/v1/responses", CLIENT)
-        sent = [r["sha256"] for r in slow.requests() if r.get("event") == "response_sent"]
+        beat = b'event: keepalive\ndata: {"type":"keepalive"}\n\n'
+        sent = slow.sent_digests(expect=hashlib.sha256(reply.body.replace(beat, b"")).hexdigest())
     assert reply.status == 200 and reply.headers.get("x-codex-failover-heartbeat") == "1"
-    beat = b'event: keepalive\ndata: {"type":"keepalive"}\n\n'
     assert reply.body.count(beat) >= 2 and reply.first_byte_s < 2.0  # alive while buffering
     assert hashlib.sha256(reply.body.replace(beat, b"")).hexdigest() == sent[-1]  # then the winner, in full
 
