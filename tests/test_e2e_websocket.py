@@ -118,6 +118,7 @@ def test_a_status_bearing_429_cools_the_credential_and_the_turn_moves(fake, gate
     primary = {c["name"]: c for c in status["credentials"]}["primary"]
     assert (primary["state"], primary["reason"]) == ("cooling", "usage_limit")
     assert primary["cooling_for_s"] > 60  # the 429's resets_in_seconds, not the default cooldown
+    assert primary["usage"] == "primary 100%"  # from the wrapped error's headers
 
 
 def test_a_dead_route_at_the_handshake_is_answered_426(fake, gated):

@@ -25,7 +25,7 @@ from mitmproxy import http
 
 from .classifier import Decision, Verdict
 from .taxonomy import FAILOVER
-from .usage import from_event
+from .usage import from_event, from_headers
 from .ws_conn import ABNORMAL, HANDSHAKE_HEADERS, Message, WsConn
 from .ws_dial import Dialer, GateContext, Rejection, Upstream
 from .ws_turns import Step, Turn, TurnGate
@@ -203,6 +203,8 @@ class GateSession:
             return
         rejection = _rejection(decision, step)
         self.dialer.last = rejection
+        windows = from_headers(_wrapped_headers(step), self.ctx.health.now())
+        self.ctx.outcomes.usage_seen(up.cand.key, up.cand.name, windows, self.ctx.pool.policy, f"[{self.sid}] ")
         self.ctx.outcomes.rejected(up.cand.key, up.cand.name, rejection.reason, rejection.status, rejection.error,
                                    rejection.retry_after, self.ctx.pool.policy, f"[{self.sid}] ")
         self._attempt_line(up, turn, FAILOVER, rejection.reason)
@@ -316,16 +318,20 @@ class GateSession:
 
 
 def _rejection(decision: Decision, step: Step) -> Rejection:
-    """An in-stream rejection: its error, status, upstream's own messages, and the wrapped error's
-    `headers` (Retry-After) when the deciding message has them."""
+    """An in-stream rejection: its error, status, upstream's own messages, and Retry-After from the
+    wrapped error's `headers`."""
     error = dict(decision.error or {})
     status = error.get("status") if isinstance(error.get("status"), int) else None
-    retry_after = None
-    if step.held:
-        try:
-            headers = json.loads(step.held[-1][0]).get("headers")
-        except (ValueError, AttributeError):
-            headers = None
-        if isinstance(headers, dict):
-            retry_after = next((str(v) for k, v in headers.items() if str(k).lower() == "retry-after"), None)
-    return Rejection(decision.reason, status, error, step.held, retry_after)
+    return Rejection(decision.reason, status, error, step.held, _wrapped_headers(step).get("retry-after"))
+
+
+def _wrapped_headers(step: Step) -> dict[str, str]:
+    """The `headers` a wrapped error carries (`{"type":"error","status":429,…,"headers":{…}}`),
+    lower-cased; empty when the deciding message has none."""
+    if not step.held:
+        return {}
+    try:
+        headers = json.loads(step.held[-1][0]).get("headers")
+    except (ValueError, AttributeError):
+        return {}
+    return {str(k).lower(): str(v) for k, v in headers.items()} if isinstance(headers, dict) else {}
