@@ -12,7 +12,7 @@ one per text message. `POST /_fake/next {"credential", "scenario", "count"}` mak
 `count` model requests (POSTs or WebSocket turns; a synchronous scenario applies to the next handshake)
 follow `scenario`.
 
-    scripts/fake_upstream [--port 0] [--tls] [--pace 0.02] [--deltas 20] [--log FILE]
+    scripts/fake_upstream [--port 0] [--tls | --cert PEM] [--pace 0.02] [--deltas 20] [--log FILE]
 
 It prints `{"listening": PORT, "tls": bool}` on its first stdout line.
 """
@@ -679,8 +679,14 @@ def self_signed_context() -> ssl.SSLContext:
 async def amain(args) -> None:
     log = open(args.log, "a") if args.log else None
     fake = FakeUpstream(args.pace, args.deltas, args.stall, log, args.trace, args.trace_events)
-    port = await fake.start(args.port, self_signed_context() if args.tls else None)
-    print(json.dumps({"listening": port, "tls": args.tls}), flush=True)
+    tls = None
+    if args.cert:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(args.cert)
+    elif args.tls:
+        tls = self_signed_context()
+    port = await fake.start(args.port, tls)
+    print(json.dumps({"listening": port, "tls": tls is not None}), flush=True)
     await asyncio.Event().wait()
 
 
@@ -690,6 +696,7 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--tls", action="store_true", help="serve HTTPS with a throwaway self-signed certificate")
+    ap.add_argument("--cert", help="serve HTTPS with this PEM file (private key, certificate and its chain)")
     ap.add_argument("--pace", type=float, default=0.02, help="seconds between events (default 0.02)")
     ap.add_argument("--deltas", type=int, default=20, help="text deltas per answer (default 20)")
     ap.add_argument("--stall", type=float, default=3600.0, help="seconds a stall scenario waits (default 3600)")

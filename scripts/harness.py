@@ -63,6 +63,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 class FakeUpstreamProcess:
     def __init__(self, tmp: Path, *args: str):
+        tmp.mkdir(parents=True, exist_ok=True)
         self.log_path = tmp / "fake.jsonl"
         self.proc = subprocess.Popen(
             [PYTHON, str(ROOT / "scripts" / "fake_upstream.py"), "--port", "0", "--log", str(self.log_path), *args],
@@ -107,6 +108,7 @@ class FakeUpstreamProcess:
 class ProxyProcess:
     def __init__(self, tmp: Path, pool_yaml: str | None, env: dict[str, str] | None = None, extra: list[str] | None = None,
                  addon: bool = True):
+        tmp.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.confdir = tmp / "conf"
         args = [MITMDUMP, "--listen-host", "127.0.0.1", "-p", str(self.port), "--set", f"confdir={self.confdir}"]
@@ -384,6 +386,48 @@ def _connect(proxy_port: int, url: str, timeout: float, ca: Path | None):
 
 def _target(url: str, ca: Path | None) -> str:
     return "/" + url.split("://", 1)[1].split("/", 1)[1] if ca is not None else url
+
+
+def make_test_pki(tmp: Path, names: tuple[str, ...] = ("localhost",)) -> tuple[Path, Path]:
+    """A private CA and a server certificate it signed for `names` (and 127.0.0.1): (the CA's
+    certificate as PEM, the server's key + certificate + CA as one PEM for `fake_upstream --cert`)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    day = datetime.timedelta(days=1)
+
+    def build(subject, issuer, public_key, signing_key, ca: bool, sans=()):
+        # Key identifiers too: Python 3.13's default context verifies strictly (VERIFY_X509_STRICT).
+        b = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
+             .serial_number(x509.random_serial_number()).not_valid_before(now - day).not_valid_after(now + 7 * day)
+             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+             .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(signing_key.public_key()),
+                            critical=False))
+        if ca:
+            b = b.add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+        else:
+            b = b.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
+        return b.sign(signing_key, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "codex-failover test CA")])
+    ca = build(ca_name, ca_name, ca_key.public_key(), ca_key, True)
+    sans = [x509.DNSName(n) for n in names] + [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    leaf = build(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]), ca_name, key.public_key(), ca_key,
+                 False, sans)
+    pem = serialization.Encoding.PEM
+    ca_path, server_path = tmp / "test-ca.pem", tmp / "server.pem"
+    ca_path.write_bytes(ca.public_bytes(pem))
+    server_path.write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+                            + leaf.public_bytes(pem) + ca.public_bytes(pem))
+    return ca_path, server_path
 
 
 def pool_yaml(base_url: str, creds: list[tuple[str, str]], routes: dict | None = None, **policy) -> tuple[str, dict[str, str]]:

@@ -52,6 +52,7 @@ def test_a_bug_while_opening_a_gated_websocket_answers_426_not_an_ungated_upgrad
         flow.request.url = "https://api.openai.com/v1/responses"
         flow.request.method = "GET"
         flow.request.headers["upgrade"] = "websocket"
+        flow.request.headers["authorization"] = "Bearer sk-test-client"
         asyncio.run(addon.request(flow))
     assert flow.response.status_code == 426
     assert b"internal error: RuntimeError" in flow.response.content

@@ -9,7 +9,7 @@ the test is skipped when node/npm are missing or the install fails. Nothing else
 
 - Codex gets a clean environment: a temporary CODEX_HOME and HOME, `CODEX_API_KEY`, and
   HTTP(S)_PROXY/ALL_PROXY pointing at mitmdump, `CODEX_CA_CERTIFICATE` = mitmdump's CA.
-- mitmdump's `map_remote` rewrites every URL whose host is not 127.0.0.1 to the fake upstream
+- mitmdump (with `failover_intercept=all`)'s `map_remote` rewrites every URL whose host is not 127.0.0.1 to the fake upstream
   (api.openai.com, chatgpt.com's model catalog and plugin list, api.github.com, the OTel metrics
   endpoint ab.chatgpt.com...). 127.0.0.1 is left alone: the addon's loopback relay and the pool's
   base_url live there.
@@ -238,9 +238,12 @@ def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] 
         pool, pool_env = pool_yaml(fake.base, creds, **policy)
         to_fake = rf"|^https?://(?!127\.0\.0\.1[:/])[^/]+|{fake.base}"
         # connection_strategy=lazy (the addon sets it too): a CONNECT never makes mitmdump resolve or
-        # dial the named host itself, even if the addon failed to load.
+        # dial the named host itself, even if the addon failed to load. failover_intercept=all: Codex
+        # also calls github.com and telemetry hosts, which the default (models) would tunnel out of
+        # the machine; intercepted, map_remote keeps them on the fake.
         proxy = ProxyProcess(tmp_path, pool, {**pool_env, "CODEX_TEST_RECORD": str(record_path)},
                              extra=["--set", "connection_strategy=lazy", "--set", f"map_remote={to_fake}",
+                                    "--set", "failover_intercept=all",
                                     "-s", str(recorder), *extra])
         ca = proxy.confdir / "mitmproxy-ca-cert.pem"
         assert ca.exists(), "mitmdump did not write its CA certificate"

@@ -8,18 +8,28 @@ import dataclasses
 import itertools
 import json
 import logging
+import sys
 import time
 import traceback
+import weakref
+from collections.abc import Sequence
 
-from mitmproxy import command, ctx, exceptions, http
+import certifi
+from mitmproxy import command, ctx, exceptions, http, tls
+from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
+
+from . import quiet_log
 
 from . import responses
 from .affinity import Affinity
 from .attempt import ATTEMPT_TAG, Attempt
+from .auth import auth_from_headers
 from .auth_watch import AuthWatch
+from .client_access import ClientAccess, ClientAccessError, is_loopback_host, parse_networks
 from .codex_request import EndpointMatcher, asks_to_stream, is_websocket_upgrade, parse_body
 from .config import ConfigError, PoolConfig, load_pool
 from .health import Health
+from .intercept_scope import ALL, MODES as INTERCEPT_MODES, InterceptScope
 from .orchestrator import RELAY_TAG, ClientGone, RequestRun, point_at_relay
 from .outcomes import Outcomes
 from .recovery import Slots
@@ -27,6 +37,7 @@ from .relay import Relay
 from .routes import RouteHealth
 from .rules import RulesError, load_rules
 from .socks_bridge import SocksBridges
+from .trust import extend_openssl_context
 from .usage import UsageBook
 from .ws_dial import GateContext
 from .ws_gate import WebsocketGate
@@ -59,6 +70,11 @@ class FailoverAddon:
         self._tasks: set[asyncio.Task] = set()
         self.ws_gate = WebsocketGate()
         self._tls = None  # (options it was built from, upstream TLS context) for gated WebSockets
+        self.scope = InterceptScope()
+        self.clients = ClientAccess()
+        self._running = False  # before `running`, a configuration error ends the process (one line)
+        self._trusted: weakref.WeakSet = weakref.WeakSet()  # server TLS contexts given the system store
+        self.quiet = quiet_log.QuietLog()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -69,13 +85,40 @@ class FailoverAddon:
                           "Codex WebSocket upgrades on model endpoints: downgrade (answer 426, Codex uses SSE), "
                           "gate (keep the WebSocket; hold and classify every turn, move rejected first turns) "
                           "or passthrough (untouched, unprotected).")
+        loader.add_option("failover_intercept", str, "models",
+                          "Which HTTPS connections are decrypted: models (only the Codex hosts and the pool's "
+                          "base URLs; everything else is tunnelled untouched) or all (mitmproxy's usual behaviour).")
+        loader.add_option("failover_clients", Sequence[str], [],
+                          "Addresses or CIDRs, besides loopback, that may use the pool and the status page.")
+        loader.add_option("failover_verbose", bool, False,
+                          "Also log mitmproxy's per-connection lines for the addon's own attempts and relay hops.")
 
     def configure(self, updated: set[str]) -> None:
-        if "failover_config" in updated or "failover_rules" in updated:
-            self._load_files()
+        try:
+            self._configure(updated)
+        except exceptions.OptionsError as exc:
+            if self._running:
+                raise  # a runtime change: rejected, the proxy goes on with what it had
+            # At start-up: one clear line and a non-zero exit, before mitmproxy says it is listening.
+            print(f"codex-failover: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+
+    def _configure(self, updated: set[str]) -> None:
         if "failover_websocket" in updated and ctx.options.failover_websocket not in WEBSOCKET_MODES:
             raise exceptions.OptionsError(
                 f"failover_websocket: {ctx.options.failover_websocket!r} is not one of {', '.join(WEBSOCKET_MODES)}")
+        if "failover_intercept" in updated and ctx.options.failover_intercept not in INTERCEPT_MODES:
+            raise exceptions.OptionsError(
+                f"failover_intercept: {ctx.options.failover_intercept!r} is not one of {', '.join(INTERCEPT_MODES)}")
+        if "failover_clients" in updated:
+            try:
+                self.clients = ClientAccess(parse_networks(ctx.options.failover_clients))
+            except ClientAccessError as exc:
+                raise exceptions.OptionsError(str(exc)) from None
+        if "failover_verbose" in updated:
+            self.quiet.configure(ctx.options)
+        if "failover_config" in updated or "failover_rules" in updated:
+            self._load_files()
         if "mode" in updated and any(m.startswith("upstream:") for m in ctx.options.mode):
             # Upstream mode rewrites every replay's `via` and would tunnel the relay hop away from
             # 127.0.0.1: the addon cannot work under it.
@@ -85,7 +128,7 @@ class FailoverAddon:
         if "connection_strategy" in updated or not updated or "failover_config" in updated:
             # Eager connects to the real host at CONNECT time, before an attempt can pick its target.
             if ctx.options.connection_strategy != "lazy":
-                log.info("codex-failover: setting connection_strategy=lazy (attempts choose their own upstream)")
+                log.debug("codex-failover: setting connection_strategy=lazy (attempts choose their own upstream)")
                 ctx.options.connection_strategy = "lazy"
 
     def _load_files(self) -> None:
@@ -94,6 +137,7 @@ class FailoverAddon:
             rules = load_rules(ctx.options.failover_rules or None)
         except (ConfigError, RulesError) as exc:
             raise exceptions.OptionsError(str(exc)) from None
+        self.scope = InterceptScope(pool.gated_base_urls)
         self.pool, self.rules = pool, rules  # in-flight requests keep the objects they started with
         self.auth_watch.remember(pool.credentials)
         self.affinity.idle, self.affinity.max_sessions = pool.policy.session_idle, pool.policy.max_sessions
@@ -107,9 +151,28 @@ class FailoverAddon:
     # `running`/`done` stay synchronous: a script hot reload calls them outside the event loop's
     # await chain (DESIGN §2). Async work is started as a task.
     def running(self) -> None:
+        self._running = True
+        self.quiet.install(lambda: self.relay.port)
         self._spawn(self.relay.start())
+        for host in self._listen_hosts():
+            if not is_loopback_host(host):
+                log.warning("codex-failover: listening on %s; the pool and the status page serve %s",
+                            host or "every interface", self.clients.describe())
+
+    @staticmethod
+    def _listen_hosts() -> list[str]:
+        hosts = []
+        for spec in ctx.options.mode:
+            try:
+                host = ProxyMode.parse(spec).listen_host(ctx.options.listen_host)
+            except ValueError:
+                continue
+            if host not in hosts:
+                hosts.append(host)
+        return hosts
 
     def done(self) -> None:
+        self.quiet.uninstall()
         self._spawn(self.relay.close())
         self._spawn(self.bridges.close())
 
@@ -128,12 +191,18 @@ class FailoverAddon:
         if flow.is_replay or ATTEMPT_TAG in flow.metadata or flow.response is not None:
             return
         req = flow.request
-        if req.host == STATUS_HOST:  # `curl -x 127.0.0.1:8080 http://codex-failover.status/`
+        is_status = req.host == STATUS_HOST  # `curl -x 127.0.0.1:8080 http://codex-failover.status/`
+        if not is_status and not self.matcher.matches(req.host, req.port, req.path):
+            return
+        if not self.clients.allows(flow.client_conn.peername[0] if flow.client_conn.peername else None):
+            flow.response = responses.client_not_allowed()
+            return
+        if is_status:
             flow.response = http.Response.make(200, json.dumps(self.status_report(), indent=2).encode(),
                                                {"content-type": "application/json"})
             return
-        if not self.matcher.matches(req.host, req.port, req.path):
-            return
+        if auth_from_headers(req.headers) is None:
+            return  # no credential of its own: never served from the pool; passed on as a plain proxy would
         if is_websocket_upgrade(req.method, req.headers):
             if ctx.options.failover_websocket == "downgrade":
                 flow.response = responses.websocket_downgrade()
@@ -243,6 +312,7 @@ class FailoverAddon:
             attempt.on_responseheaders(200 <= flow.response.status_code < 300 and "text/event-stream" in ctype)
         elif RELAY_TAG in flow.metadata and flow.response.status_code != 101:
             flow.response.stream = True
+            self.quiet.relay_client(flow.client_conn.peername)
 
     def response(self, flow: http.HTTPFlow) -> None:
         attempt = self.attempts.pop(flow.id, None)
@@ -283,11 +353,41 @@ class FailoverAddon:
             attempt.on_error()
         self._restore_client_request(flow)
 
-    @staticmethod
-    def _restore_client_request(flow: http.HTTPFlow) -> None:
+    def _restore_client_request(self, flow: http.HTTPFlow) -> None:
         original = flow.metadata.pop(RELAY_TAG, None)
         if original is not None:  # show the real request in mitmweb, not the relay hop
             flow.request = original
+            self.quiet.relay_client_done(flow.client_conn.peername)
+
+    def tls_clienthello(self, data: tls.ClientHelloData) -> None:
+        """Scoped interception: only the model endpoints are decrypted; every other TLS connection
+        is tunnelled as it is. A user's --allow-hosts decides alone; --ignore-hosts acted earlier."""
+        if data.ignore_connection or ctx.options.failover_intercept == ALL or ctx.options.allow_hosts:
+            return
+        if isinstance(data.context.client.proxy_mode, ReverseMode):
+            return  # the operator named the one target
+        address = data.context.server.address
+        if not self.scope.intercepts(data.client_hello.sni, address[0] if address else None):
+            data.ignore_connection = True
+
+    def tls_start_server(self, tls_start: tls.TlsData) -> None:
+        """Upstream verification trusts certifi and the machine's store, plus mitmproxy's CA options.
+        Scripts run before mitmproxy's TlsConfig, which leaves a connection an addon has set up
+        alone: so TlsConfig builds it now (its cached context), and each context is extended once."""
+        if tls_start.ssl_conn is None and not tls_start.is_dtls:
+            tlsconfig = ctx.master.addons.get("tlsconfig")
+            if tlsconfig is not None:
+                tlsconfig.tls_start_server(tls_start)
+        conn = tls_start.ssl_conn
+        if conn is None or ctx.options.ssl_insecure:
+            return
+        context = conn.get_context()
+        if context in self._trusted:
+            return
+        if ctx.options.ssl_verify_upstream_trusted_ca or ctx.options.ssl_verify_upstream_trusted_confdir:
+            extend_openssl_context(context, (certifi.where(), None))  # mitmproxy loads certifi only without them
+        extend_openssl_context(context)
+        self._trusted.add(context)
 
     # -- commands --------------------------------------------------------------------------
 

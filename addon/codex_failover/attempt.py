@@ -12,12 +12,15 @@ semi-internal class (hence the exact mitmproxy pin). Verified against 12.3.1:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
 from mitmproxy import ctx, http
 from mitmproxy.addons.clientplayback import ReplayHandler
 from mitmproxy.connection import Server
+
+from .quiet_log import replay_level
 
 ATTEMPT_TAG = "codex_failover.attempt"
 CAPTURE_LIMIT = 64 * 1024  # opening bytes kept on the attempt flow for mitmweb
@@ -27,6 +30,13 @@ HEADERS = "headers"  # the response head arrived (flow.response has status and h
 CHUNK = "chunk"
 END = "end"  # the body ended (streamed) or the complete response is in flow.response
 ERROR = "error"  # the attempt failed; flow.error.msg says why
+
+
+class _AttemptReplay(ReplayHandler):
+    """mitmproxy's replay handler, its per-connection INFO lines lowered to DEBUG (quiet_log.py)."""
+
+    def log(self, message: str, level: int = logging.INFO, exc_info=None) -> None:
+        super().log(message, replay_level(level, ctx.options.failover_verbose), exc_info)
 
 
 @dataclass
@@ -53,7 +63,7 @@ class Attempt:
         self.streaming = False
         self.captured = bytearray()
         self.started = time.monotonic()
-        self._handler: ReplayHandler | None = None
+        self._handler: _AttemptReplay | None = None
         self._task: asyncio.Task | None = None
 
     def start(self, via=None) -> None:
@@ -61,7 +71,7 @@ class Attempt:
         an upstream proxy for this attempt only, `(scheme, (host, port))`."""
         self.flow.server_conn = Server(address=(self.flow.request.host, self.flow.request.port))
         self.flow.server_conn.via = via
-        self._handler = ReplayHandler(self.flow, ctx.options)
+        self._handler = _AttemptReplay(self.flow, ctx.options)
         self._task = asyncio.get_running_loop().create_task(self._handler.replay())
 
     # -- called from the addon's hooks for this attempt's flow (synchronous) ---------------

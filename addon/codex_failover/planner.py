@@ -47,9 +47,9 @@ def make_plan(client_auth: AuthMaterial | None, pool: PoolConfig, health: Health
     ordered: list[Candidate] = []
     if policy.use_client_credential or not pool.credentials or not movable:
         ordered.append(client)
-    if movable:
-        kind = client_auth.kind if client_auth else None
-        eligible = [c for c in pool.credentials if c is not own and (not kind or c.kind == kind or policy.cross_kind)]
+    if movable and client_auth is not None:  # a request with no credential of its own never gets the pool's
+        kind = client_auth.kind
+        eligible = [c for c in pool.credentials if c is not own and (c.kind == kind or policy.cross_kind)]
         ordered += [_as_candidate(c, is_client=False) for c in _by_priority(eligible, policy.selection, rotation)]
         if sticky is not None:
             ordered.sort(key=lambda c: c.key != sticky)  # stable: only the sticky one moves up

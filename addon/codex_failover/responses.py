@@ -97,3 +97,12 @@ def internal_error(message: str) -> http.Response:
     error = {"type": "server_error", "code": "codex_failover_internal_error",
              "message": f"codex-failover internal error: {message}"}
     return _json(502, error)
+
+
+def client_not_allowed() -> http.Response:
+    """A client that may not use the pool (not loopback, not in failover_clients): nothing is sent
+    upstream for it, and it learns nothing about the pool."""
+    error = {"type": "permission_error", "code": "client_not_allowed",
+             "message": "codex-failover: this proxy's credential pool serves only its own machine; "
+                        "its operator can allow more clients with --set failover_clients=ADDR/CIDR,..."}
+    return _json(403, error)

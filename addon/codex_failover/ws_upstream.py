@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from .routes import Endpoint
 from .socks_bridge import SocksBridges
 from .transport import PRE_DISPATCH, classify_connection_error
+from .trust import add_system_trust
 from .ws_conn import WsConn
 
 
@@ -107,11 +108,12 @@ async def _connect_through(reader, writer, target: Target, via: Endpoint) -> Non
 
 
 def tls_context(insecure: bool, cafile: str | None = None, capath: str | None = None) -> ssl.SSLContext:
-    """Upstream TLS as mitmproxy's own options say (ssl_insecure, ssl_verify_upstream_trusted_*);
-    without a CA option, certifi's bundle, which is what mitmproxy trusts by default."""
-    if not cafile and not capath:
-        cafile = certifi.where()
-    context = ssl.create_default_context(cafile=cafile or None, capath=capath or None)
+    """Upstream TLS as for every other attempt: certifi's bundle, the machine's trust store and
+    mitmproxy's own CA options (ssl_verify_upstream_trusted_*); ssl_insecure turns checks off."""
+    context = ssl.create_default_context(cafile=certifi.where())
+    if cafile or capath:
+        context.load_verify_locations(cafile or None, capath or None)
+    add_system_trust(context)
     if insecure:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE

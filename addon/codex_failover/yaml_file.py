@@ -16,4 +16,13 @@ def read_yaml(source: Path, label: str, error: type[Exception]) -> object:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise error(f"{label} {source}: not valid YAML: {exc}") from None
+        raise error(f"{label} {source}: {describe(exc)}") from None
+
+
+def describe(exc: yaml.YAMLError) -> str:
+    """Where and what, on one line. PyYAML's own text quotes the offending lines, which may hold a
+    secret (a proxy URL's password, a pasted key): only the position and the problem are kept."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or "not parsable"
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"not valid YAML{where}: {problem}"

@@ -1,0 +1,71 @@
+"""Who may use the pool: loopback clients, and the addresses an operator names. Pure.
+
+Pooled credentials, the status page and its details are given only to allowed clients; anyone else
+gets a 403 naming the option (`failover_clients`). See docs/machine-proxy.md.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Iterable
+
+OPTION = "failover_clients"
+_Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class ClientAccessError(ValueError):
+    pass
+
+
+def parse_networks(items: Iterable[str]) -> tuple[_Network, ...]:
+    """Addresses and CIDRs (`10.0.0.5`, `192.168.1.0/24`, `fd00::/8`); a clear error for anything else."""
+    out = []
+    for item in items:
+        for part in str(item).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                out.append(ipaddress.ip_network(part, strict=False))
+            except ValueError:
+                raise ClientAccessError(f"{OPTION}: {part!r} is not an IP address or CIDR "
+                                        "(e.g. 10.0.0.5 or 192.168.1.0/24)") from None
+    return tuple(out)
+
+
+class ClientAccess:
+    def __init__(self, extra: Iterable[_Network] = ()):
+        self.extra = tuple(extra)
+
+    def allows(self, address: str | None) -> bool:
+        """Is a client at `address` (its peer IP as a string) allowed? Unknown addresses are not."""
+        ip = _ip(address)
+        if ip is None:
+            return False
+        if ip.is_loopback:
+            return True
+        return any(ip.version == net.version and ip in net for net in self.extra)
+
+    def describe(self) -> str:
+        """Who may use the pool, for the start-up log."""
+        named = ", ".join(str(n) for n in self.extra)
+        return f"loopback and {named}" if named else f"loopback only (add others with --set {OPTION}=ADDR/CIDR,...)"
+
+
+def _ip(address: str | None):
+    if not address:
+        return None
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])  # drop an IPv6 zone
+    except ValueError:
+        return None
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 on a dual-stack listener
+    return mapped or ip
+
+
+def is_loopback_host(host: str) -> bool:
+    """Is a listen address loopback-only? `localhost` counts; an empty host (all interfaces) does not."""
+    if host == "localhost":
+        return True
+    ip = _ip(host)
+    return ip is not None and ip.is_loopback
