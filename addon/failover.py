@@ -2,13 +2,96 @@
 
     mitmdump -s addon/failover.py [--set failover_config=pool.yaml]
 
-Everything lives in the `codex_failover` package next to this file.
+Everything lives in the `codex_failover` package next to this file. Before importing it, this file
+checks that the mitmproxy loading it has every runtime dependency, at the pinned mitmproxy version;
+when not, it prints one line saying what to install and stops mitmproxy (exit status 2).
 """
+
+from __future__ import annotations  # this file must run on any mitmproxy's Python, to say what is wrong
 
 import os
 import sys
 
+# The runtime dependencies exactly as pyproject.toml lists them (tests/test_install.py keeps the two
+# in step): the module each one provides -> its requirement.
+REQUIREMENTS = {
+    "mitmproxy": "mitmproxy==12.3.1",  # exact: the attempt engine drives mitmproxy's ReplayHandler
+    "yaml": "PyYAML>=6.0",
+    "python_socks.async_.asyncio": "python-socks[asyncio]>=2.4",
+    "wsproto": "wsproto>=1.2",
+    "certifi": "certifi",
+}
+MITMPROXY_VERSION = REQUIREMENTS["mitmproxy"].partition("==")[2]
+EXIT_MISSING_DEPENDENCIES = 2
+
 _here = os.path.dirname(os.path.abspath(__file__))
+
+
+def _name(requirement: str) -> str:
+    """'python-socks[asyncio]>=2.4' -> 'python-socks[asyncio]'."""
+    for i, c in enumerate(requirement):
+        if c in "<>=!~; ":
+            return requirement[:i]
+    return requirement
+
+
+def dependency_problem() -> str | None:
+    """None when every runtime dependency imports and mitmproxy is the pinned version, else the one
+    line to print: what is wrong and the command that fixes it."""
+    import importlib
+    import shlex
+
+    missing = []
+    for module, requirement in REQUIREMENTS.items():
+        try:
+            importlib.import_module(module)
+        except Exception:  # ImportError, or an install too broken to import: either way, install it
+            missing.append(requirement)
+    wrong_version = None
+    if REQUIREMENTS["mitmproxy"] not in missing:
+        try:
+            from mitmproxy.version import VERSION
+        except Exception:
+            VERSION = "unknown"
+        if VERSION != MITMPROXY_VERSION:
+            wrong_version = VERSION
+    if not missing and wrong_version is None:
+        return None
+
+    problems, to_install = [], list(missing)
+    if wrong_version is not None:
+        problems.append(f"needs mitmproxy=={MITMPROXY_VERSION}, this is mitmproxy {wrong_version}")
+        to_install.insert(0, REQUIREMENTS["mitmproxy"])
+    if missing:
+        names = ", ".join(_name(r) for r in missing)
+        problems.append(f"missing {'dependencies' if len(missing) > 1 else 'dependency'}: {names}")
+    them = "them" if len(to_install) > 1 else "it"
+
+    run = os.path.join(os.path.dirname(_here), "scripts", "run")
+    if os.path.exists(run):
+        rel = os.path.relpath(run)
+        alternative = f" (or run {run if rel.startswith('..') else rel}, which sets up .venv)"
+    else:
+        alternative = ""
+    if getattr(sys, "frozen", False):  # mitmproxy's standalone binaries cannot load extra packages
+        fix = (f"this mitmproxy is a standalone build, which cannot load them: install codex-failover with pip "
+               f"(pip install {shlex.quote(os.path.dirname(_here))}) and use the mitmdump it brings")
+        return f"codex-failover: {'; '.join(problems)}; {fix}{alternative}"
+    pip = f"{shlex.quote(sys.executable)} -m pip install " + " ".join(shlex.quote(r) for r in to_install)
+    return f"codex-failover: {'; '.join(problems)}; install {them} with: {pip}{alternative}"
+
+
+_problem = dependency_problem()
+if _problem is not None:  # one line, no traceback, and mitmproxy stops with a non-zero status
+    sys.stdout.flush()
+    print(_problem, file=sys.stderr, flush=True)
+    _mitmproxy = sys.modules.get("mitmproxy.version")
+    if _mitmproxy is not None and getattr(_mitmproxy, "VERSION", None) != MITMPROXY_VERSION:
+        # Other mitmproxy versions (11.0.0, for one) swallow a SystemExit raised while a script loads
+        # (load_script returns from its `finally`) and would go on as a proxy without the addon.
+        os._exit(EXIT_MISSING_DEPENDENCIES)
+    raise SystemExit(EXIT_MISSING_DEPENDENCIES)  # the pinned mitmproxy lets it through: mitmdump exits at once
+
 if _here not in sys.path:  # works without installing the package, too
     sys.path.insert(0, _here)
 

@@ -1,0 +1,230 @@
+"""Installing and loading: the addon's dependency check, the pin, and scripts/setup's extras.
+
+A mitmproxy without one of the runtime dependencies, or of another version, must stop at once with one
+line saying what to install (no traceback, no proxy listening, a non-zero status). These tests build such
+a mitmproxy offline: a pip-less venv in tmp_path whose .pth files put the project venv's site-packages on
+sys.path, then hide a module (sys.modules[name] = None makes its import fail) or fake mitmproxy's version.
+"""
+
+import ast
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ADDON = ROOT / "addon" / "failover.py"
+LOADING = re.compile(r"\[\d\d:\d\d:\d\d\.\d{3}\] Loading script addon/failover\.py")
+
+
+def failover_constant(name):
+    """A module-level constant of addon/failover.py, read without running the file."""
+    for node in ast.parse(ADDON.read_text()).body:
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)] == [name]:
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{name} not found in {ADDON}")
+
+
+def pyproject():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+# --- the pin and the requirements ---------------------------------------------------------------------
+
+
+def test_the_addons_requirements_are_pyprojects_runtime_dependencies():
+    assert list(failover_constant("REQUIREMENTS").values()) == pyproject()["project"]["dependencies"]
+
+
+def test_mitmproxy_is_pinned_exactly_and_the_project_venv_has_that_version():
+    import mitmproxy.version
+
+    pins = [d for d in pyproject()["project"]["dependencies"] if d.startswith("mitmproxy")]
+    assert pins == [failover_constant("REQUIREMENTS")["mitmproxy"]]
+    assert re.fullmatch(r"mitmproxy==\d+(\.\d+)*", pins[0])
+    assert mitmproxy.version.VERSION == pins[0].partition("==")[2]
+
+
+def test_every_module_the_addon_checks_for_imports_here():
+    import importlib
+
+    for module in failover_constant("REQUIREMENTS"):
+        importlib.import_module(module)
+
+
+# --- a mitmproxy that lacks something -----------------------------------------------------------------
+
+
+def mitmproxy_env(tmp_path, *pth_lines):
+    """A python whose site-packages are the project venv's, after running `pth_lines` at start-up."""
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=60)
+    python = env / "bin" / "python"
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    project_site = sysconfig.get_path("purelib")
+    (Path(site) / "a_project.pth").write_text(f"import site; site.addsitedir({project_site!r})\n")
+    (Path(site) / "b_broken.pth").write_text("".join(f"{line}\n" for line in pth_lines))
+    return python
+
+
+def mitmdump(python, tmp_path):
+    confdir = tmp_path / "confdir"
+    confdir.mkdir(exist_ok=True)
+    return subprocess.run(
+        [python, "-c", "from mitmproxy.tools.main import mitmdump; mitmdump()",
+         "--set", f"confdir={confdir}", "--listen-host", "127.0.0.1", "-p", "0", "-s", "addon/failover.py"],
+        cwd=ROOT, capture_output=True, text=True, timeout=30)
+
+
+def assert_stops_with(proc, line):
+    out = proc.stdout.splitlines()
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stderr == line + "\n", proc.stderr
+    assert len(out) <= 1 and all(LOADING.fullmatch(x) for x in out), proc.stdout  # mitmproxy's own line
+    assert "Traceback" not in proc.stdout + proc.stderr and "listening" not in proc.stdout + proc.stderr
+
+
+RUN = " (or run scripts/run, which sets up .venv)"
+VERSION = failover_constant("REQUIREMENTS")["mitmproxy"].partition("==")[2]
+
+
+@pytest.mark.parametrize("pth, problem, install", [
+    ('import sys; sys.modules["yaml"] = None',
+     "missing dependency: PyYAML", "install it with: {py} -m pip install 'PyYAML>=6.0'"),
+    ('import sys; sys.modules["yaml"] = sys.modules["python_socks"] = None',
+     "missing dependencies: PyYAML, python-socks[asyncio]",
+     "install them with: {py} -m pip install 'PyYAML>=6.0' 'python-socks[asyncio]>=2.4'"),
+    ('import sys; sys.modules["python_socks.async_.asyncio"] = None',  # python-socks without its asyncio part
+     "missing dependency: python-socks[asyncio]", "install it with: {py} -m pip install 'python-socks[asyncio]>=2.4'"),
+])
+def test_a_missing_dependency_stops_mitmdump_with_one_line(tmp_path, pth, problem, install):
+    python = mitmproxy_env(tmp_path, pth)
+    proc = mitmdump(python, tmp_path)
+    assert_stops_with(proc, f"codex-failover: {problem}; {install.format(py=shlex.quote(str(python)))}{RUN}")
+
+
+def test_another_mitmproxy_version_stops_mitmdump_with_one_line(tmp_path):
+    # mitmproxy 11.0.0 itself swallows a SystemExit raised while a script loads; the addon exits regardless
+    python = mitmproxy_env(tmp_path, 'import mitmproxy.version; mitmproxy.version.VERSION = "11.0.0"')
+    proc = mitmdump(python, tmp_path)
+    assert_stops_with(proc, f"codex-failover: needs mitmproxy=={VERSION}, this is mitmproxy 11.0.0; "
+                            f"install it with: {shlex.quote(str(python))} -m pip install mitmproxy=={VERSION}{RUN}")
+
+
+def test_another_version_and_missing_dependencies_make_one_line_too(tmp_path):
+    python = mitmproxy_env(tmp_path, 'import mitmproxy.version; mitmproxy.version.VERSION = "11.0.0"',
+                           'import sys; sys.modules["yaml"] = None')
+    proc = mitmdump(python, tmp_path)
+    assert_stops_with(proc, f"codex-failover: needs mitmproxy=={VERSION}, this is mitmproxy 11.0.0; "
+                            f"missing dependency: PyYAML; install them with: {shlex.quote(str(python))} -m pip "
+                            f"install mitmproxy=={VERSION} 'PyYAML>=6.0'{RUN}")
+
+
+def test_a_standalone_mitmproxy_is_told_to_use_a_pip_installed_one(tmp_path):
+    python = mitmproxy_env(tmp_path, 'import sys; sys.frozen = True; sys.modules["yaml"] = None')
+    proc = mitmdump(python, tmp_path)
+    assert_stops_with(proc, f"codex-failover: missing dependency: PyYAML; this mitmproxy is a standalone build, "
+                            f"which cannot load them: install codex-failover with pip (pip install {shlex.quote(str(ROOT))}) "
+                            f"and use the mitmdump it brings{RUN}")
+
+
+# --- scripts/setup: which extras, and when it installs ------------------------------------------------
+
+FAKE_PYTHON = """#!/bin/bash
+# Stands in for python: answers setup's questions and logs what it is asked to do.
+case "$1" in
+    -c) exit 0 ;;
+    --version) echo "Python 3.12.0" ;;
+    -m) case "$2" in
+            venv) mkdir -p "$3/bin" && cp "$0" "$3/bin/python"
+                  printf '#!/bin/sh\\necho "mitmdump $*" >> "$FAKE_PY_LOG"\\n' > "$3/bin/mitmdump"
+                  chmod +x "$3/bin/mitmdump"; echo venv >> "$FAKE_PY_LOG" ;;
+            *) m="$2"; shift 2; echo "$m $*" >> "$FAKE_PY_LOG" ;;
+        esac ;;
+esac
+"""
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A copy of the project's scripts and pyproject.toml, with a stand-in python; run(...) runs a script
+    and returns what it asked of python (venv, pip, pytest) and mitmdump."""
+    root = tmp_path / "project"
+    (root / "scripts").mkdir(parents=True)
+    for name in ("setup", "run", "test"):
+        shutil.copy(ROOT / "scripts" / name, root / "scripts" / name)  # with its mode: scripts call each other
+    shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
+    fake = tmp_path / "python3"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    log = tmp_path / "log"
+
+    def run(script, *args, **env):
+        log.write_text("")
+        full_env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CODEX_FAILOVER_PYTHON": str(fake),
+                    "FAKE_PY_LOG": str(log), **env}
+        proc = subprocess.run(["/bin/bash", str(root / "scripts" / script), *args], env=full_env,
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        return log.read_text().splitlines()
+
+    run.root = root
+    return run
+
+
+def installs(calls):
+    """The extras of the `pip install -e` call, None when there was none; '' for runtime only."""
+    specs = [c.split(" -e ", 1)[1] for c in calls if c.startswith("pip install") and " -e " in c]
+    assert len(specs) <= 1, calls
+    if not specs:
+        return None
+    return specs[0][specs[0].index("[") + 1:-1] if specs[0].endswith("]") else ""
+
+
+def test_run_installs_only_the_runtime_dependencies_and_test_adds_test_and_bench(project):
+    root = project.root
+    calls = project("run", "-p", "9090")
+    assert calls[0] == "venv" and installs(calls) == ""
+    assert calls[-1] == f"mitmdump --listen-host 127.0.0.1 -p 8080 -s {root}/addon/failover.py -p 9090"
+    assert project("run") == [f"mitmdump --listen-host 127.0.0.1 -p 8080 -s {root}/addon/failover.py"]
+
+    calls = project("test", "-q")
+    assert installs(calls) == "bench,test" and calls[-1] == "pytest -q"
+    assert (root / ".venv" / ".installed-from").read_text() == (root / "pyproject.toml").read_text().rstrip(
+        "\n") + " extras=bench,test"
+
+
+def test_a_venv_with_more_extras_than_asked_for_is_up_to_date(project):
+    assert installs(project("setup", "test,bench")) == "bench,test"
+    for args, env in [(("none",), {}), (("test",), {}), (("bench, test",), {}), ((), {}),
+                      ((), {"CODEX_FAILOVER_EXTRAS": "bench"})]:
+        assert project("setup", *args, **env) == [], (args, env)
+    assert project("test") == ["pytest "]
+    assert installs(project("run")) is None
+
+
+def test_setup_installs_only_what_is_missing_and_keeps_extras_when_pyproject_changes(project):
+    assert installs(project("setup", "none")) == ""
+    assert installs(project("setup", "none")) is None
+    assert installs(project("setup", "test")) == "test"
+    assert installs(project("setup", "bench")) == "bench,test"  # everything installed stays recorded
+    assert installs(project("setup", "test,bench")) is None
+    with open(project.root / "pyproject.toml", "a") as f:
+        f.write("# changed\n")
+    assert installs(project("setup", "none")) == "bench,test"  # reinstalled, extras and all
+    assert installs(project("setup")) is None
+
+
+def test_setup_reads_the_stamp_an_older_setup_wrote(project):
+    """The stamp format is unchanged: a .venv set up before (`<pyproject> extras=test,bench`) is up to date."""
+    assert installs(project("setup", "none")) == ""
+    stamp = project.root / ".venv" / ".installed-from"
+    stamp.write_text((project.root / "pyproject.toml").read_text().rstrip("\n") + " extras=test,bench")
+    assert project("setup") == [] and project("test") == ["pytest "]
