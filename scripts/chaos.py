@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reduced", action="store_true", help="only the scenarios marked reduced (the CI run)")
     ap.add_argument("--only", help="only scenarios whose name contains this")
     ap.add_argument("--catalogue", default=str(HERE / "chaos.yaml"))
-    ap.add_argument("--markdown", action="store_true", help="print the scorecard as a Markdown table (for README)")
+    ap.add_argument("--markdown", action="store_true", help="print the scorecard as a Markdown table (for docs/measurements.md)")
     args = ap.parse_args(argv)
     catalogue = yaml.safe_load(Path(args.catalogue).read_text())
     chosen = [s for s in catalogue if (not args.reduced or s.get("reduced")) and (not args.only or args.only in s["name"])]

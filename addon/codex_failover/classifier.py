@@ -27,7 +27,7 @@ class Verdict(str, enum.Enum):
     DELIVER = "deliver"
 
 
-# Reason classes outside the rules file's rejection classes. Stable: documented in README.
+# Reason classes outside the rules file's rejection classes. Stable: documented in docs/decisions.md.
 HOLDING = "holding"
 OUTPUT = "output"
 NOT_JSON = "not_json"
