@@ -49,6 +49,7 @@ SCENARIOS = {
     "invalid": "HTTP 400 invalid_request_error",
     "unauthorized": "HTTP 401",
     "stall-first": "headers, then nothing for --stall seconds, then a normal answer",
+    "stall-headers": "nothing for --stall seconds before the response head, then a normal answer",
     "stall": "response.created, then nothing for --stall seconds, then a normal answer",
     "cut": "response.created and some text, then the connection drops",
     "overload-once": "the credential's first request is overloaded in-stream, later ones are answered",
@@ -339,6 +340,8 @@ class FakeUpstream:
                        "sha256": digest.hexdigest()})
 
     async def _stream(self, scenario: str, label: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if scenario == "stall-headers" and not await self._stall(reader, label):
+            return
         turn = Turn(label, self.deltas)
         used = b"100" if scenario == "window-full" else b"10"
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"

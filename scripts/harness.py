@@ -107,11 +107,12 @@ class FakeUpstreamProcess:
 
 class ProxyProcess:
     def __init__(self, tmp: Path, pool_yaml: str | None, env: dict[str, str] | None = None, extra: list[str] | None = None,
-                 addon: bool = True):
+                 addon: bool = True, program: str = "mitmdump"):
         tmp.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.confdir = tmp / "conf"
-        args = [MITMDUMP, "--listen-host", "127.0.0.1", "-p", str(self.port), "--set", f"confdir={self.confdir}"]
+        args = [str(Path(MITMDUMP).parent / program), "--listen-host", "127.0.0.1", "-p", str(self.port),
+                "--set", f"confdir={self.confdir}"]
         if addon:
             args += ["-s", str(ROOT / "addon" / "failover.py")]
         if pool_yaml is not None:
@@ -130,6 +131,37 @@ class ProxyProcess:
     def stop(self) -> None:
         stop(self.proc)
         self._log.close()
+
+
+class MitmwebProcess(ProxyProcess):
+    """`mitmweb -s addon/failover.py` on 127.0.0.1 (proxy `port`, web UI `web_port`, password
+    `WEB_PASSWORD`), with `api()` to read its JSON API as the browser does."""
+
+    WEB_PASSWORD = "codex-failover-test"
+
+    def __init__(self, tmp: Path, pool_yaml: str | None, env: dict[str, str] | None = None,
+                 extra: list[str] | None = None):
+        self.web_port = free_port()
+        web = [f"--set=web_password={self.WEB_PASSWORD}", "--no-web-open-browser", "--web-host", "127.0.0.1",
+               "--web-port", str(self.web_port), *(extra or [])]
+        super().__init__(tmp, pool_yaml, env, web, program="mitmweb")
+        wait_port(self.web_port, self.proc)
+        self._opener = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.web_port}/?token={self.WEB_PASSWORD}"
+
+    def api(self, path: str, raw: bool = False):
+        """GET `path` of mitmweb's API (after logging in with the password): parsed JSON, or bytes."""
+        import http.cookiejar
+        import urllib.request
+
+        if self._opener is None:
+            self._opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+            self._opener.open(self.url, timeout=10).read()
+        data = self._opener.open(f"http://127.0.0.1:{self.web_port}{path}", timeout=10).read()
+        return data if raw else json.loads(data)
 
 
 @dataclass

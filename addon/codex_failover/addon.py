@@ -22,7 +22,7 @@ from . import quiet_log
 
 from . import responses
 from .affinity import Affinity
-from .attempt import ATTEMPT_TAG, Attempt
+from .attempt import ATTEMPT_TAG, Attempt, Capture
 from .auth import auth_from_headers
 from .auth_watch import AuthWatch
 from .client_access import ClientAccess, ClientAccessError, is_loopback_host, parse_networks
@@ -36,6 +36,7 @@ from .recovery import Slots
 from .relay import Relay
 from .routes import RouteHealth
 from .rules import RulesError, load_rules
+from .seen_clients import SeenClients
 from .socks_bridge import SocksBridges
 from .trust import extend_openssl_context
 from .usage import UsageBook
@@ -75,6 +76,8 @@ class FailoverAddon:
         self._running = False  # before `running`, a configuration error ends the process (one line)
         self._trusted: weakref.WeakSet = weakref.WeakSet()  # server TLS contexts given the system store
         self.quiet = quiet_log.QuietLog()
+        self.seen_clients = SeenClients()
+        self._captures: dict[str, Capture] = {}  # client flow id -> what its relayed stream began with
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -172,6 +175,9 @@ class FailoverAddon:
         return hosts
 
     def done(self) -> None:
+        # Before mitmproxy's Save writes the flows still in flight (it comes after scripts).
+        for attempt in self.attempts.values():
+            attempt.redact()
         self.quiet.uninstall()
         self._spawn(self.relay.close())
         self._spawn(self.bridges.close())
@@ -201,8 +207,11 @@ class FailoverAddon:
             flow.response = http.Response.make(200, json.dumps(self.status_report(), indent=2).encode(),
                                                {"content-type": "application/json"})
             return
-        if auth_from_headers(req.headers) is None:
+        client_auth = auth_from_headers(req.headers)
+        if client_auth is None:
             return  # no credential of its own: never served from the pool; passed on as a plain proxy would
+        pooled = next((c.name for c in self.pool.credentials if c.auth.fingerprint == client_auth.fingerprint), None)
+        self.seen_clients.saw(client_auth, pooled)
         if is_websocket_upgrade(req.method, req.headers):
             if ctx.options.failover_websocket == "downgrade":
                 flow.response = responses.websocket_downgrade()
@@ -311,14 +320,14 @@ class FailoverAddon:
             ctype = flow.response.headers.get("content-type", "")
             attempt.on_responseheaders(200 <= flow.response.status_code < 300 and "text/event-stream" in ctype)
         elif RELAY_TAG in flow.metadata and flow.response.status_code != 101:
-            flow.response.stream = True
+            flow.response.stream = self._captures[flow.id] = Capture()  # streamed live; the start kept for mitmweb
             self.quiet.relay_client(flow.client_conn.peername)
 
-    def response(self, flow: http.HTTPFlow) -> None:
+    async def response(self, flow: http.HTTPFlow) -> None:
+        self._restore_client_request(flow)
         attempt = self.attempts.pop(flow.id, None)
         if attempt is not None:
-            attempt.on_response()
-        self._restore_client_request(flow)
+            await attempt.on_response()
 
     def server_connected(self, data) -> None:
         # For an https upstream the request leaves only after TLS (through any proxy tunnel) is up:
@@ -326,11 +335,19 @@ class FailoverAddon:
         for attempt in self.attempts.values():
             if attempt.owns(data.client) and attempt.flow.request.scheme == "http":
                 attempt.connected = True
+                if attempt.flow.server_conn.via is None:  # through a proxy: see http_connect_upstream
+                    attempt.arm()
 
     def tls_established_server(self, data) -> None:
         for attempt in self.attempts.values():
             if attempt.owns(data.context.client):
                 attempt.connected = True
+                attempt.arm()
+
+    def tls_failed_server(self, data) -> None:
+        for attempt in self.attempts.values():
+            if attempt.owns(data.context.client):
+                attempt.redact()
 
     def server_connect_error(self, data) -> None:
         # Runs before the attempt's `error` hook, which built-in addons (save_stream) see first:
@@ -342,22 +359,29 @@ class FailoverAddon:
     def http_connect_upstream(self, flow: http.HTTPFlow) -> None:
         """Proxy credentials of a route endpoint go to that proxy only, on its CONNECT."""
         for attempt in self.attempts.values():
+            if not attempt.owns(flow.client_conn):
+                continue
             ep = attempt.endpoint
-            if ep is not None and ep.username is not None and not ep.is_socks and attempt.owns(flow.client_conn):
+            if ep is not None and ep.username is not None and not ep.is_socks:
                 token = base64.b64encode(f"{ep.username}:{ep.password or ''}".encode()).decode()
                 flow.request.headers["Proxy-Authorization"] = f"Basic {token}"
+            if attempt.flow.request.scheme == "http":  # the head follows the proxy's answer to this CONNECT
+                attempt.arm()
 
-    def error(self, flow: http.HTTPFlow) -> None:
+    async def error(self, flow: http.HTTPFlow) -> None:
+        self._restore_client_request(flow)
         attempt = self.attempts.pop(flow.id, None)
         if attempt is not None:
-            attempt.on_error()
-        self._restore_client_request(flow)
+            await attempt.on_error()
 
     def _restore_client_request(self, flow: http.HTTPFlow) -> None:
         original = flow.metadata.pop(RELAY_TAG, None)
         if original is not None:  # show the real request in mitmweb, not the relay hop
-            flow.request = original
+            flow.request = http.Request.from_state(original)
             self.quiet.relay_client_done(flow.client_conn.peername)
+        capture = self._captures.pop(flow.id, None)
+        if capture is not None and flow.response is not None and flow.response.raw_content is None:
+            capture.keep_on(flow.response)
 
     def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         """Scoped interception: only the model endpoints are decrypted; every other TLS connection
@@ -404,9 +428,16 @@ class FailoverAddon:
             if cred.auth.expires_at is not None and cred.auth.expires_at <= now:
                 entry["state"], entry["reason"] = "expired", "run `codex login` for this account"
             creds.append(entry)
+        clients = []
+        for key, name, kind, ago in self.seen_clients.recent():
+            state = self.health.state(key)
+            entry = {"label": name, "kind": kind, "seen_s_ago": round(ago), "state": state.status, "reason": state.reason}
+            if state.status == "cooling":
+                entry["cooling_for_s"] = round(state.until - now, 1)
+            clients.append(entry)
         routes = [{"endpoint": ep.label, "state": self.route_health.describe(ep)}
                   for endpoints in self.pool.routes.values() for ep in endpoints or ()]
-        return {"pool": self.pool.source, "credentials": creds, "routes": routes,
+        return {"pool": self.pool.source, "credentials": creds, "clients": clients, "routes": routes,
                 "held_requests": self._held, "attempts_in_flight": len(self.attempts),
                 "relay_unclaimed": self.relay.pending, "relay_streaming": self.relay.streaming,
                 "recovery_buffering": self.recovery_slots.used, "websockets": self.ws_gate.report()}
@@ -423,6 +454,10 @@ class FailoverAddon:
             elif c["state"] in ("out", "expired"):
                 text += f": {c['reason']}"
             lines.append(f"  {c['name']:<20} {c['kind']:<8} {c['base_url']:<45} {text}; {c['usage']}")
+        for c in report["clients"]:
+            text = c["state"] + (f" for {c['cooling_for_s']:.0f}s more ({c['reason']})" if c["state"] == "cooling"
+                                 else f": {c['reason']}" if c["reason"] else "")
+            lines.append(f"  client {c['label']:<13} {c['kind']:<8} seen {c['seen_s_ago']}s ago: {text}")
         lines += [f"  route {r['endpoint']:<40} {r['state']}" for r in report["routes"]]
         lines += [f"  websocket {w['id']:<6} on {w['credential']} via {w['route']}: {w['turns']} turn(s), {w['moves']} move(s)"
                   f"{', holding a turn' if w['holding'] else ''}, open {w['open_s']:.0f}s" for w in report["websockets"]]

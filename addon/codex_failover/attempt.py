@@ -6,24 +6,40 @@ semi-internal class (hence the exact mitmproxy pin). Verified against 12.3.1:
   every addon hook for the copy, and `replay()` returns after the copy's `response`/`error` hook;
 - a stream callable set in `responseheaders` is called once per chunk and with b"" at the end;
 - cancelling needs both `flow.kill()` (before the connection exists) and cancelling the
-  handler's transport tasks (mid-stream; `kill()` alone does not stop a streaming response).
+  handler's transport tasks (mid-stream; `kill()` alone does not stop a streaming response);
+- the request head is assembled (from `flow.request`) and written inside one of the handler's
+  `server_event` calls, after the last hook before it: `server_connected` (plain http),
+  `http_connect_upstream` (plain http through a proxy: the head follows the proxy's 200) or
+  `tls_established_server` (https, through any tunnel); the HTTP/1 client layer then holds that
+  request object (docs/mitmproxy-12.3.1-replay-notes.md §8).
+
+What mitmweb shows and `-w` saves is the flow object itself, at every moment: secrets are kept
+off it. The flow holds placeholders from the start; the real header values are put on it only in
+that last hook and taken off again by the first `server_event` after which the head is written. Each attempt's verdict (mark, comment, error) is on the flow before its
+final hook returns, so saved flows carry it (docs/observability.md, "mitmweb").
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
 
-from mitmproxy import ctx, http
+from mitmproxy import ctx, flow as mitmflow, http
 from mitmproxy.addons.clientplayback import ReplayHandler
 from mitmproxy.connection import Server
+from mitmproxy.proxy import events
 
 from .quiet_log import replay_level
 
 ATTEMPT_TAG = "codex_failover.attempt"
 CAPTURE_LIMIT = 64 * 1024  # opening bytes kept on the attempt flow for mitmweb
+# Never on a stored flow: the wire gets the real values (see the module docstring).
+SECRET_HEADERS = ("authorization", "cookie", "chatgpt-account-id", "proxy-authorization", "x-api-key", "api-key")
+PLACEHOLDER = "<redacted by codex-failover>"
+JUDGE_WAIT = 5.0  # longest a final hook waits for the run's verdict (never hangs the replay)
 
 # Queue items
 HEADERS = "headers"  # the response head arrived (flow.response has status and headers)
@@ -32,8 +48,45 @@ END = "end"  # the body ended (streamed) or the complete response is in flow.res
 ERROR = "error"  # the attempt failed; flow.error.msg says why
 
 
+class Capture:
+    """The opening bytes of a streamed body (bounded), kept to show on its flow in mitmweb: a
+    streamed response has no content of its own, and mitmweb cannot show (or serve) none."""
+
+    def __init__(self, limit: int = CAPTURE_LIMIT):
+        self.data, self.limit = bytearray(), limit
+
+    def __call__(self, chunk: bytes) -> bytes:  # a mitmproxy stream callable
+        if len(self.data) < self.limit:
+            self.data += chunk[: self.limit - len(self.data)]
+        return chunk
+
+    def keep_on(self, response: http.Response | None) -> None:
+        if response is not None:
+            response.raw_content = bytes(self.data)
+
+
 class _AttemptReplay(ReplayHandler):
-    """mitmproxy's replay handler, its per-connection INFO lines lowered to DEBUG (quiet_log.py)."""
+    """mitmproxy's replay handler, its per-connection INFO lines lowered to DEBUG (quiet_log.py),
+    telling its attempt when the request head has been written."""
+
+    def __init__(self, flow: http.HTTPFlow, options, after_event) -> None:
+        super().__init__(flow, options)
+        self._after_event = after_event
+
+    async def server_event(self, event: events.Event) -> None:
+        await super().server_event(event)
+        self._after_event()
+
+    def head_written(self) -> bool:
+        """Has an HTTP/1 client layer taken this flow's request (and so written its head)?"""
+        todo = list(self.layer.connections.values())
+        while todo:
+            layer = todo.pop()
+            if getattr(layer, "request", None) is self.flow.request:
+                return True
+            if getattr(layer, "child_layer", None) is not None:
+                todo.append(layer.child_layer)
+        return False
 
     def log(self, message: str, level: int = logging.INFO, exc_info=None) -> None:
         super().log(message, replay_level(level, ctx.options.failover_verbose), exc_info)
@@ -61,26 +114,71 @@ class Attempt:
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self._stashed: Item | None = None  # see next_batch
         self.streaming = False
-        self.captured = bytearray()
+        self.captured = Capture()
         self.started = time.monotonic()
         self._handler: _AttemptReplay | None = None
         self._task: asyncio.Task | None = None
+        self._wire: dict[str, list[str]] = {}  # secret headers' real values, for the wire only
+        self.armed = False  # the real values are on the flow until the head is written
+        self.judged = asyncio.Event()  # the run has put its verdict on the flow
+        self.verdict_error: str | None = None  # the flow's error once it ends, for a loser
+        self.finished = False  # the whole response arrived
 
     def start(self, via=None) -> None:
         """Send it. The request's URL and headers must be final: the target is read now. `via`:
         an upstream proxy for this attempt only, `(scheme, (host, port))`."""
+        self._hide_secrets()
         self.flow.server_conn = Server(address=(self.flow.request.host, self.flow.request.port))
         self.flow.server_conn.via = via
-        self._handler = _AttemptReplay(self.flow, ctx.options)
+        self._handler = _AttemptReplay(self.flow, ctx.options, self._after_event)
         self._task = asyncio.get_running_loop().create_task(self._handler.replay())
 
     # -- called from the addon's hooks for this attempt's flow (synchronous) ---------------
 
+    def _hide_secrets(self) -> None:
+        headers = self.flow.request.headers
+        for name in SECRET_HEADERS:
+            if name in headers:
+                self._wire[name] = headers.get_all(name)
+        self.redact()
+
+    def arm(self) -> None:
+        """The request head is written right after this hook: the real values go on the flow for
+        that moment only (see the module docstring)."""
+        if self.finished or not self._wire:
+            return
+        for name, values in self._wire.items():
+            self.flow.request.headers.set_all(name, values)
+        self.armed = True
+
+    def _after_event(self) -> None:
+        if self.armed and self._handler.head_written():
+            self.redact()
+
     def redact(self) -> None:
-        """Once the request is on the wire, the flow (shown in mitmweb, maybe saved) keeps no secret."""
-        for name in ("authorization", "cookie"):
-            if name in self.flow.request.headers:
-                self.flow.request.headers[name] = "<redacted by codex-failover>"
+        self.armed = False
+        headers = self.flow.request.headers
+        for name in self._wire:
+            if name in headers:
+                headers.set_all(name, [PLACEHOLDER])
+
+    def judge(self, mark: str, comment: str, error: str | None) -> None:
+        """The run's verdict on this attempt, shown in mitmweb and saved with the flow."""
+        self.flow.marked, self.flow.comment, self.verdict_error = mark, comment, error
+        if error is not None and self.flow.error is not None:
+            self.flow.error = mitmflow.Error(error)
+        self.judged.set()
+
+    async def _judged(self) -> None:
+        try:
+            await asyncio.wait_for(self.judged.wait(), JUDGE_WAIT)
+        except TimeoutError:
+            pass
+
+    def _keep_capture(self) -> None:
+        """What arrived (bounded) stays on the flow, so mitmweb shows it: the live body went elsewhere."""
+        if self.streaming:
+            self.captured.keep_on(self.flow.response)
 
     def on_responseheaders(self, stream: bool) -> None:
         self.redact()
@@ -91,20 +189,25 @@ class Attempt:
 
     def _on_chunk(self, data: bytes) -> bytes:
         if data:
-            if len(self.captured) < CAPTURE_LIMIT:
-                self.captured += data[: CAPTURE_LIMIT - len(self.captured)]
+            self.captured(data)
             self.queue.put_nowait(Item(CHUNK, data))
         return data
 
-    def on_response(self) -> None:
-        if self.streaming:
-            # Make the opening bytes visible in mitmweb; the live body went to the relay.
-            self.flow.response.content = bytes(self.captured)
-        self.queue.put_nowait(Item(END))
-
-    def on_error(self) -> None:
+    async def on_response(self) -> None:
+        """The final hook of an attempt that ended on its own: waits (bounded) for the verdict."""
+        self.finished = True
         self.redact()
+        self._keep_capture()
+        self.queue.put_nowait(Item(END))
+        await self._judged()
+
+    async def on_error(self) -> None:
+        self.redact()
+        self._keep_capture()
         self.queue.put_nowait(Item(ERROR, (self.flow.error.msg if self.flow.error else "error").encode()))
+        await self._judged()
+        if self.verdict_error is not None:  # the verdict, not the protocol error the cancel caused
+            self.flow.error = mitmflow.Error(self.verdict_error)
 
     # -- used by the request handler ---------------------------------------------------------
 
@@ -132,8 +235,14 @@ class Attempt:
         return Item(CHUNK, b"".join(parts))
 
     async def cancel(self, timeout: float = 5.0) -> None:
-        """Stop the attempt and close its upstream connection; idempotent."""
+        """Stop the attempt and close its upstream connection; idempotent. An attempt whose whole
+        response arrived is left to finish (no error on a winner)."""
+        self.judged.set()  # the verdict, if any, is on the flow: the final hook need not wait
         if self._task is None or self._task.done():
+            return
+        if self.finished:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._task), timeout)
             return
         if self.flow.killable:
             self.flow.kill()

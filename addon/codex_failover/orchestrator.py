@@ -12,12 +12,13 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from mitmproxy import http
+from mitmproxy import ctx, http
+from mitmproxy.hooks import UpdateHook
 from mitmproxy.connection import ConnectionState, Server
 
-from . import responses
+from . import responses, story
 from .affinity import Affinity, session_of
-from .attempt import CHUNK, END, ERROR, Attempt, Item
+from .attempt import CHUNK, END, ERROR, PLACEHOLDER, SECRET_HEADERS, Attempt, Item
 from .auth import AuthMaterial, auth_from_headers
 from .classifier import FRAMING_ERROR, BootstrapClassifier, Decision, Verdict
 from .codex_request import swap_credential
@@ -51,9 +52,27 @@ class ClientGone(Exception):
     pass
 
 
+def shown_changed(flow: http.HTTPFlow) -> None:
+    """Tell mitmweb (its view addon) that a live flow's comment or mark changed between hooks."""
+    try:
+        ctx.master.addons.trigger(UpdateHook([flow]))
+    except AttributeError:  # no master (unit tests without taddons)
+        pass
+
+
+def hide_secrets(request: http.Request) -> None:
+    """The client's own secrets off a flow mitmweb shows and `-w` saves (the wire uses a copy)."""
+    for name in SECRET_HEADERS:
+        if name in request.headers:
+            request.headers.set_all(name, [PLACEHOLDER])
+
+
 def point_at_relay(flow: http.HTTPFlow, port: int, token: str) -> None:
     """Send the client's flow to the loopback relay; the real request is shown again later."""
-    flow.metadata[RELAY_TAG] = flow.request.copy()  # restored for display once the response ends
+    shown = flow.request.copy()
+    hide_secrets(shown)
+    # Restored for display once the response ends; kept as plain data so the flow can be saved.
+    flow.metadata[RELAY_TAG] = shown.get_state()
     req = flow.request
     req.scheme, req.host, req.port = "http", "127.0.0.1", port
     req.path = f"/r/{token}"
@@ -123,14 +142,15 @@ class RequestRun:
     task: asyncio.Task | None = None  # this run, when it outlives the request hook (heartbeat mode)
     original: http.Request | None = None  # the request as the client sent it (the flow's may point at the relay)
     client_auth: AuthMaterial | None = None  # the client's own credential, from `original`
+    skipped: dict = field(default_factory=dict)  # credential name -> story.Skipped, for the flow comment
 
     async def run(self) -> None:
-        req = self.flow.request
-        self.original = req.copy()
+        self.original = req = self.flow.request.copy()  # attempts copy this; the flow shows no secret
+        hide_secrets(self.flow.request)
         self.move = assess(self.body, req.headers, self.pool.policy.encrypted_reasoning)
         if not self.move.movable:
             log.info("[%s] stays on its own credential: %s", self.request_id, self.move.why_pinned)
-            self.flow.comment = f"codex-failover: stays on its own credential: {self.move.why_pinned}"
+            self._tell_story()
         self.client_auth = auth_from_headers(req.headers)
         policy = self.pool.policy
         self.session = session_of(req.headers, self.body)
@@ -163,6 +183,9 @@ class RequestRun:
     def _plan(self) -> Plan:
         sticky = self.affinity.get(self.session)
         plan = make_plan(self.client_auth, self.pool, self.health, self.move.movable, sticky, self.rotation)
+        for cand, why in plan.skipped:
+            state = self.health.state(cand.key)
+            self.skipped[cand.name] = story.Skipped(cand.name, why, state.until, state.reason)
         for cand, why in plan.skipped:
             if why == "expired" and (cand.name, cand.auth.expires_at) not in self.notices:
                 self.notices.add((cand.name, cand.auth.expires_at))
@@ -272,8 +295,8 @@ class RequestRun:
         try:
             outcome = await self._drive(attempt, cand)
         except ClientGone:
-            await attempt.cancel()
             self._record(attempt, cand, "cancelled", "client_gone", None)
+            await attempt.cancel()
             raise
         except BaseException:
             await attempt.cancel()
@@ -305,11 +328,12 @@ class RequestRun:
         item = await self._first_item(attempt)
         if item is None and not attempt.connected:
             # Never connected: not one request byte left, so it may move (DESIGN §5).
+            outcome = self._connection_failed(attempt, cand, f"timed out connecting after {self.pool.policy.connect_timeout:g}s")
             await attempt.cancel()
-            return self._connection_failed(attempt, cand, f"timed out connecting after {self.pool.policy.connect_timeout:g}s")
+            return outcome
         if item is None:
-            await attempt.cancel()
             self._record(attempt, cand, "failed", "response_timeout", None)
+            await attempt.cancel()
             return Outcome("broken", message=f"no response from upstream within {self.pool.policy.response_timeout:g}s")
         if item.kind == ERROR:
             return self._connection_failed(attempt, cand, item.data.decode(errors="replace"))
@@ -343,8 +367,8 @@ class RequestRun:
     async def _synchronous(self, attempt: Attempt, cand: Candidate) -> Outcome:
         item = await self._next(attempt, time.monotonic() + self.pool.policy.response_timeout)
         if item is None or item.kind != END:
-            await attempt.cancel()
             self._record(attempt, cand, "failed", "incomplete_response", None)
+            await attempt.cancel()
             return Outcome("broken", message="upstream response did not complete")
         resp = attempt.flow.response
         verdict = classify_response(resp.status_code, resp.get_content(strict=False) or b"", self.rules)
@@ -390,8 +414,8 @@ class RequestRun:
         if decision.verdict is Verdict.FAILOVER:
             resp = attempt.flow.response
             rejection = Rejection(decision.reason, dict(decision.error or {}), resp.status_code, resp.headers.get("retry-after"))
-            await attempt.cancel()
             self._reject(attempt, cand, rejection)
+            await attempt.cancel()
             return Outcome("rejected", rejection)
         if self.pool.recovery.enabled and self.recovery_slots.take(self.pool.recovery.max_concurrent):
             try:
@@ -427,8 +451,8 @@ class RequestRun:
             else:
                 state["error"] = item.data.decode(errors="replace")
         if state["error"] is not None:
-            await attempt.cancel()
             self._record(attempt, cand, "recover", TRANSPORT, 200)
+            await attempt.cancel()
             return Outcome("recover", message=f"transport error: {state['error']}")
         why = recoverable_stream_end(tracker.terminal, tracker.error)
         deliver = lambda: self._commit(attempt, cand, decision, bytes(received), state)  # noqa: E731
@@ -624,16 +648,18 @@ class RequestRun:
         route = attempt.endpoint.label if attempt.endpoint else "direct"
         entry = AttemptLog(n, cand.name, verdict, reason, elapsed, status, route)
         self.history.append(entry)
-        attempt.flow.marked = "✅" if ok else "❌"
-        attempt.flow.comment = (f"codex-failover {self.request_id} attempt {n}/{total}: {cand.name} via {route}: "
-                                f"{verdict} ({reason})")
-        pinned = f" (stays on its own credential: {self.move.why_pinned})" if self.move.why_pinned else ""
-        self.flow.comment = f"codex-failover attempts{pinned}:\n" + "\n".join(
-            f"{e.n}. {e.credential}: {e.verdict} ({e.reason})" for e in self.history
-        )
+        attempt.judge(story.mark(verdict, reason, ok), story.attempt_comment(self.request_id, entry, total),
+                      None if ok else story.attempt_error(verdict, reason))
+        self._tell_story()
         log.info("[%s] attempt %d/%d credential=%s route=%s verdict=%s reason=%s status=%s elapsed=%dms",
                  self.request_id, n, total, cand.name, route.replace(" ", "="), verdict, reason, status, elapsed)
 
+    def _tell_story(self, outcome: str | None = None) -> None:
+        """The client flow's comment: a summary line, then each attempt and each credential skipped."""
+        self.flow.comment = story.request_comment(self.history, self.skipped, self.move.why_pinned, outcome)
+        shown_changed(self.flow)
+
     def _log_summary(self, what: str) -> None:
+        self._tell_story(what)
         elapsed = int((time.monotonic() - self.started) * 1000)
         log.warning("[%s] %s after %d attempt(s), %dms", self.request_id, what, len(self.history), elapsed)

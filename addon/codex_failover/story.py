@@ -1,0 +1,91 @@
+"""What mitmweb shows of a failover: each attempt's mark, comment and error, and the client flow's
+comment telling the whole request. Pure text from the run's records (docs/observability.md).
+
+Marks are shortcodes from mitmproxy's emoji table (`mitmproxy/utils/emoji.py`): mitmweb shows
+`flow.marked` through that table, and anything else (a raw emoji included) as a red circle.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+SERVED = ":white_check_mark:"  # committed or delivered: the client got this attempt
+REJECTED = ":x:"  # a rejection (in-stream or by status): failed over
+RETRIED = ":arrows_counterclockwise:"  # recovery retries the same credential
+CANCELLED = ":no_entry_sign:"  # stopped by the addon (the client left)
+TIMED_OUT = ":hourglass:"  # no (complete) answer in time
+NO_CONNECTION = ":electric_plug:"  # the connection failed (refused, unreachable, TLS)
+
+_TIMEOUTS = ("response_timeout", "incomplete_response")
+_WORDS = {"failover": "rejected", "recover": "retried", "cancelled": "cancelled", "failed": "failed"}
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A credential the plan passed over without dialling."""
+
+    name: str
+    status: str  # cooling, out, expired
+    until: float | None = None  # wall clock, for cooling
+    reason: str | None = None
+
+    def describe(self) -> str:
+        text = f"{self.name}: skipped, {self.status}"
+        if self.status == "cooling" and self.until is not None:
+            text = f"{self.name}: skipped, cooling until {time.strftime('%H:%M:%S', time.localtime(self.until))}"
+        elif self.status == "out":
+            text = f"{self.name}: skipped, out of rotation"
+        elif self.status == "expired":
+            text = f"{self.name}: skipped, token expired (run codex login)"
+        return f"{text} ({self.reason})" if self.reason else text
+
+
+def mark(verdict: str, reason: str, ok: bool) -> str:
+    if ok:
+        return SERVED
+    if verdict == "failover":
+        return REJECTED
+    if verdict == "recover":
+        return RETRIED
+    if verdict == "cancelled":
+        return CANCELLED
+    return TIMED_OUT if reason in _TIMEOUTS else NO_CONNECTION
+
+
+def attempt_error(verdict: str, reason: str) -> str:
+    """The error a losing attempt's flow shows, instead of the protocol error its cancel caused."""
+    return f"codex-failover: {_WORDS.get(verdict, verdict)}: {reason}"
+
+
+def attempt_line(entry) -> str:
+    status = f", HTTP {entry.status}" if entry.status is not None else ""
+    return (f"attempt {entry.n}: {entry.credential} via {entry.route}: {entry.verdict} ({entry.reason}){status}, "
+            f"{entry.elapsed_ms} ms")
+
+
+def attempt_comment(request_id: str, entry, total: int) -> str:
+    line = attempt_line(entry).replace(f"attempt {entry.n}:", f"attempt {entry.n}/{total}:", 1)
+    return f"codex-failover {request_id} {line}"
+
+
+def summary(history, outcome: str | None) -> str:
+    count = f"{len(history)} attempt{'s' if len(history) != 1 else ''}"
+    rejected = [e.reason for e in history if e.verdict in ("failover", "failed", "recover")]
+    after = f" after {', '.join(dict.fromkeys(rejected))}" if rejected else ""
+    served = next((e for e in reversed(history) if e.verdict not in ("failover", "failed", "recover", "cancelled")), None)
+    if outcome is None and served is not None:
+        return f"failover: {count}, served by {served.credential}{after}"
+    if outcome is None:
+        return f"failover: {count} so far{after}"
+    return f"failover: {count}, {outcome}"
+
+
+def request_comment(history, skipped: dict, pinned: str | None, outcome: str | None = None) -> str:
+    lines = [summary(history, outcome)]
+    if pinned:
+        lines.append(f"stays on its own credential: {pinned}")
+    lines += [attempt_line(e) for e in history]
+    tried = {e.credential for e in history}
+    lines += [s.describe() for s in skipped.values() if s.name not in tried]
+    return "\n".join(lines)

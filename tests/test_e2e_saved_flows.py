@@ -1,0 +1,148 @@
+"""End to end: what mitmweb's API serves and what `-w` saves is whole, tells each attempt's verdict,
+and never holds a secret, at any moment (issue 13). The browser's view is tests/test_mitmweb_browser.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import pytest
+from mitmproxy import io
+
+from harness import FakeUpstreamProcess, MitmwebProcess, ProxyProcess, pool_yaml, post_responses, start_raw_post
+
+pytestmark = pytest.mark.e2e
+
+# Keys the fake does not echo (it names non-`sk-test` keys by a hash): any trace of them is a leak.
+CLIENT_KEY = "sk-proj-CLIENTSECRET1-overload"
+ACCOUNT = "acct-SECRETACCOUNT9"
+
+
+def spare_pool(fake, spare_key: str) -> tuple[str, dict]:
+    return pool_yaml(fake.base, [("spare", spare_key)], cross_kind=True)  # the client sends an account id too
+
+
+def assert_no_secret(data: bytes, *secrets: str) -> None:
+    for secret in secrets:
+        assert secret.encode() not in data, f"{secret} leaked"
+
+
+def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def read_head(sock: socket.socket, marker: bytes, timeout: float = 10.0) -> bytes:
+    sock.settimeout(timeout)
+    data = b""
+    while marker not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the stream ended before {marker!r}: {data[-300:]!r}"
+        data += chunk
+    return data
+
+
+def test_mitmweb_api_shows_each_attempt_whole_and_secret_free(tmp_path):
+    fake = FakeUpstreamProcess(tmp_path)
+    spare_key = "sk-proj-SPARESECRET2-good"
+    text, env = spare_pool(fake, spare_key)
+    web = MitmwebProcess(tmp_path / "web", text, env)
+    try:
+        reply = post_responses(web.port, f"{fake.base}/v1/responses", CLIENT_KEY,
+                               headers={"chatgpt-account-id": ACCOUNT, "cookie": "session=COOKIESECRET3"})
+        assert reply.status == 200 and reply.events()[-1]["type"] == "response.completed"
+        flows = wait_for(lambda: [f for f in web.api("/flows") if f.get("response")] if len(web.api("/flows")) == 3
+                         else None, what="three flows with responses")
+        client = next(f for f in flows if not f["is_replay"])
+        loser, winner = sorted((f for f in flows if f["is_replay"]), key=lambda f: f["comment"])
+        assert client["comment"].splitlines()[0] == "failover: 2 attempts, served by spare after overloaded"
+        assert loser["marked"] == "❌" and loser["error"]["msg"] == "codex-failover: rejected: overloaded"
+        assert "attempt 1/2: client via direct: failover (overloaded)" in loser["comment"]
+        assert winner["marked"] == "✅" and winner.get("error") is None
+        assert "attempt 2/2: spare via direct: commit (output)" in winner["comment"]
+        for flow in flows:  # every flow's body is served, the rejection included
+            body = web.api(f"/flows/{flow['id']}/response/content.data", raw=True)
+            assert body, flow["id"]
+        rejected = web.api(f"/flows/{loser['id']}/response/content.data", raw=True)
+        assert b"server_is_overloaded" in rejected and rejected.rstrip().endswith(b"}")
+        dump = web.api("/flows/dump", raw=True)
+        assert_no_secret(dump + str(flows).encode(), CLIENT_KEY, spare_key, ACCOUNT, "COOKIESECRET3")
+        assert b"<redacted by codex-failover>" in dump
+    finally:
+        web.stop()
+        fake.stop()
+
+
+def test_w_file_written_at_sigint_mid_stream_is_whole_and_secret_free(tmp_path):
+    fake = FakeUpstreamProcess(tmp_path, "--stall", "30")
+    spare_key = "sk-proj-SPARESECRET2-stall-after-output"  # streams one delta, then waits
+    text, env = spare_pool(fake, spare_key)
+    saved = tmp_path / "flows.mitm"
+    proxy = ProxyProcess(tmp_path / "proxy", text, env, extra=["-w", str(saved)])
+    sock = start_raw_post(proxy.port, f"{fake.base}/v1/responses", CLIENT_KEY)
+    try:
+        read_head(sock, b"reasoning_summary_text.delta")  # the turn is streaming to the client now
+        os.kill(proxy.proc.pid, signal.SIGINT)
+        proxy.proc.wait(timeout=15)
+    finally:
+        sock.close()
+        proxy.stop()
+        fake.stop()
+    log = proxy.log()
+    assert "unserializable" not in log and "Traceback" not in log, log
+    data = saved.read_bytes()
+    assert_no_secret(data, CLIENT_KEY, spare_key)
+    with open(saved, "rb") as fh:
+        flows = list(io.FlowReader(fh).stream())  # readable to the end
+    comments = [f.comment for f in flows]
+    assert any("attempt 1/2: client via direct: failover (overloaded)" in c for c in comments), comments
+    assert any("attempt 2/2: spare via direct: commit (output)" in c for c in comments), comments
+    marks = sorted(f.marked for f in flows if f.is_replay)
+    assert marks == [":white_check_mark:", ":x:"], marks
+
+
+def test_w_file_written_while_an_attempt_waits_for_headers_holds_no_secret(tmp_path):
+    fake = FakeUpstreamProcess(tmp_path, "--stall", "30")
+    spare_key = "sk-proj-SPARESECRET2-stall-headers"  # the response head never comes (within the test)
+    text, env = spare_pool(fake, spare_key)
+    saved = tmp_path / "flows.mitm"
+    proxy = ProxyProcess(tmp_path / "proxy", text, env, extra=["-w", str(saved)])
+    sock = start_raw_post(proxy.port, f"{fake.base}/v1/responses", CLIENT_KEY)
+    try:
+        wait_for(lambda: len(fake.model_requests()) == 2, what="the spare's attempt to reach the fake")
+        time.sleep(0.2)  # the attempt now waits for its response head
+        os.kill(proxy.proc.pid, signal.SIGTERM)
+        proxy.proc.wait(timeout=15)
+    finally:
+        sock.close()
+        proxy.stop()
+        fake.stop()
+    assert [r["credential"] for r in fake.model_requests()][1].startswith("tok-")  # the real key went out
+    assert saved.exists()
+    assert_no_secret(saved.read_bytes(), CLIENT_KEY, spare_key)
+
+
+def test_mitmweb_never_shows_a_secret_while_an_attempt_waits_for_headers(tmp_path):
+    fake = FakeUpstreamProcess(tmp_path, "--stall", "30")
+    spare_key = "sk-proj-SPARESECRET2-stall-headers"
+    text, env = spare_pool(fake, spare_key)
+    web = MitmwebProcess(tmp_path / "web", text, env)
+    sock = start_raw_post(web.port, f"{fake.base}/v1/responses", CLIENT_KEY)
+    try:
+        wait_for(lambda: len(fake.model_requests()) == 2, what="the spare's attempt to reach the fake")
+        time.sleep(0.2)
+        flows = web.api("/flows", raw=True)
+        dump = web.api("/flows/dump", raw=True)
+        assert b"attempt 1/2: client via direct: failover (overloaded)" in flows  # the loser is shown already
+        assert_no_secret(flows + dump, CLIENT_KEY, spare_key)
+    finally:
+        sock.close()
+        web.stop()
+        fake.stop()
