@@ -146,3 +146,24 @@ def test_mitmweb_never_shows_a_secret_while_an_attempt_waits_for_headers(tmp_pat
         sock.close()
         web.stop()
         fake.stop()
+
+
+def test_status_lists_the_clients_own_credential_by_a_non_secret_label(fake, tmp_path):
+    import hashlib
+    import http.client
+    import json
+
+    text, env = spare_pool(fake, "sk-proj-SPARESECRET2-good")
+    proxy = ProxyProcess(tmp_path / "proxy", text, env)
+    try:
+        assert post_responses(proxy.port, f"{fake.base}/v1/responses", CLIENT_KEY).status == 200
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+        conn.request("GET", "http://codex-failover.status/")
+        body = conn.getresponse().read()
+        conn.close()
+    finally:
+        proxy.stop()
+    clients = json.loads(body)["clients"]
+    label = f"key #{hashlib.sha256(CLIENT_KEY.encode()).hexdigest()[:8]}"
+    assert [(c["label"], c["state"], c["reason"]) for c in clients] == [(label, "cooling", "overloaded")]
+    assert_no_secret(body, CLIENT_KEY, "SPARESECRET2")
