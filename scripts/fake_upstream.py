@@ -63,6 +63,7 @@ SCENARIOS = {
     "long-bootstrap": "60 keepalive comments before any output (over the hold budget), then an answer",
     "midstream-server-error": "some output, then response.failed with a generic server_error",
     "burst": "a normal answer written in one piece (one chunk, one read)",
+    "flood": "an answer with --flood-mib MiB of text deltas written as fast as the reader takes them",
     "http-500": "synchronous HTTP 500",
     "http-502": "synchronous HTTP 502",
     "http-503": "synchronous HTTP 503 that is not an overload (service unavailable, no code)",
@@ -214,8 +215,8 @@ SYNC = {
 
 class FakeUpstream:
     def __init__(self, pace: float = 0.02, deltas: int = 20, stall: float = 3600.0, log=None, trace: bool = False,
-                 trace_events: bool = False):
-        self.pace, self.deltas, self.stall = pace, deltas, stall
+                 trace_events: bool = False, flood_mib: int = 200):
+        self.pace, self.deltas, self.stall, self.flood_mib = pace, deltas, stall, flood_mib
         self.log = log
         self.trace = trace  # log when the first rejection / output event of a response is written
         self.trace_events = trace_events  # log when every event is written (credential, sequence_number)
@@ -362,6 +363,16 @@ class FakeUpstream:
             events += turn.answer()[:8] + [turn.failed("server_error", "An error occurred while processing your request.")]
         elif scenario == "overload-flat":
             events += [turn.ev("error", code="server_is_overloaded", message="Our servers are currently overloaded.")]
+        elif scenario == "flood":
+            answer = turn.answer()
+            await self._send(writer, events + answer[:7], label)  # through the first text delta
+            delta = turn.ev("response.output_text.delta", item_id="m", output_index=0, content_index=0,
+                            delta="x" * (64 * 1024))
+            chunk = b"%x\r\n%b\r\n" % (len(delta), delta)
+            for _ in range(self.flood_mib * 16):
+                writer.write(chunk)
+                await writer.drain()
+            events = answer[7:]
         elif scenario == "stall-after-output":
             answer = turn.answer()
             await self._send(writer, events + answer[:7], label)  # through the first text delta
@@ -681,7 +692,7 @@ def self_signed_context() -> ssl.SSLContext:
 
 async def amain(args) -> None:
     log = open(args.log, "a") if args.log else None
-    fake = FakeUpstream(args.pace, args.deltas, args.stall, log, args.trace, args.trace_events)
+    fake = FakeUpstream(args.pace, args.deltas, args.stall, log, args.trace, args.trace_events, args.flood_mib)
     tls = None
     if args.cert:
         tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -702,6 +713,7 @@ def main() -> None:
     ap.add_argument("--cert", help="serve HTTPS with this PEM file (private key, certificate and its chain)")
     ap.add_argument("--pace", type=float, default=0.02, help="seconds between events (default 0.02)")
     ap.add_argument("--deltas", type=int, default=20, help="text deltas per answer (default 20)")
+    ap.add_argument("--flood-mib", type=int, default=200, help="MiB a flood answer carries (default 200)")
     ap.add_argument("--stall", type=float, default=3600.0, help="seconds a stall scenario waits (default 3600)")
     ap.add_argument("--trace", action="store_true", help="also log when each response's first rejection/output event is sent")
     ap.add_argument("--trace-events", action="store_true",

@@ -40,6 +40,10 @@ CAPTURE_LIMIT = 64 * 1024  # opening bytes kept on the attempt flow for mitmweb
 SECRET_HEADERS = ("authorization", "cookie", "chatgpt-account-id", "proxy-authorization", "x-api-key", "api-key")
 PLACEHOLDER = "<redacted by codex-failover>"
 JUDGE_WAIT = 5.0  # longest a final hook waits for the run's verdict (never hangs the replay)
+# Backpressure: past HIGH bytes queued and not yet taken (a client reading slower than the upstream
+# sends), reading from the upstream pauses until the queue is down to LOW. docs/architecture.md.
+QUEUE_HIGH = 1024 * 1024
+QUEUE_LOW = 256 * 1024
 
 # Queue items
 HEADERS = "headers"  # the response head arrived (flow.response has status and headers)
@@ -123,6 +127,8 @@ class Attempt:
         self.judged = asyncio.Event()  # the run has put its verdict on the flow
         self.verdict_error: str | None = None  # the flow's error once it ends, for a loser
         self.finished = False  # the whole response arrived
+        self.queued = 0  # chunk bytes in the queue, not yet taken
+        self._paused = False  # reading from the upstream is paused (backpressure)
 
     def start(self, via=None) -> None:
         """Send it. The request's URL and headers must be final: the target is read now. `via`:
@@ -191,7 +197,26 @@ class Attempt:
         if data:
             self.captured(data)
             self.queue.put_nowait(Item(CHUNK, data))
+            self.queued += len(data)
+            if self.queued > QUEUE_HIGH:  # again each time: asyncio's StreamReader may have resumed it
+                self._set_reading(False)
         return data
+
+    def _took(self, item: Item) -> Item:
+        if item.kind == CHUNK:
+            self.queued -= len(item.data)
+            if self._paused and self.queued <= QUEUE_LOW:
+                self._set_reading(True)
+        return item
+
+    def _set_reading(self, on: bool) -> None:
+        """Pause or resume reading the upstream socket: TCP's window then slows the upstream down,
+        as mitmproxy's own streaming does. (The relay drains its writes to the client.)"""
+        self._paused = not on
+        for io in list(self._handler.transports.values()) if self._handler else ():
+            transport = getattr(io.writer, "transport", None)
+            if transport is not None and not transport.is_closing():
+                transport.resume_reading() if on else transport.pause_reading()
 
     async def on_response(self) -> None:
         """The final hook of an attempt that ended on its own: waits (bounded) for the verdict."""
@@ -214,20 +239,20 @@ class Attempt:
     async def next(self, timeout: float | None) -> Item | None:
         """The next item, or None when `timeout` seconds pass first."""
         try:
-            return await asyncio.wait_for(self.queue.get(), timeout)
+            return self._took(await asyncio.wait_for(self.queue.get(), timeout))
         except TimeoutError:
             return None
 
     async def next_batch(self) -> Item:
         """The relay's read: every chunk already waiting, joined (under load, one write through
         mitmproxy instead of many), or the end/error item once no chunk is left."""
-        item = self._stashed or await self.queue.get()
+        item = self._stashed or self._took(await self.queue.get())
         self._stashed = None
         if item.kind != CHUNK or self.queue.empty():
             return item
         parts = [item.data]
         while not self.queue.empty():
-            following = self.queue.get_nowait()
+            following = self._took(self.queue.get_nowait())
             if following.kind != CHUNK:  # END/ERROR come last: keep it for the next call
                 self._stashed = following
                 break

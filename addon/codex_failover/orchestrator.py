@@ -328,7 +328,8 @@ class RequestRun:
         item = await self._first_item(attempt)
         if item is None and not attempt.connected:
             # Never connected: not one request byte left, so it may move (DESIGN §5).
-            outcome = self._connection_failed(attempt, cand, f"timed out connecting after {self.pool.policy.connect_timeout:g}s")
+            waited = min(self.pool.policy.connect_timeout, self.pool.policy.response_timeout)
+            outcome = self._connection_failed(attempt, cand, f"timed out connecting after {waited:g}s")
             await attempt.cancel()
             return outcome
         if item is None:
@@ -347,9 +348,10 @@ class RequestRun:
         connect_timeout, or no answer came within response_timeout."""
         policy = self.pool.policy
         started = time.monotonic()
-        item = await self._next(attempt, started + policy.connect_timeout)
+        answer_by = started + policy.response_timeout  # each deadline holds on its own
+        item = await self._next(attempt, min(started + policy.connect_timeout, answer_by))
         if item is None and attempt.connected:
-            item = await self._next(attempt, started + max(policy.response_timeout, policy.connect_timeout))
+            item = await self._next(attempt, answer_by)
         return item
 
     def _connection_failed(self, attempt: Attempt, cand: Candidate, message: str) -> Outcome:
