@@ -163,6 +163,21 @@ class MitmwebProcess(ProxyProcess):
         data = self._opener.open(f"http://127.0.0.1:{self.web_port}{path}", timeout=10).read()
         return data if raw else json.loads(data)
 
+    def put(self, path: str, doc: dict) -> None:
+        """PUT JSON to mitmweb's API (e.g. `/options`). Tornado's XSRF check compares a header with a
+        cookie; mitmweb's UI gets the cookie from its WebSocket, so this sends a pair of its own."""
+        import secrets
+        import urllib.request
+
+        self.api("/flows", raw=True)  # logged in
+        xsrf = secrets.token_hex(16)
+        jar = next(h.cookiejar for h in self._opener.handlers if hasattr(h, "cookiejar"))
+        cookies = "; ".join(f"{c.name}={c.value}" for c in jar) + f"; _mitmproxy_xsrf={xsrf}"
+        req = urllib.request.Request(f"http://127.0.0.1:{self.web_port}{path}", data=json.dumps(doc).encode(),
+                                     method="PUT", headers={"content-type": "application/json", "X-XSRFToken": xsrf,
+                                                            "Cookie": cookies})
+        self._opener.open(req, timeout=10).read()
+
 
 @dataclass
 class Reply:

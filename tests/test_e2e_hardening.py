@@ -68,3 +68,87 @@ def test_response_timeout_below_connect_timeout_is_honoured(tmp_path):
         fake.stop()
     assert head.startswith(b"HTTP/1.1 502"), head[:200]
     assert took < 4, f"answered after {took:.1f}s, response_timeout is 1s"
+
+
+def status(port: int) -> dict:
+    import http.client
+    import json
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "http://codex-failover.status/")
+    doc = json.loads(conn.getresponse().read())
+    conn.close()
+    return doc
+
+
+def connect_status(sock: socket.socket, target: str, headers: str = "") -> bytes:
+    sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{headers}\r\n".encode())
+    sock.settimeout(10)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        head += chunk
+    return head.split(b"\r\n", 1)[0]
+
+
+def test_the_socks_bridge_serves_the_addon_only(fake, tmp_path):
+    from harness import LocalProxies
+
+    local = LocalProxies()
+    try:
+        socks = local.socks5("socks", users={"alice": "s3cret"})
+        text, env = pool_yaml(fake.base, [("work", "sk-test-work-good", "tunnel")],
+                              {"tunnel": [f"socks5://alice:s3cret@127.0.0.1:{socks}"]}, use_client_credential=False)
+        proxy = ProxyProcess(tmp_path / "proxy", text, env)
+        try:
+            from harness import post_responses
+            assert post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-good").status == 200
+            assert local.connections["socks"] == 1
+            bridge = next(r["bridge_port"] for r in status(proxy.port)["routes"] if "bridge_port" in r)
+            target = f"127.0.0.1:{fake.port}"
+            with socket.create_connection(("127.0.0.1", bridge), timeout=10) as direct:  # any local process
+                assert connect_status(direct, target) == b"HTTP/1.1 407 Proxy Authentication Required"
+            with socket.create_connection(("127.0.0.1", bridge), timeout=10) as guessing:
+                line = connect_status(guessing, target, "Proxy-Authorization: Basic Y29kZXgtZmFpbG92ZXI6eA==\r\n")
+                assert line == b"HTTP/1.1 407 Proxy Authentication Required"
+            with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as via_proxy:  # through the proxy
+                assert connect_status(via_proxy, f"127.0.0.1:{bridge}") == b"HTTP/1.1 200 Connection established"
+                assert connect_status(via_proxy, target) != b"HTTP/1.1 200 Connection established"
+            assert local.connections["socks"] == 1, "the SOCKS server was touched for someone else"
+        finally:
+            proxy.stop()
+    finally:
+        local.close()
+
+
+def test_a_runtime_pool_change_on_a_socks_route_uses_the_new_proxy_at_once(fake, tmp_path):
+    from harness import LocalProxies, MitmwebProcess, post_responses
+
+    local = LocalProxies()
+    try:
+        old = local.socks5("old", users={"alice": "old-pass"})
+        new = local.socks5("new", users={"bob": "new-pass"})
+
+        def pool(port, userinfo):
+            return pool_yaml(fake.base, [("work", "sk-test-work-good", "tunnel")],
+                             {"tunnel": [f"socks5://{userinfo}@127.0.0.1:{port}"]}, use_client_credential=False)
+
+        text, env = pool(old, "alice:old-pass")
+        web = MitmwebProcess(tmp_path / "web", text, env)
+        try:
+            url = f"{fake.base}/v1/responses"
+            assert post_responses(web.port, url, "sk-test-client-good").status == 200
+            changed = tmp_path / "changed.yaml"
+            changed.write_text(pool(new, "bob:new-pass")[0])
+            web.put("/options", {"failover_config": str(changed)})
+            deadline = time.monotonic() + 5
+            while "changed.yaml" not in web.log() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert post_responses(web.port, url, "sk-test-client-good").status == 200
+            assert (local.connections["old"], local.connections["new"]) == (1, 1)
+        finally:
+            web.stop()
+    finally:
+        local.close()

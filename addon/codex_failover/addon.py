@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import itertools
 import json
@@ -142,6 +141,7 @@ class FailoverAddon:
             raise exceptions.OptionsError(str(exc)) from None
         self.scope = InterceptScope(pool.gated_base_urls)
         self.pool, self.rules = pool, rules  # in-flight requests keep the objects they started with
+        self._spawn(self.bridges.close())  # new routes or passwords apply at once (bridges restart on use)
         self.auth_watch.remember(pool.credentials)
         self.affinity.idle, self.affinity.max_sessions = pool.policy.session_idle, pool.policy.max_sessions
         self.route_health.floor, self.route_health.cap = pool.policy.route_backoff, pool.policy.route_backoff_max
@@ -361,10 +361,9 @@ class FailoverAddon:
         for attempt in self.attempts.values():
             if not attempt.owns(flow.client_conn):
                 continue
-            ep = attempt.endpoint
-            if ep is not None and ep.username is not None and not ep.is_socks:
-                token = base64.b64encode(f"{ep.username}:{ep.password or ''}".encode()).decode()
-                flow.request.headers["Proxy-Authorization"] = f"Basic {token}"
+            authorization = self.bridges.proxy_authorization(attempt.endpoint) if attempt.endpoint else None
+            if authorization is not None:  # an HTTP proxy's credentials, or a SOCKS bridge's secret
+                flow.request.headers["Proxy-Authorization"] = authorization
             if attempt.flow.request.scheme == "http":  # the head follows the proxy's answer to this CONNECT
                 attempt.arm()
 
@@ -435,10 +434,11 @@ class FailoverAddon:
             if state.status == "cooling":
                 entry["cooling_for_s"] = round(state.until - now, 1)
             clients.append(entry)
-        routes = [{"endpoint": ep.label, "state": self.route_health.describe(ep)}
+        routes = [{"endpoint": ep.label, "state": self.route_health.describe(ep),
+                   **({"bridge_port": port} if (port := self.bridges.port(ep)) else {})}
                   for endpoints in self.pool.routes.values() for ep in endpoints or ()]
         return {"pool": self.pool.source, "credentials": creds, "clients": clients, "routes": routes,
-                "held_requests": self._held, "attempts_in_flight": len(self.attempts),
+                "held_requests": self._held, "attempts_in_flight": len(self.attempts), "relay_port": self.relay.port,
                 "relay_unclaimed": self.relay.pending, "relay_streaming": self.relay.streaming,
                 "recovery_buffering": self.recovery_slots.used, "websockets": self.ws_gate.report()}
 

@@ -5,12 +5,20 @@ SOCKS5 endpoint is therefore pointed at a local bridge that answers mitmproxy's 
 the tunnel through the SOCKS5 server (socks5h: the SOCKS server resolves names; python-socks does the
 handshake). A failed handshake is answered `502` before any request byte moved, so mitmproxy reports
 a refused CONNECT: a confirmed pre-dispatch failure.
+
+A bridge spends its endpoint's SOCKS password, so it serves only the addon: each has a random
+secret that its CONNECTs carry in `Proxy-Authorization`; anything else gets a 407 before the SOCKS
+server is touched. Bridges are keyed by the whole endpoint (credentials included) and closed when
+the pool changes, so a new password or server is used at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hmac
 import logging
+import secrets
 from urllib.parse import quote
 
 from python_socks import ProxyError, ProxyTimeoutError
@@ -23,24 +31,47 @@ CONNECT_TIMEOUT = 10.0
 _PIPE_CHUNK = 65536
 
 
+def _identity(ep: Endpoint) -> tuple:
+    return ep.scheme, ep.host, ep.port, ep.username, ep.password
+
+
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
 class SocksBridges:
     def __init__(self) -> None:
-        self._servers: dict[str, asyncio.Server] = {}
+        self._servers: dict[tuple, tuple[asyncio.Server, str]] = {}  # endpoint -> (bridge, its secret)
         self._lock = asyncio.Lock()
 
     async def address(self, ep: Endpoint) -> tuple[str, int]:
         """The loopback address of `ep`'s bridge, started on first use."""
         async with self._lock:
-            server = self._servers.get(ep.key)
-            if server is None:
-                server = await asyncio.start_server(lambda r, w: _serve(ep, r, w), "127.0.0.1", 0)
-                self._servers[ep.key] = server
-        return server.sockets[0].getsockname()[:2]
+            entry = self._servers.get(_identity(ep))
+            if entry is None:
+                secret = _basic("codex-failover", secrets.token_urlsafe(32))
+                server = await asyncio.start_server(lambda r, w: _serve(ep, secret, r, w), "127.0.0.1", 0)
+                entry = self._servers[_identity(ep)] = (server, secret)
+        return entry[0].sockets[0].getsockname()[:2]
+
+    def port(self, ep: Endpoint) -> int | None:
+        """The bridge's loopback port, if it runs (for the status page: it serves only the addon)."""
+        entry = self._servers.get(_identity(ep))
+        return entry[0].sockets[0].getsockname()[1] if entry else None
+
+    def proxy_authorization(self, ep: Endpoint) -> str | None:
+        """What a CONNECT through `ep` carries in Proxy-Authorization: an HTTP proxy's own
+        credentials, or a SOCKS bridge's secret (after `address`); None when nothing."""
+        if ep.is_socks:
+            entry = self._servers.get(_identity(ep))
+            return entry[1] if entry else None
+        return _basic(ep.username, ep.password or "") if ep.username is not None else None
 
     async def close(self) -> None:
-        for server in self._servers.values():
+        """Stop listening (tunnels already open go on); the next use starts new bridges."""
+        servers, self._servers = self._servers, {}
+        for server, _ in servers.values():
             server.close()
-        self._servers.clear()
 
 
 def _proxy_url(ep: Endpoint) -> str:
@@ -50,10 +81,16 @@ def _proxy_url(ep: Endpoint) -> str:
     return f"socks5://{auth}{ep.host}:{ep.port}"
 
 
-async def _serve(ep: Endpoint, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _serve(ep: Endpoint, secret: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), CONNECT_TIMEOUT)
-        method, target, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
+        request_line, *lines = head.decode("latin-1").split("\r\n")
+        given = next((v.strip() for n, _, v in (h.partition(":") for h in lines) if n.strip().lower() == "proxy-authorization"), "")
+        if not hmac.compare_digest(given.encode(), secret.encode()):
+            log.debug("SOCKS bridge for %s:%d: refused a connection without the addon's secret", ep.host, ep.port)
+            await _refuse(writer, "407 Proxy Authentication Required", "codex-failover: this bridge serves the addon only")
+            return
+        method, target, _ = request_line.split(" ", 2)
         host, _, port = target.rpartition(":")
         if method != "CONNECT" or not host or not port.isdigit():
             await _refuse(writer, "400 Bad Request", "expected CONNECT host:port")

@@ -7,7 +7,6 @@ mitmproxy cannot replay a WebSocket, so a turn that moves needs a socket the add
 from __future__ import annotations
 
 import asyncio
-import base64
 import ssl
 from dataclasses import dataclass
 
@@ -83,7 +82,7 @@ async def _tunnel(target: Target, via: Endpoint | None, bridges: SocksBridges, t
         proxy_tls = tls if via.scheme == "https" else None  # an https proxy: verified like the upstream
     reader, writer = await asyncio.open_connection(host, port, ssl=proxy_tls, server_hostname=host if proxy_tls else None)
     try:
-        await _connect_through(reader, writer, target, via)
+        await _connect_through(reader, writer, target, via, bridges)
         if target.secure:
             await writer.start_tls(tls, server_hostname=server_name)
     except BaseException:
@@ -92,12 +91,12 @@ async def _tunnel(target: Target, via: Endpoint | None, bridges: SocksBridges, t
     return reader, writer
 
 
-async def _connect_through(reader, writer, target: Target, via: Endpoint) -> None:
+async def _connect_through(reader, writer, target: Target, via: Endpoint, bridges: SocksBridges) -> None:
     host = f"[{target.host}]" if ":" in target.host else target.host  # IPv6 literal
     lines = [f"CONNECT {host}:{target.port} HTTP/1.1", f"Host: {host}:{target.port}"]
-    if via.username is not None and not via.is_socks:
-        token = base64.b64encode(f"{via.username}:{via.password or ''}".encode()).decode()
-        lines.append(f"Proxy-Authorization: Basic {token}")  # to this proxy only
+    authorization = bridges.proxy_authorization(via)
+    if authorization is not None:
+        lines.append(f"Proxy-Authorization: {authorization}")  # to this proxy (or bridge) only
     writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
     await writer.drain()
     head = await reader.readuntil(b"\r\n\r\n")
