@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import certifi
 from mitmproxy import command, ctx, exceptions, http, tls
 from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
+from mitmproxy.utils import human
 
 from . import quiet_log
 
@@ -39,6 +40,7 @@ from .seen_clients import SeenClients
 from .socks_bridge import SocksBridges
 from .trust import extend_openssl_context
 from .usage import UsageBook
+from .ws_conn import WsConn
 from .ws_dial import GateContext
 from .ws_gate import WebsocketGate
 from .ws_upstream import tls_context
@@ -76,6 +78,7 @@ class FailoverAddon:
         self._trusted: weakref.WeakSet = weakref.WeakSet()  # server TLS contexts given the system store
         self.quiet = quiet_log.QuietLog()
         self.seen_clients = SeenClients()
+        self.max_body = 32 * 1024 * 1024  # failover_max_body
         self._captures: dict[str, Capture] = {}  # client flow id -> what its relayed stream began with
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -92,6 +95,9 @@ class FailoverAddon:
                           "base URLs; everything else is tunnelled untouched) or all (mitmproxy's usual behaviour).")
         loader.add_option("failover_clients", Sequence[str], [],
                           "Addresses or CIDRs, besides loopback, that may use the pool and the status page.")
+        loader.add_option("failover_max_body", str, "32m",
+                          "Largest request body the addon holds for failover (k/m/g suffixes); a larger one is "
+                          "passed through untouched, without failover (holding costs a few times its size).")
         loader.add_option("failover_verbose", bool, False,
                           "Also log mitmproxy's per-connection lines for the addon's own attempts and relay hops.")
 
@@ -119,6 +125,13 @@ class FailoverAddon:
                 raise exceptions.OptionsError(str(exc)) from None
         if "failover_verbose" in updated:
             self.quiet.configure(ctx.options)
+        if "failover_max_body" in updated:
+            try:
+                self.max_body = human.parse_size(ctx.options.failover_max_body)
+                WsConn.max_message = self.max_body  # the gated WebSocket's limit, both directions
+            except ValueError:
+                raise exceptions.OptionsError(
+                    f"failover_max_body: {ctx.options.failover_max_body!r} is not a size (e.g. 32m)") from None
         if "failover_config" in updated or "failover_rules" in updated:
             self._load_files()
         if "mode" in updated and any(m.startswith("upstream:") for m in ctx.options.mode):
@@ -219,6 +232,10 @@ class FailoverAddon:
                 await self._gate_upgrade(flow)
             return
         if req.method != "POST":
+            return
+        if len(req.raw_content or b"") > self.max_body:
+            log.warning("codex-failover: a %d-byte request body is over failover_max_body (%d): passed through "
+                        "untouched, without failover", len(req.raw_content), self.max_body)
             return
         body = parse_body(req.get_content(strict=False) or b"")  # decoded (zstd) and parsed once
         if not asks_to_stream(body):

@@ -143,6 +143,7 @@ class RequestRun:
     original: http.Request | None = None  # the request as the client sent it (the flow's may point at the relay)
     client_auth: AuthMaterial | None = None  # the client's own credential, from `original`
     skipped: dict = field(default_factory=dict)  # credential name -> story.Skipped, for the flow comment
+    moved_body: bytes | None = None  # see _moved_body
 
     async def run(self) -> None:
         self.original = req = self.flow.request.copy()  # attempts copy this; the flow shows no secret
@@ -179,6 +180,15 @@ class RequestRun:
         if last is None:
             return self._answer_from_cooldown(plan)
         self._answer_exhausted(plan, last)
+
+    def _moved_body(self) -> bytes:
+        """The body a moved attempt sends (encrypted reasoning stripped): built once per request,
+        after which the parsed body is let go (it is the largest thing a request holds)."""
+        if self.moved_body is None:
+            stripped = strip_encrypted_reasoning(self.body)
+            self.moved_body = json.dumps(stripped, separators=(",", ":"), ensure_ascii=False).encode()
+            self.body = stripped = None
+        return self.moved_body
 
     def _plan(self) -> Plan:
         sticky = self.affinity.get(self.session)
@@ -319,8 +329,7 @@ class RequestRun:
         if cand.auth is not None:
             swap_credential(req.headers, cand.auth, moved=not cand.is_client)
         if not cand.is_client and self.move.strip_reasoning:
-            stripped = strip_encrypted_reasoning(self.body)
-            req.content = json.dumps(stripped, separators=(",", ":"), ensure_ascii=False).encode()
+            req.content = self._moved_body()
         req.headers.pop(PIN_HEADER, None)
         return attempt
 

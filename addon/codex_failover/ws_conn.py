@@ -18,6 +18,7 @@ Message = tuple[bytes, bool]  # (content, is_text)
 READ = 65536
 ABNORMAL = 1006  # local-only: the peer vanished without a close frame
 PROTOCOL_ERROR = 1002
+MESSAGE_TOO_BIG = 1009
 # Headers of the handshake itself: each hop negotiates its own.
 HANDSHAKE_HEADERS = {"host", "connection", "upgrade", "sec-websocket-key", "sec-websocket-version",
                      "sec-websocket-extensions", "sec-websocket-protocol", "sec-websocket-accept", "content-length",
@@ -31,6 +32,10 @@ class HandshakeRejected(Exception):
 
 
 class WsConn:
+    # The largest message taken in either direction (the addon sets it from failover_max_body):
+    # a larger one closes the connection with 1009, as WebSocket servers do.
+    max_message = 32 * 1024 * 1024
+
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ws: WSConnection):
         self.reader, self.writer, self.ws = reader, writer, ws
         self.close_code: int | None = None  # set once the connection ended
@@ -38,6 +43,7 @@ class WsConn:
         self.response_headers: list[tuple[bytes, bytes]] = []  # the peer's 101 headers (client side)
         self._events: deque[Event] = deque()
         self._parts: list = []
+        self._size = 0  # of the message being received
 
     # -- handshakes ------------------------------------------------------------------------
 
@@ -91,8 +97,13 @@ class WsConn:
                 return None
             if isinstance(event, (TextMessage, BytesMessage)):
                 self._parts.append(event.data)
+                self._size += len(event.data)
+                if self._size > self.max_message:
+                    self._parts, self._size = [], 0
+                    self.close(MESSAGE_TOO_BIG, "message too big")
+                    return None
                 if event.message_finished:
-                    parts, self._parts = self._parts, []
+                    parts, self._parts, self._size = self._parts, [], 0
                     if isinstance(event, TextMessage):
                         return "".join(parts).encode(), True
                     return b"".join(parts), False
