@@ -47,13 +47,13 @@ def test_the_client_flow_tells_the_whole_request():
     skipped = {"work": story.Skipped("work", "cooling", until, "usage_limit"),
                "old": story.Skipped("old", "out", None, "auth_rejected"),
                "client": story.Skipped("client", "cooling", until, "overloaded")}  # tried: not listed as skipped
-    text = story.request_comment(history, skipped, None)
+    text = story.request_comment(history, skipped, None, request_id="r4")
     assert text.splitlines() == [
         "failover: 2 attempts, served by spare-2 after overloaded",
-        "attempt 1: client via direct: failover (overloaded), HTTP 200, 45 ms",
-        "attempt 2: spare-2 via direct: commit (output), HTTP 200, 84 ms",
-        "work: skipped, cooling until 07:10:03 (usage_limit)",
-        "old: skipped, out of rotation (auth_rejected)",
+        "• r4 attempt 1: client via direct: failover (overloaded), HTTP 200, 45 ms",
+        "• r4 attempt 2: spare-2 via direct: commit (output), HTTP 200, 84 ms",
+        "• work: skipped, cooling until 07:10:03 (usage_limit)",
+        "• old: skipped, out of rotation (auth_rejected)",
     ]
 
 
@@ -72,4 +72,4 @@ def test_summary_line(history, outcome, first):
 def test_attempt_comment_names_attempt_credential_route_verdict_reason_and_time():
     e = AttemptLog(2, "spare", "failover", "overloaded", 45, 200, "http://proxy-a:3128")
     assert story.attempt_comment("r7", e, 3) == (
-        "codex-failover r7 attempt 2/3: spare via http://proxy-a:3128: failover (overloaded), HTTP 200, 45 ms")
+        "attempt 2/3: spare via http://proxy-a:3128: failover (overloaded), HTTP 200, 45 ms (codex-failover r7)")

@@ -171,6 +171,9 @@ class Attempt:
     def judge(self, mark: str, comment: str, error: str | None) -> None:
         """The run's verdict on this attempt, shown in mitmweb and saved with the flow."""
         self.flow.marked, self.flow.comment, self.verdict_error = mark, comment, error
+        response = self.flow.response
+        if error is not None and response is not None and response.timestamp_end is None:
+            response.timestamp_end = time.time()  # the loser ends here (mitmweb shows it as still running otherwise)
         if error is not None and self.flow.error is not None:
             self.flow.error = mitmflow.Error(error)
         self.judged.set()

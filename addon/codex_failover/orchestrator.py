@@ -667,7 +667,8 @@ class RequestRun:
 
     def _tell_story(self, outcome: str | None = None) -> None:
         """The client flow's comment: a summary line, then each attempt and each credential skipped."""
-        self.flow.comment = story.request_comment(self.history, self.skipped, self.move.why_pinned, outcome)
+        self.flow.comment = story.request_comment(self.history, self.skipped, self.move.why_pinned, outcome,
+                                                  self.request_id)
         shown_changed(self.flow)
 
     def _log_summary(self, what: str) -> None:

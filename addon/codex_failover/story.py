@@ -65,8 +65,9 @@ def attempt_line(entry) -> str:
 
 
 def attempt_comment(request_id: str, entry, total: int) -> str:
+    """What happened first (mitmweb's Comment column cuts long text), then whose request it was."""
     line = attempt_line(entry).replace(f"attempt {entry.n}:", f"attempt {entry.n}/{total}:", 1)
-    return f"codex-failover {request_id} {line}"
+    return f"{line} (codex-failover {request_id})"
 
 
 def summary(history, outcome: str | None) -> str:
@@ -81,11 +82,14 @@ def summary(history, outcome: str | None) -> str:
     return f"failover: {count}, {outcome}"
 
 
-def request_comment(history, skipped: dict, pinned: str | None, outcome: str | None = None) -> str:
-    lines = [summary(history, outcome)]
+def request_comment(history, skipped: dict, pinned: str | None, outcome: str | None = None,
+                    request_id: str = "") -> str:
+    """The summary line, then a bulleted line per fact: mitmweb's comment box shows newlines as
+    spaces, so the bullets keep the lines apart there."""
+    lines = []
     if pinned:
         lines.append(f"stays on its own credential: {pinned}")
-    lines += [attempt_line(e) for e in history]
+    lines += [f"{request_id} {attempt_line(e)}".lstrip() for e in history]
     tried = {e.credential for e in history}
     lines += [s.describe() for s in skipped.values() if s.name not in tried]
-    return "\n".join(lines)
+    return "\n".join([summary(history, outcome)] + [f"• {line}" for line in lines])
