@@ -1,7 +1,8 @@
 """Credentials as Codex keeps them: `auth.json` files and API keys. Pure: no network, no logging.
 
 The addon never refreshes a token (refresh tokens are single-use and a running Codex may own
-them); it only reads what `codex login` wrote.
+them); it only reads what `codex login` wrote. An `AuthError` names the file and the problem
+(and, for broken JSON, the line and column), never a token or key it holds.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ class AuthMaterial:
     account_id: str | None = None
     fedramp: bool = False
     expires_at: float | None = None  # JWT `exp` of a ChatGPT access token
+    # Declared in the pool file for an API-key credential (config.Credential applies them): sent as
+    # OpenAI-Organization / OpenAI-Project on the attempts moved to this credential.
+    organization: str | None = None
+    project: str | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -43,6 +48,15 @@ class AuthMaterial:
             headers["ChatGPT-Account-ID"] = self.account_id
         if self.fedramp:
             headers["X-OpenAI-Fedramp"] = "true"
+        return headers
+
+    def account_headers(self) -> dict[str, str]:
+        """The account-scoping headers this credential declares (for moved attempts only)."""
+        headers = {}
+        if self.organization:
+            headers["OpenAI-Organization"] = self.organization
+        if self.project:
+            headers["OpenAI-Project"] = self.project
         return headers
 
 
@@ -66,9 +80,17 @@ def jwt_claims(token: str) -> dict:
 def read_auth_file(path: str | Path) -> AuthMaterial:
     path = Path(path).expanduser()
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise AuthError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise AuthError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
+    except UnicodeDecodeError as exc:
+        raise AuthError(f"{path} is not UTF-8 text (byte {exc.start + 1}; expected a Codex auth.json)") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        # Position and problem only: the document (tokens) is never quoted.
+        raise AuthError(f"{path} is not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg} "
+                        "(expected a Codex auth.json)") from None
     except ValueError:
         raise AuthError(f"{path} is not valid JSON (expected a Codex auth.json)") from None
     if not isinstance(doc, dict):
@@ -91,11 +113,12 @@ def _chatgpt_material(tokens: dict, where: str) -> AuthMaterial:
     access_claims = jwt_claims(access)
     account = tokens.get("account_id")
     if not isinstance(account, str) or not account:
-        id_claims = jwt_claims(tokens.get("id_token") or "")
-        account = (id_claims.get(AUTH_CLAIM) or {}).get("chatgpt_account_id")
-    if not account:
+        id_token = tokens.get("id_token")
+        id_claims = jwt_claims(id_token if isinstance(id_token, str) else "")
+        account = _auth_claim(id_claims).get("chatgpt_account_id")
+    if not isinstance(account, str) or not account:
         raise AuthError(f"{where}: no account id (tokens.account_id or the id_token's chatgpt_account_id)")
-    auth_claim = access_claims.get(AUTH_CLAIM) or {}
+    auth_claim = _auth_claim(access_claims)
     exp = access_claims.get("exp")
     return AuthMaterial(
         CHATGPT,
@@ -104,6 +127,11 @@ def _chatgpt_material(tokens: dict, where: str) -> AuthMaterial:
         fedramp=bool(auth_claim.get("chatgpt_account_is_fedramp")),
         expires_at=float(exp) if isinstance(exp, (int, float)) else None,
     )
+
+
+def _auth_claim(claims: dict) -> dict:
+    claim = claims.get(AUTH_CLAIM)
+    return claim if isinstance(claim, dict) else {}
 
 
 def auth_from_headers(headers) -> AuthMaterial | None:

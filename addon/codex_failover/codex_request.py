@@ -1,5 +1,6 @@
 """Recognising Codex model requests and moving one to another credential. Pure (no mitmproxy):
-headers are anything with `get`, `__setitem__`, `__delitem__` and `__contains__`."""
+headers are anything with `keys`, `get`, `__setitem__`, `__delitem__` and `__contains__`
+(mitmproxy's `Headers`, or a plain dict in tests)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ KNOWN_BASE_URLS = ("https://chatgpt.com/backend-api/codex", "https://api.openai.
 RESPONSES = "/responses"
 _AUTH_HEADERS = ("authorization", "chatgpt-account-id", "x-openai-fedramp")
 TURN_STATE = "x-codex-turn-state"
+# Headers that scope a request to the client's account, besides the credential itself: Codex sends
+# OpenAI-Organization / OpenAI-Project (API-key mode, from $OPENAI_ORGANIZATION / $OPENAI_PROJECT)
+# and echoes x-codex-turn-state (issued by the account that served the turn). None of them belongs
+# on another credential's attempt.
+ACCOUNT_SCOPED = ("openai-organization", "openai-project", TURN_STATE)
 
 
 @dataclass(frozen=True)
@@ -64,12 +70,24 @@ def is_websocket_upgrade(method: str, headers) -> bool:
 
 
 def swap_credential(headers, auth: AuthMaterial, moved: bool) -> None:
-    """Replace the identity headers with `auth`'s. A moved request drops the turn-state token,
-    which belongs to the account that issued it."""
-    for name in _AUTH_HEADERS:
-        if name in headers:
-            del headers[name]
+    """Replace the identity headers with `auth`'s.
+
+    A moved request (another credential than the client's own) carries only what belongs to that
+    credential: the client's account-scoped headers (`ACCOUNT_SCOPED`) are dropped, and the
+    credential's own declared organization / project (if any) are sent instead. A request that
+    stays on its own credential keeps its account headers exactly as the client sent them."""
+    _drop(headers, _AUTH_HEADERS)
     for name, value in auth.headers().items():
         headers[name] = value
-    if moved and TURN_STATE in headers:
-        del headers[TURN_STATE]
+    if moved:
+        _drop(headers, ACCOUNT_SCOPED)
+        for name, value in auth.account_headers().items():
+            headers[name] = value
+
+
+def _drop(headers, names: Iterable[str]) -> None:
+    """Remove every header in `names`, whatever the case of its name."""
+    wanted = set(names)
+    for key in [k for k in headers.keys() if k.lower() in wanted]:
+        if key in headers:  # a case-insensitive mapping drops every spelling at once
+            del headers[key]

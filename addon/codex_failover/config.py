@@ -2,21 +2,25 @@
 
 Loading is all-or-nothing: any problem is a `ConfigError` naming the file, the field and what is
 wrong, so the proxy never runs half-configured. Secrets are read here (auth files, environment
-variables) but never appear in an error message.
+variables) but never appear in an error message: URLs are shown without their user:password part,
+and a value that looks like a key (pasted where a name, a path or a URL belongs) is never shown.
+`load_pool` adds the line and column of the field when it can find them in the file.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
+import yaml
+
 from .auth import APIKEY, CHATGPT, AuthError, AuthMaterial, auth_from_document, read_auth_file
 from .recovery import RecoveryConfigError, RecoveryPolicy, parse_recovery
-from .routes import DIRECT, RouteError, parse_routes
+from .routes import DIRECT, RouteError, looks_like_secret, parse_routes, redact_url
 from .units import parse_duration
 from .yaml_file import read_yaml
 
@@ -25,6 +29,10 @@ DEFAULT_BASE_URL = {
     APIKEY: "https://api.openai.com/v1",
 }
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PASTED_KEY = ("looks like an API key, not the name of an environment variable; put the key in an "
+               "environment variable and name that variable here")
+ACCOUNT_FIELD_MAX = 128  # organization / project
 
 
 class ConfigError(ValueError):
@@ -60,6 +68,14 @@ class Credential:
     priority: int = 0  # lower is tried earlier
     auth_file: str | None = None  # re-read when it changes on disk
     route: str = "direct"  # the egress its attempts take
+    organization: str | None = None  # sent as OpenAI-Organization on attempts moved to this credential
+    project: str | None = None  # sent as OpenAI-Project likewise
+
+    def __post_init__(self) -> None:
+        # The auth material carries them to `swap_credential`; re-applied whenever the material is
+        # replaced (`dataclasses.replace(cred, auth=...)` after an auth file changed on disk).
+        if (self.auth.organization, self.auth.project) != (self.organization, self.project):
+            object.__setattr__(self, "auth", replace(self.auth, organization=self.organization, project=self.project))
 
     @property
     def kind(self) -> str:
@@ -106,10 +122,93 @@ def load_pool(path: str | Path | None, environ: Mapping[str, str] | None = None)
         return PoolConfig()
     source = Path(path).expanduser()
     doc = read_yaml(source, "pool file", ConfigError)
-    return parse_pool(doc, str(source), os.environ if environ is None else environ, source.parent)
+    try:
+        return parse_pool(doc, str(source), os.environ if environ is None else environ, source.parent)
+    except ConfigError as exc:
+        raise ConfigError(_with_position(str(exc), f"pool file {source}: ", source)) from None
+
+
+_FIELD = re.compile(r"[^\s:.\[\]()]+(?:\.[^\s:.\[\]()]+|\[\d+\])*(?=:| \()")
+_STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def _with_position(message: str, prefix: str, source: Path) -> str:
+    """`message` ("pool file X: <field>: <problem>") followed by the field's line and column in the
+    file, when the field can be found (best effort: the message is returned as it is otherwise)."""
+    if not message.startswith(prefix):
+        return message
+    m = _FIELD.match(message, len(prefix))
+    if m is None:
+        return message
+    try:
+        node = yaml.compose(source.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, ValueError, yaml.YAMLError):
+        return message
+    found = None
+    for key, index in _STEP.findall(m.group(0)):
+        if key and isinstance(node, yaml.MappingNode):
+            node = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == key), None)
+        elif index and isinstance(node, yaml.SequenceNode) and int(index) < len(node.value):
+            node = node.value[int(index)]
+        else:
+            node = None
+        if node is None:
+            break
+        found = node
+    if found is None:
+        return message
+    mark = found.start_mark
+    return f"{message} (line {mark.line + 1}, column {mark.column + 1})"
+
+
+def _show(value: object) -> str:
+    """A user's value for a message: its repr, unless it could be a credential (then only its type)."""
+    text = value if isinstance(value, str) else repr(value)
+    if looks_like_secret(text) or "://" in text or len(text) > 64:
+        return f"a {type(value).__name__} that is not shown (it may be a secret)"
+    return repr(value)
 
 
 def parse_pool(doc: object, source: str, environ: Mapping[str, str], base_dir: Path) -> PoolConfig:
+    try:
+        return _parse_pool(doc, source, environ, base_dir)
+    except ConfigError as exc:
+        raise ConfigError(_scrub(str(exc), doc)) from None
+
+
+def _secret_pieces(doc: object) -> set[str]:
+    """Strings of the document that must never reach a message: secret-looking values, and the
+    user:password part (and each half) of every URL."""
+    pieces: set[str] = set()
+    stack = [doc]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            stack += item
+        elif isinstance(item, str):
+            text = item.strip()
+            if looks_like_secret(text):
+                pieces.add(text)
+            rest = text.partition("://")[2]
+            if "@" in rest:
+                userinfo = rest[:rest.rfind("@")]
+                user, _, password = userinfo.partition(":")
+                pieces.update({userinfo, password} | ({user} if looks_like_secret(user) else set()))
+    return {p for p in pieces if len(p) >= 4}
+
+
+def _scrub(message: str, doc: object) -> str:
+    """Second line of defence: whatever the message says, none of the document's secret-looking
+    strings survive in it (the first line is that no message formats such a value)."""
+    for piece in sorted(_secret_pieces(doc), key=len, reverse=True):
+        # Whole pieces only: a password "pass" must not turn "user:password" in the text into "***word".
+        message = re.sub(rf"(?<![A-Za-z0-9]){re.escape(piece)}(?![A-Za-z0-9])", "***", message, flags=re.IGNORECASE)
+    return message
+
+
+def _parse_pool(doc: object, source: str, environ: Mapping[str, str], base_dir: Path) -> PoolConfig:
     where = f"pool file {source}"
     if doc is None:
         doc = {}
@@ -133,7 +232,7 @@ def parse_pool(doc: object, source: str, environ: Mapping[str, str], base_dir: P
         cred = _credential(item, f"{where}: credentials[{i}]", environ, base_dir)
         if cred.route != DIRECT and cred.route not in routes:
             known = ", ".join(sorted(routes)) or "none defined"
-            raise ConfigError(f"{where}: credentials[{i}].route: unknown route {cred.route!r} (routes: {known})")
+            raise ConfigError(f"{where}: credentials[{i}].route: unknown route {_show(cred.route)} (routes: {known})")
         if cred.name in seen:
             raise ConfigError(f"{where}: credentials[{i}].name: duplicate name {cred.name!r}")
         seen.add(cred.name)
@@ -150,7 +249,9 @@ def _mapping(value: object, where: str, allowed: set[str]) -> Mapping[str, Any]:
         raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
     unknown = sorted(map(str, set(value) - allowed))
     if unknown:
-        raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})")
+        shown = [name if not looks_like_secret(name) and len(name) <= 64 else "(a name that is not shown)"
+                 for name in unknown]
+        raise ConfigError(f"{where}: unknown field(s) {', '.join(shown)} (allowed: {', '.join(sorted(allowed))})")
     return value
 
 
@@ -163,18 +264,19 @@ def _policy(doc: object, where: str) -> Policy:
         if kind in ("int", "count"):
             top = 32 if kind == "int" else 10_000_000
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-                raise ConfigError(f"{here}: expected a whole number from 1 to {top}, got {value!r}")
+                raise ConfigError(f"{here}: expected a whole number from 1 to {top}, got {_show(value)}")
         elif kind == "bool":
             if not isinstance(value, bool):
-                raise ConfigError(f"{here}: expected true or false, got {value!r}")
+                raise ConfigError(f"{here}: expected true or false, got {_show(value)}")
         elif isinstance(kind, tuple):
             if value not in kind:
-                raise ConfigError(f"{here}: expected one of {', '.join(kind)}, got {value!r}")
+                raise ConfigError(f"{here}: expected one of {', '.join(kind)}, got {_show(value)}")
         else:
             try:
                 value = parse_duration(value)
             except ValueError as exc:
-                raise ConfigError(f"{here}: {exc}") from None
+                problem = exc if _show(value) == repr(value) else "not a duration (examples: 20s, 500ms, 1h30m, 30, off)"
+                raise ConfigError(f"{here}: {problem}") from None
         values[key] = value
     if values.get("connect_timeout", 1) == 0:
         raise ConfigError(f"{where}.connect_timeout: must be > 0 (a failure never hangs a client)")
@@ -184,10 +286,11 @@ def _policy(doc: object, where: str) -> Policy:
 
 
 def _credential(doc: object, where: str, environ: Mapping[str, str], base_dir: Path) -> Credential:
-    entry = _mapping(doc, where, {"name", "auth_file", "api_key_env", "base_url", "priority", "route"})
+    entry = _mapping(doc, where, {"name", "auth_file", "api_key_env", "base_url", "priority", "route",
+                                  "organization", "project"})
     name = entry.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ConfigError(f"{where}.name: expected 1-64 characters of letters, digits, '.', '_' or '-', got {name!r}")
+        raise ConfigError(f"{where}.name: expected 1-64 characters of letters, digits, '.', '_' or '-', got {_show(name)}")
     has_file, has_env = "auth_file" in entry, "api_key_env" in entry
     if has_file == has_env:
         raise ConfigError(f"{where} ({name}): give exactly one of auth_file or api_key_env")
@@ -198,29 +301,71 @@ def _credential(doc: object, where: str, environ: Mapping[str, str], base_dir: P
     base_url = entry.get("base_url", DEFAULT_BASE_URL[auth.kind])
     priority = entry.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
-        raise ConfigError(f"{where}.priority: expected a whole number (lower is tried first), got {priority!r}")
+        raise ConfigError(f"{where}.priority: expected a whole number (lower is tried first), got {_show(priority)}")
     route = entry.get("route", DIRECT)
     if not isinstance(route, str) or not route:
         raise ConfigError(f"{where}.route: expected a route name")
+    if "://" in route or "@" in route or looks_like_secret(route):
+        raise ConfigError(f"{where}.route: expected a route name, not a URL or a secret (not shown); "
+                          "define the proxy URLs under routes: and name the route here")
+    organization = _account_field(entry, "organization", where, auth.kind)
+    project = _account_field(entry, "project", where, auth.kind)
     return Credential(name, auth, _base_url(base_url, f"{where}.base_url"), source, priority,
-                      source if has_file else None, route)
+                      source if has_file else None, route, organization, project)
+
+
+def _account_field(entry: Mapping[str, Any], key: str, where: str, kind: str) -> str | None:
+    """`organization` / `project`: an id sent as OpenAI-Organization / OpenAI-Project on the
+    attempts moved to this (API-key) credential. Never echoed: only what is wrong with it."""
+    if key not in entry:
+        return None
+    value, here = entry[key], f"{where}.{key}"
+    header, what = ("OpenAI-Organization", "an organization id (org-...)") if key == "organization" else \
+        ("OpenAI-Project", "a project id (proj_...)")
+    if kind != APIKEY:
+        raise ConfigError(f"{here}: only an API-key credential takes {key} ({header} is an API-key header); "
+                          "remove it from this ChatGPT-login credential")
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{here}: expected {what}, sent as {header}")
+    if value != value.strip() or not all(" " <= c <= "~" for c in value):
+        raise ConfigError(f"{here}: expected printable ASCII without leading or trailing spaces "
+                          f"(it is sent as the {header} header)")
+    if len(value) > ACCOUNT_FIELD_MAX:
+        raise ConfigError(f"{here}: longer than {ACCOUNT_FIELD_MAX} characters (expected {what})")
+    if value.lower().startswith(("sk-", "sess-", "bearer ", "eyj")):
+        raise ConfigError(f"{here}: looks like an API key, not {what}; "
+                          "a key goes in an environment variable named by api_key_env")
+    return value
 
 
 def _auth_file(value: object, where: str, base_dir: Path) -> tuple[AuthMaterial, str]:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{where}: expected a path to a Codex auth.json")
+    if looks_like_secret(value) and "/" not in value and "\\" not in value:
+        raise ConfigError(f"{where}: looks like a key or token, not a path to a Codex auth.json "
+                          "(an API key goes in an environment variable named by api_key_env)")
     path = Path(value).expanduser()
     if not path.is_absolute():
         path = base_dir / path
     try:
         return read_auth_file(path), str(path)
     except AuthError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+        message = str(exc)
+        if any(looks_like_secret(part) for part in re.split(r"[/\\]", value)):
+            message = message.replace(str(path), "the file (its path is not shown: part of it looks like a secret)")
+        raise ConfigError(f"{where}: {message}") from None
 
 
 def _api_key_env(value: object, where: str, environ: Mapping[str, str]) -> tuple[AuthMaterial, str]:
-    if not isinstance(value, str) or not value:
+    if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{where}: expected the name of an environment variable")
+    valid = bool(_ENV_NAME.fullmatch(value))
+    if looks_like_secret(value) or len(value) > 64 or (not valid and len(value) >= 20):
+        raise ConfigError(f"{where}: {_PASTED_KEY}")
+    if not valid:
+        hint = " (write it without the '$')" if value.startswith("$") else ""
+        raise ConfigError(f"{where}: not a valid environment variable name{hint}: letters, digits and '_', "
+                          "not starting with a digit (the value is not shown in case it is a key)")
     key = environ.get(value, "").strip()
     if not key:
         raise ConfigError(f"{where}: environment variable {value} is not set or empty")
@@ -230,9 +375,17 @@ def _api_key_env(value: object, where: str, environ: Mapping[str, str]) -> tuple
 def _base_url(value: object, where: str) -> str:
     if not isinstance(value, str):
         raise ConfigError(f"{where}: expected a URL")
-    parts = urlsplit(value)
+    shown = redact_url(value)  # never the user:password part, query or fragment
+    if "@" in value:  # user:password@ (whatever the password holds), or an '@' no API base URL has
+        raise ConfigError(f"{where}: credentials in the URL are not allowed ({shown}); "
+                          "a credential's secret comes from auth_file or api_key_env")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 -- raises on a port that is not a number from 0 to 65535
+    except ValueError as exc:
+        # urlsplit's own text quotes parts of the URL (a password too): never pass it on.
+        problem = "the port is not a number from 1 to 65535" if "port" in str(exc).lower() else "the host part is malformed"
+        raise ConfigError(f"{where}: cannot parse the URL: {problem} ({shown})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-        raise ConfigError(f"{where}: expected an http(s) URL without query, got {value!r}")
-    if parts.username or parts.password:
-        raise ConfigError(f"{where}: credentials in the URL are not allowed")
+        raise ConfigError(f"{where}: expected an http(s) URL without query or fragment, got {shown}")
     return value.rstrip("/")

@@ -7,6 +7,7 @@ request probes it (others keep skipping it until that probe succeeds or fails).
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -44,27 +45,95 @@ class Endpoint:
         return self.scheme.startswith("socks5")
 
 
+# Leading characters of credentials that get pasted where a name or URL belongs: OpenAI API keys,
+# ChatGPT session keys, PEM blocks; a copied Authorization value; JWTs (base64 of '{"').
+_SECRET_PREFIXES = ("sk-", "sess-", "-----begin")
+_JWT = re.compile(r"eyj[a-z0-9_-]{10,}")
+_MIXED = re.compile(r"(?=.*[a-z])(?=.*[0-9])[a-z0-9_\-]+")
+_SEPARATORS = re.compile(r"[\s=:,;'\"]+")
+
+
+def _secret_word(word: str) -> bool:
+    return word.startswith(_SECRET_PREFIXES) or bool(_JWT.match(word)) or (len(word) >= 32 and bool(_MIXED.fullmatch(word)))
+
+
+def looks_like_secret(text: str) -> bool:
+    """Is `text` (or a word of it: `OPENAI_API_KEY=sk-...`, `Bearer ey...`) probably a credential
+    (an API key, a JWT, a long random token)? Such a value is never echoed in a message."""
+    t = text.strip().lower()
+    if len(t) > 64 or t.startswith("bearer "):
+        return True
+    return any(_secret_word(w) for w in _SEPARATORS.split(t) if w)
+
+
+def redact_url(url: str) -> str:
+    """`url` as it may appear in a message: the user:password part (everything up to the last '@'
+    of the authority, whatever characters the password holds), a non-numeric port, query, fragment
+    and secret-looking path segments are replaced by ***. Without `scheme://` nothing is shown,
+    since where the secret ends cannot be told."""
+    scheme, sep, rest = url.strip().partition("://")
+    if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        return "(not shown: no scheme://)"
+    userinfo = ""
+    at = rest.rfind("@")
+    if at >= 0:
+        userinfo, rest = "***@", rest[at + 1:]
+    tail = ""
+    cut = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=-1)
+    if cut >= 0:
+        tail, rest = rest[cut] + "***", rest[:cut]
+    authority, slash, path = rest.partition("/")
+    if authority.startswith("["):  # [IPv6]:port
+        close = authority.find("]")
+        host, after = (authority[:close + 1], authority[close + 1:]) if close >= 0 else ("***", "")
+        colon, port = (":", after[1:]) if after.startswith(":") else ("", "")
+    else:
+        host, colon, port = authority.partition(":")
+    if looks_like_secret(host):
+        host = "***"
+    shown_port = f":{port if port.isdigit() else '***'}" if colon else ""
+    segments = ["***" if looks_like_secret(seg) else seg for seg in path.split("/")] if slash else []
+    shown = f"{scheme.lower()}://{userinfo}{host}{shown_port}{slash}{'/'.join(segments)}{tail}"
+    return shown if len(shown) <= 200 else shown[:197] + "..."
+
+
 def parse_endpoint(route: str, index: int, url: object) -> Endpoint:
+    where = f"routes.{route}[{index}]"
     if not isinstance(url, str) or not url:
-        raise RouteError(f"routes.{route}[{index}]: expected a proxy URL such as http://host:3128")
+        raise RouteError(f"{where}: expected a proxy URL such as http://host:3128")
+    shown = redact_url(url)  # never the user:password part: messages are logged
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise RouteError(f"{where}: expected scheme://[user:password@]host[:port] (no scheme:// found)")
+    at = rest.rfind("@")
+    if at >= 0 and any(c in rest[:at] for c in "/?#"):
+        raise RouteError(f"{where}: the user:password part holds '/', '?' or '#': percent-encode them "
+                         f"(%2F, %3F, %23) so the URL can be parsed ({shown})")
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise RouteError(f"routes.{route}[{index}]: cannot parse the proxy URL ({exc})") from None
+        # urlsplit's own text quotes parts of the URL (the password too): never pass it on.
+        problem = "the port is not a number from 1 to 65535" if "port" in str(exc).lower() else \
+            "the host part is malformed"
+        raise RouteError(f"{where}: cannot parse the proxy URL: {problem} ({shown})") from None
     scheme = parts.scheme.lower()
     if scheme not in SCHEMES:
-        raise RouteError(f"routes.{route}[{index}]: unsupported scheme {scheme or '(none)'!r} "
+        shown_scheme = scheme if scheme and not looks_like_secret(scheme) else "(none)"
+        raise RouteError(f"{where}: unsupported scheme {shown_scheme!r} "
                          f"(supported: {', '.join(sorted(SCHEMES))})")
     if not parts.hostname or parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise RouteError(f"routes.{route}[{index}]: expected scheme://[user:password@]host[:port]")
+        raise RouteError(f"{where}: expected scheme://[user:password@]host[:port] ({shown})")
+    if port == 0:
+        raise RouteError(f"{where}: the port is not a number from 1 to 65535 ({shown})")
     return Endpoint(route, index, "socks5" if scheme == "socks5h" else scheme, parts.hostname, port or SCHEMES[scheme],
                     unquote(parts.username) if parts.username else None,
                     unquote(parts.password) if parts.password else None)
 
 
 def parse_routes(doc: object) -> dict[str, tuple[Endpoint, ...] | None]:
-    """`{name: [url, ...] | "direct"}` -> endpoints per route (None: direct)."""
+    """`{name: [url, ...] | "direct"}` -> endpoints per route (None: direct). Messages name the
+    route and the entry, never a URL's user:password part."""
     if doc is None:
         return {}
     if not isinstance(doc, dict):
@@ -72,12 +141,16 @@ def parse_routes(doc: object) -> dict[str, tuple[Endpoint, ...] | None]:
     routes: dict[str, tuple[Endpoint, ...] | None] = {}
     for name, value in doc.items():
         if not isinstance(name, str) or not name:
-            raise RouteError(f"routes: route names must be non-empty strings, got {name!r}")
+            raise RouteError(f"routes: route names must be non-empty strings, got a {type(name).__name__}")
+        if looks_like_secret(name) or "://" in name or "@" in name:
+            raise RouteError("routes: a route name looks like a URL or a secret (not shown); "
+                             "use a short name and put the proxy URLs in its list")
         if value == DIRECT:
             routes[name] = None
             continue
         if not isinstance(value, list) or not value:
-            raise RouteError(f"routes.{name}: expected a non-empty list of proxy URLs, or direct")
+            hint = " (a single URL goes in a list too: [URL])" if isinstance(value, str) else ""
+            raise RouteError(f"routes.{name}: expected a non-empty list of proxy URLs, or direct{hint}")
         routes[name] = tuple(parse_endpoint(name, i, url) for i, url in enumerate(value))
     return routes
 
