@@ -218,3 +218,27 @@ def test_the_gate_closes_a_socket_with_1009_on_a_message_over_the_limit(fake, tm
         assert not [r for r in fake.requests() if r.get("event") == "ws_turn"], "the message went upstream"
     finally:
         proxy.stop()
+
+
+def test_an_http11_client_keeps_its_connection_across_held_requests(fake, tmp_path):
+    import http.client
+    import json
+
+    text, env = pool_yaml(fake.base, [("spare", "sk-test-spare-good")])
+    proxy = ProxyProcess(tmp_path / "proxy", text, env)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=15)
+        body = json.dumps({"model": "gpt-fake", "stream": True, "input": []})
+        socks = []
+        for key in ("sk-test-client-overload", "sk-test-client-good", "sk-test-client-good"):
+            conn.request("POST", f"{fake.base}/v1/responses", body=body,
+                         headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
+            reply = conn.getresponse()
+            data = reply.read()
+            assert reply.status == 200 and b"response.completed" in data
+            assert (reply.getheader("connection") or "").lower() != "close"
+            socks.append(conn.sock)
+        conn.close()
+        assert socks[0] is not None and socks[0] is socks[1] is socks[2], "the client had to reconnect"
+    finally:
+        proxy.stop()

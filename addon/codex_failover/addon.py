@@ -338,6 +338,8 @@ class FailoverAddon:
             attempt.on_responseheaders(200 <= flow.response.status_code < 300 and "text/event-stream" in ctype)
         elif RELAY_TAG in flow.metadata and flow.response.status_code != 101:
             flow.response.stream = self._captures[flow.id] = Capture()  # streamed live; the start kept for mitmweb
+            # The relay closes its own one-shot hop; the client keeps its connection for the next request.
+            flow.response.headers.pop("connection", None)
             self.quiet.relay_client(flow.client_conn.peername)
 
     async def response(self, flow: http.HTTPFlow) -> None:
