@@ -167,3 +167,24 @@ def test_status_lists_the_clients_own_credential_by_a_non_secret_label(fake, tmp
     label = f"key #{hashlib.sha256(CLIENT_KEY.encode()).hexdigest()[:8]}"
     assert [(c["label"], c["state"], c["reason"]) for c in clients] == [(label, "cooling", "overloaded")]
     assert_no_secret(body, CLIENT_KEY, "SPARESECRET2")
+
+
+def test_the_next_request_shows_the_clients_own_credential_skipped_while_cooling(tmp_path):
+    import re
+
+    fake = FakeUpstreamProcess(tmp_path)
+    text, env = spare_pool(fake, "sk-proj-SPARESECRET2-good")
+    web = MitmwebProcess(tmp_path / "web", text, env)
+    try:
+        url = f"{fake.base}/v1/responses"
+        assert post_responses(web.port, url, CLIENT_KEY).status == 200
+        assert post_responses(web.port, url, CLIENT_KEY).status == 200  # straight to the spare
+        clients = wait_for(lambda: [f for f in web.api("/flows") if not f["is_replay"] and f.get("response")]
+                           if len([f for f in web.api("/flows") if not f["is_replay"]]) == 2 else None,
+                           what="two client flows")
+        second = max(clients, key=lambda f: f["request"]["timestamp_start"])["comment"].splitlines()
+        assert second[0] == "failover: 1 attempt, served by spare", second
+        assert re.fullmatch(r"• client: skipped, cooling until \d\d:\d\d:\d\d \(overloaded\)", second[-1]), second
+    finally:
+        web.stop()
+        fake.stop()
