@@ -20,7 +20,7 @@ from mitmproxy.utils import human
 
 from . import quiet_log
 
-from . import responses
+from . import client_answers
 from .affinity import Affinity
 from .attempt import ATTEMPT_TAG, Attempt, Capture
 from .auth import auth_from_headers
@@ -165,7 +165,7 @@ class FailoverAddon:
         log.info("codex-failover: pool %s: credentials: %s", pool.source or "(no file)", names)
 
     # `running`/`done` stay synchronous: a script hot reload calls them outside the event loop's
-    # await chain (DESIGN §2). Async work is started as a task.
+    # await chain (docs/architecture.md#hooks-and-tasks). Async work is started as a task.
     def running(self) -> None:
         self._running = True
         self.quiet.install(lambda: self.relay.port)
@@ -214,7 +214,7 @@ class FailoverAddon:
         if not is_status and not self.matcher.matches(req.host, req.port, req.path):
             return
         if not self.clients.allows(flow.client_conn.peername[0] if flow.client_conn.peername else None):
-            flow.response = responses.client_not_allowed()
+            flow.response = client_answers.client_not_allowed()
             return
         if is_status:
             flow.response = http.Response.make(200, json.dumps(self.status_report(), indent=2).encode(),
@@ -227,7 +227,7 @@ class FailoverAddon:
         self.seen_clients.saw(client_auth, pooled)
         if is_websocket_upgrade(req.method, req.headers):
             if ctx.options.failover_websocket == "downgrade":
-                flow.response = responses.websocket_downgrade()
+                flow.response = client_answers.websocket_downgrade()
             elif ctx.options.failover_websocket == "gate":
                 await self._gate_upgrade(flow)
             return
@@ -253,7 +253,7 @@ class FailoverAddon:
             log.error("codex-failover internal error opening a gated WebSocket: %s\n%s", exc, traceback.format_exc())
             session, why = None, f"codex-failover internal error: {type(exc).__name__}"
         if session is None:
-            flow.response = responses.websocket_downgrade(f"failover_websocket=gate: {why}")
+            flow.response = client_answers.websocket_downgrade(f"failover_websocket=gate: {why}")
             return
         point_at_relay(flow, self.relay.port, self.relay.register(session))
 
@@ -307,7 +307,7 @@ class FailoverAddon:
             if failure == "client_gone":
                 flow.kill()
             elif failure is not None and not run.decided.is_set():
-                flow.response = responses.internal_error(failure)
+                flow.response = client_answers.internal_error(failure)
         else:
             self._tasks.add(run.task)
             run.task.add_done_callback(self._tasks.discard)

@@ -1,6 +1,6 @@
 """The bootstrap classifier: a sans-I/O state machine from events to a hold/release decision.
 
-While the window is open, events that carry no output (DESIGN §4's closed allow-list) are held.
+While the window is open, events that carry no output (the closed allow-list: docs/architecture.md#the-hold-a-closed-allow-list) are held.
 The first event that is not on the list decides:
 - a recognised rejection  -> FAILOVER (nothing held is released; the attempt is dropped);
 - another terminal error   -> DELIVER  (release everything; the client sees the error in-stream);

@@ -16,7 +16,7 @@ from mitmproxy import ctx, http
 from mitmproxy.hooks import UpdateHook
 from mitmproxy.connection import ConnectionState, Server
 
-from . import responses, story
+from . import client_answers, story
 from .affinity import Affinity, session_of
 from .attempt import CHUNK, END, ERROR, PLACEHOLDER, SECRET_HEADERS, Attempt, Item
 from .auth import AuthMaterial, auth_from_headers
@@ -294,7 +294,7 @@ class RequestRun:
         if callable(final):  # a buffered stream that ended in a terminal error: delivered as it came
             final()
             return Outcome("committed")
-        self._respond(responses.recovery_exhausted(outcome.message, self.history))
+        self._respond(client_answers.recovery_exhausted(outcome.message, self.history))
         return Outcome("answered")
 
     async def _try_once(self, cand: Candidate, n: int, ep: Endpoint | None) -> Outcome:
@@ -336,7 +336,7 @@ class RequestRun:
     async def _drive(self, attempt: Attempt, cand: Candidate) -> Outcome:
         item = await self._first_item(attempt)
         if item is None and not attempt.connected:
-            # Never connected: not one request byte left, so it may move (DESIGN §5).
+            # Never connected: not one request byte left, so it may move (docs/architecture.md#replay-safety).
             waited = min(self.pool.policy.connect_timeout, self.pool.policy.response_timeout)
             outcome = self._connection_failed(attempt, cand, f"timed out connecting after {waited:g}s")
             await attempt.cancel()
@@ -364,7 +364,7 @@ class RequestRun:
         return item
 
     def _connection_failed(self, attempt: Attempt, cand: Candidate, message: str) -> Outcome:
-        """Before any response: only a failure proven to precede dispatch may move (DESIGN §5)."""
+        """Before any response: only a failure proven to precede dispatch may move (docs/architecture.md#replay-safety)."""
         kind = classify_connection_error(message, response_started=False)
         self._record(attempt, cand, "failed", kind, None)
         if kind in (PRE_DISPATCH, HOST_NETWORK):
@@ -598,19 +598,19 @@ class RequestRun:
 
     def _answer_exhausted(self, plan: Plan, last: Rejection | None) -> None:
         retry_after = self._retry_after(plan)
-        answer = responses.exhausted(last, self.history, retry_after, self.move.why_pinned)
+        answer = client_answers.exhausted(last, self.history, retry_after, self.move.why_pinned)
         self._respond(answer)
         self._log_summary(f"exhausted -> {answer.status_code}")
 
     def _answer_from_cooldown(self, plan: Plan) -> None:
         retry_after = self._retry_after(plan)
         reasons = [(c.name, why, self.health.state(c.key).reason) for c, why in plan.skipped]
-        answer = responses.all_cooling(reasons, retry_after, self.move.why_pinned)
+        answer = client_answers.all_cooling(reasons, retry_after, self.move.why_pinned)
         self._respond(answer)
         self._log_summary(f"every credential cooling or out -> {answer.status_code} (not dialled)")
 
     def _answer_broken(self, message: str) -> None:
-        answer = responses.upstream_failed(message, self.history)
+        answer = client_answers.upstream_failed(message, self.history)
         self._respond(answer)
         self._log_summary(f"upstream failed -> {answer.status_code}")
 
@@ -620,7 +620,7 @@ class RequestRun:
 
     def _retry_after(self, plan: Plan) -> int | None:
         """Seconds for Retry-After: the soonest recovery, capped; None (no header) when the cap is 0.
-        Codex sits through it silently before each of its re-sends (DESIGN §3)."""
+        Codex sits through it silently before each of its re-sends (docs/architecture.md#what-codex-does-with-our-answers)."""
         cap = self.pool.policy.max_retry_after
         if cap <= 0:
             return None

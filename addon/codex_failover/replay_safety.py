@@ -1,6 +1,6 @@
 """May this request move to another credential, and how? Pure: decided before an attempt leaves.
 
-A failover that corrupts a conversation is worse than none (DESIGN §5):
+A failover that corrupts a conversation is worse than none (docs/architecture.md#replay-safety):
 - `previous_response_id` or a `compaction` item binds the request to the account holding that
   state: it may only be retried on the same credential;
 - input `reasoning` items with `encrypted_content` cannot be read by another account: by default

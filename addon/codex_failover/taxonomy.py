@@ -24,7 +24,7 @@ OK = "ok"
 # Classes whose cooldown defaults to the policy's overload_cooldown when upstream names none.
 _NO_COOLDOWN = {"closed_before_output", UPSTREAM_5XX, AUTH_REJECTED, "pre_dispatch", "route_down", "host_network"}
 # Status for an exhausted request, by the class of the rejection that decided it. Codex treats
-# 429 as final for the turn and re-sends a 503 four times (DESIGN §3).
+# 429 as final for the turn and re-sends a 503 four times (docs/architecture.md#what-codex-does-with-our-answers).
 _EXHAUSTED_STATUS = {"usage_limit": 429, "capacity": 429, "rate_limited": 429,
                      "pre_dispatch": 502, "route_down": 502, "host_network": 502}
 _TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)

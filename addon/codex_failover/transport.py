@@ -1,7 +1,7 @@
 """What a failed upstream connection means for replay safety. Pure: reads mitmproxy's error text.
 
 Only a failure proven to happen before any request byte left may be replayed elsewhere
-(DESIGN §5). Host-wide network loss is nobody's fault; TLS verification failures fail closed.
+(docs/architecture.md#replay-safety). Host-wide network loss is nobody's fault; TLS verification failures fail closed.
 """
 
 from __future__ import annotations

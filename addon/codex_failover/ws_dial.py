@@ -127,7 +127,7 @@ class Dialer:
         return await self._open(cand)
 
     def _final(self, cand: Candidate) -> bool:
-        """Stop trying others: a TLS verification failure fails closed (DESIGN §5); the client's
+        """Stop trying others: a TLS verification failure fails closed (docs/architecture.md#replay-safety); the client's
         own 401/403 must reach Codex (426 sends it to SSE, where it gets its own answer)."""
         reason = self.last.reason if self.last else None
         return reason == TLS_FAILED or (reason == AUTH_REJECTED and cand.is_client)

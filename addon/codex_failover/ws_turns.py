@@ -7,7 +7,7 @@ answers with the same JSON events as SSE, one per message. Each turn opens a boo
 the server messages of that turn go through the same classifier as an SSE stream (one message is
 one frame, empty ones included) and are held until it decides. Messages outside a window pass.
 
-A rejected turn may move to another credential's socket only if it is self-contained (DESIGN §5):
+A rejected turn may move to another credential's socket only if it is self-contained (docs/architecture.md#replay-safety):
 no `previous_response_id` (that state lives on this socket's account), or one that names a
 warm-up of this socket (`generate: false`, empty input: no conversation state), which is then
 dropped from the moved copy.

@@ -87,7 +87,7 @@ def recovery_exhausted(why: str, history) -> http.Response:
 
 
 def websocket_downgrade(why: str = "failover_websocket=downgrade") -> http.Response:
-    """426 makes Codex switch the session to HTTP POST + SSE at once (DESIGN §3)."""
+    """426 makes Codex switch the session to HTTP POST + SSE at once (docs/architecture.md#what-codex-does-with-our-answers)."""
     error = {"type": "invalid_request_error", "code": "websocket_not_supported",
              "message": f"codex-failover: use HTTP/SSE for model requests ({why})."}
     return _json(426, error)
