@@ -51,6 +51,15 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
 
 
+STARTED: list[subprocess.Popen] = []  # every process the harness started (tests stop leftovers by PID)
+
+
+def stop_leftovers() -> None:
+    """Stop every process the harness started that is still running (a test that failed halfway)."""
+    while STARTED:
+        stop(STARTED.pop())
+
+
 def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.kill(proc.pid, signal.SIGTERM)
@@ -69,6 +78,7 @@ class FakeUpstreamProcess:
             [PYTHON, str(ROOT / "scripts" / "fake_upstream.py"), "--port", "0", "--log", str(self.log_path), *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
+        STARTED.append(self.proc)
         line = self.proc.stdout.readline()  # {"listening": PORT, ...}; bounded by the process itself
         self.port = json.loads(line)["listening"]
         self.base = f"http://127.0.0.1:{self.port}"
@@ -123,6 +133,7 @@ class ProxyProcess:
         self.log_path = tmp / "mitmdump.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        STARTED.append(self.proc)
         wait_port(self.port, self.proc)
 
     def log(self) -> str:

@@ -15,6 +15,16 @@ WIRE = FIXTURES / "wire"
 LIVE = FIXTURES / "live"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _stop_leftover_processes():
+    """A test that fails halfway (or forgets) leaves no fake upstream or proxy running past its
+    module (module scope: some modules share one proxy between their tests)."""
+    yield
+    from harness import stop_leftovers
+
+    stop_leftovers()
+
+
 @pytest.fixture(scope="session")
 def rules():
     return load_rules()
