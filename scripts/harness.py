@@ -132,7 +132,9 @@ class ProxyProcess:
         args += extra or []
         self.log_path = tmp / "mitmdump.log"
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        # Pool state (SQLite) in the test's own folder, never the user's ~/.local/state.
+        env = {"XDG_STATE_HOME": str(tmp / "state"), **(env or {})}
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **env})
         STARTED.append(self.proc)
         wait_port(self.port, self.proc)
 

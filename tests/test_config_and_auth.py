@@ -125,3 +125,38 @@ def test_example_pool_file_loads(tmp_path):
     pool = load_pool(path, {"SPARE_OPENAI_KEY": "sk-x"})
     assert [c.name for c in pool.credentials] == ["work", "spare-key"]
     assert pool.policy == Policy()  # the example shows the defaults
+
+
+import pytest as _pytest
+
+
+@_pytest.mark.parametrize("value, ok", [(80, True), (100, True), (1, True), (0, False), (101, False), ("80", False),
+                                        (True, False)])
+def test_max_usage_percent_is_validated(value, ok):
+    from codex_failover.config import ConfigError, parse_pool
+
+    doc = {"credentials": [{"name": "a", "api_key_env": "K", "max_usage_percent": value}]}
+    if ok:
+        assert parse_pool(doc, "p.yaml", {"K": "sk-test-1"}, None).credentials[0].max_usage_percent == value
+    else:
+        with _pytest.raises(ConfigError, match=r"credentials\[0\]\.max_usage_percent: expected a number from 1 to 100"):
+            parse_pool(doc, "p.yaml", {"K": "sk-test-1"}, None)
+
+
+@_pytest.mark.parametrize("state, error", [
+    ({"store": "memory"}, None),
+    ({"store": "sqlite", "namespace": "team-a"}, None),
+    ({"store": "sqlite:////var/lib/cf/state.sqlite"}, None),
+    ({"store": "redis://localhost:6379/0"}, "a shared Redis store is not available in this version"),
+    ({"store": "postgres://x"}, "expected sqlite, sqlite:///ABSOLUTE/PATH or memory"),
+    ({"namespace": "bad name!"}, "namespace: expected 1-64 letters"),
+    ({"stor": "memory"}, "unknown field"),
+])
+def test_state_section(state, error):
+    from codex_failover.config import ConfigError, parse_pool
+
+    if error is None:
+        assert parse_pool({"state": state}, "p.yaml", {}, None).state.store == state.get("store", "sqlite")
+    else:
+        with _pytest.raises(ConfigError, match=error):
+            parse_pool({"state": state}, "p.yaml", {}, None)

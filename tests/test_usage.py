@@ -34,3 +34,12 @@ def test_full_window_reports_until_when():
     assert book.record("a", [Window("primary", 42, 100)]) is None
     assert book.record("a", [Window("primary", 100, 500), Window("secondary", 100, 900)]) == 900
     assert "primary 100%" in book.describe("a") and book.describe("b") == "usage unknown"
+
+
+def test_a_window_at_max_usage_percent_counts_as_full():
+    from codex_failover.usage import UsageBook, Window
+
+    book = UsageBook()
+    assert book.record("k", [Window("primary", 80.0, 1000.0)]) is None
+    assert book.record("k", [Window("primary", 80.0, 1000.0)], full_at=80) == 1000.0
+    assert book.record("k", [Window("secondary", 79.9, 2000.0)], full_at=80) is None

@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import sqlite3
 import sys
 import time
 import traceback
@@ -38,6 +39,8 @@ from .routes import RouteHealth
 from .rules import RulesError, load_rules
 from .seen_clients import SeenClients
 from .socks_bridge import SocksBridges
+from .state_keeper import StateKeeper
+from .state_store import open_store
 from .trust import extend_openssl_context
 from .usage import UsageBook
 from .ws_conn import WsConn
@@ -79,6 +82,8 @@ class FailoverAddon:
         self.quiet = quiet_log.QuietLog()
         self.seen_clients = SeenClients()
         self.max_body = 32 * 1024 * 1024  # failover_max_body
+        self.keeper: StateKeeper | None = None  # opened when running (unit tests never touch a store)
+        self._keeper_task: asyncio.Task | None = None
         self._captures: dict[str, Capture] = {}  # client flow id -> what its relayed stream began with
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -155,6 +160,8 @@ class FailoverAddon:
         self.scope = InterceptScope(pool.gated_base_urls)
         self.pool, self.rules = pool, rules  # in-flight requests keep the objects they started with
         self._spawn(self.bridges.close())  # new routes or passwords apply at once (bridges restart on use)
+        if self._running:
+            self._open_state()
         self.auth_watch.remember(pool.credentials)
         self.affinity.idle, self.affinity.max_sessions = pool.policy.session_idle, pool.policy.max_sessions
         self.route_health.floor, self.route_health.cap = pool.policy.route_backoff, pool.policy.route_backoff_max
@@ -168,6 +175,7 @@ class FailoverAddon:
     # await chain (docs/architecture.md#hooks-and-tasks). Async work is started as a task.
     def running(self) -> None:
         self._running = True
+        self._open_state()
         self.quiet.install(lambda: self.relay.port)
         self._spawn(self.relay.start())
         for host in self._listen_hosts():
@@ -191,9 +199,54 @@ class FailoverAddon:
         # Before mitmproxy's Save writes the flows still in flight (it comes after scripts).
         for attempt in self.attempts.values():
             attempt.redact()
+        self._close_state()
         self.quiet.uninstall()
         self._spawn(self.relay.close())
         self._spawn(self.bridges.close())
+
+    def _open_state(self) -> None:
+        """Open the pool's state store (or keep the open one) and restore what is still in force."""
+        spec = self.pool.state
+        if self.keeper is not None and (self.keeper.spec, self.keeper.namespace) == (spec.store, spec.namespace):
+            self.keeper.bind(self.pool)
+            return
+        self._close_state()
+        try:
+            store = open_store(spec.store, spec.namespace)
+        except (OSError, ValueError, sqlite3.Error) as exc:
+            log.warning("codex-failover: pool state store %s unavailable (%s); keeping state in memory only",
+                        spec.store, exc)
+            return
+        keeper = StateKeeper(store, self.health, self.usage, self.route_health, self.affinity)
+        keeper.spec, keeper.namespace = spec.store, spec.namespace
+        keeper.bind(self.pool)
+        try:
+            applied = keeper.restore(store.load(time.time()))
+        except sqlite3.Error as exc:
+            log.warning("codex-failover: could not read pool state from %s (%s); starting clean", spec.store, exc)
+            applied = 0
+        where = getattr(store, "path", spec.store)
+        log.info("codex-failover: pool state in %s (namespace %s): %d entr%s restored", where, spec.namespace,
+                 applied, "y" if applied == 1 else "ies")
+        self.keeper = keeper
+        try:
+            self._keeper_task = asyncio.get_running_loop().create_task(keeper.run())
+        except RuntimeError:
+            pass
+
+    def _close_state(self) -> None:
+        """Write what changed since the last flush, then close (at exit, or when the store changes)."""
+        keeper, self.keeper = self.keeper, None
+        if keeper is None:
+            return
+        if self._keeper_task is not None:
+            self._keeper_task.cancel()
+            self._keeper_task = None
+        try:
+            keeper.store.write(*keeper.changes())
+        except Exception as exc:  # noqa: BLE001 - never fail a shutdown over state
+            log.warning("codex-failover: could not save pool state at exit (%s)", exc)
+        keeper.store.close()
 
     def _spawn(self, coro) -> None:
         try:

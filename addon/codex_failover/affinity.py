@@ -40,6 +40,17 @@ class Affinity:
         while len(self._sessions) > self.max_sessions:
             self._sessions.popitem(last=False)
 
+    def entries(self) -> list[tuple[str, str, float]]:
+        """(session, credential key, last seen on this clock), least recently used first."""
+        self._expire()
+        return [(session, key, seen) for session, (key, seen) in self._sessions.items()]
+
+    def restore(self, session: str, key: str, seen: float) -> None:
+        """A session remembered from before a restart (`seen` on this clock), if still live."""
+        if self.idle > 0 and seen > self._clock() - self.idle:
+            self._sessions[session] = (key, seen)
+            self._sessions.move_to_end(session)
+
     def _expire(self) -> None:
         """Drop idle sessions; oldest first, so this stops at the first live one."""
         horizon = self._clock() - self.idle

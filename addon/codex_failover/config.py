@@ -70,6 +70,7 @@ class Credential:
     route: str = "direct"  # the egress its attempts take
     organization: str | None = None  # sent as OpenAI-Organization on attempts moved to this credential
     project: str | None = None  # sent as OpenAI-Project likewise
+    max_usage_percent: float = 100.0  # a rate-limit window this full counts as full: headroom for its owner
 
     def __post_init__(self) -> None:
         # The auth material carries them to `swap_credential`; re-applied whenever the material is
@@ -83,6 +84,14 @@ class Credential:
 
 
 @dataclass(frozen=True)
+class StateConfig:
+    """Where pool state outlives the process (docs/state.md)."""
+
+    store: str = "sqlite"  # sqlite (the default file), sqlite:///PATH, or memory
+    namespace: str = "default"  # separates pools that share one store
+
+
+@dataclass(frozen=True)
 class PoolConfig:
     credentials: tuple[Credential, ...] = ()
     policy: Policy = field(default_factory=Policy)
@@ -91,6 +100,7 @@ class PoolConfig:
     routes: dict = field(default_factory=dict)  # route name -> tuple of Endpoint, or None (direct)
     recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
     notes: tuple[str, ...] = ()  # values clamped to their bounds, logged at load
+    state: StateConfig = field(default_factory=lambda: StateConfig())
 
     @property
     def gated_base_urls(self) -> tuple[str, ...]:
@@ -212,7 +222,7 @@ def _parse_pool(doc: object, source: str, environ: Mapping[str, str], base_dir: 
     where = f"pool file {source}"
     if doc is None:
         doc = {}
-    top = _mapping(doc, where, {"credentials", "policy", "base_urls", "routes", "recovery"})
+    top = _mapping(doc, where, {"credentials", "policy", "base_urls", "routes", "recovery", "state"})
     try:
         recovery, notes = parse_recovery(top.get("recovery"), f"{where}: recovery")
     except RecoveryConfigError as exc:
@@ -241,7 +251,24 @@ def _parse_pool(doc: object, source: str, environ: Mapping[str, str], base_dir: 
     if urls is not None and not isinstance(urls, list):
         raise ConfigError(f"{where}: base_urls: expected a list of URLs")
     base_urls = tuple(_base_url(u, f"{where}: base_urls[{i}]") for i, u in enumerate(urls or []))
-    return PoolConfig(tuple(parsed), policy, source, base_urls, routes, recovery, tuple(notes))
+    state = _state(top.get("state"), f"{where}: state")
+    return PoolConfig(tuple(parsed), policy, source, base_urls, routes, recovery, tuple(notes), state)
+
+
+def _state(doc: object, where: str) -> StateConfig:
+    if doc is None:
+        return StateConfig()
+    fields = _mapping(doc, where, {"store", "namespace"})
+    store = fields.get("store", "sqlite")
+    if not isinstance(store, str) or not (store in ("sqlite", "memory") or store.startswith("sqlite:///")):
+        if isinstance(store, str) and store.startswith(("redis://", "rediss://")):
+            raise ConfigError(f"{where}.store: a shared Redis store is not available in this version; "
+                              "use sqlite (the default) or memory")
+        raise ConfigError(f"{where}.store: expected sqlite, sqlite:///ABSOLUTE/PATH or memory")
+    namespace = fields.get("namespace", "default")
+    if not isinstance(namespace, str) or not _NAME.fullmatch(namespace):
+        raise ConfigError(f"{where}.namespace: expected 1-64 letters, digits, '.', '_' or '-'")
+    return StateConfig(store, namespace)
 
 
 def _mapping(value: object, where: str, allowed: set[str]) -> Mapping[str, Any]:
@@ -287,7 +314,7 @@ def _policy(doc: object, where: str) -> Policy:
 
 def _credential(doc: object, where: str, environ: Mapping[str, str], base_dir: Path) -> Credential:
     entry = _mapping(doc, where, {"name", "auth_file", "api_key_env", "base_url", "priority", "route",
-                                  "organization", "project"})
+                                  "organization", "project", "max_usage_percent"})
     name = entry.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(f"{where}.name: expected 1-64 characters of letters, digits, '.', '_' or '-', got {_show(name)}")
@@ -310,8 +337,12 @@ def _credential(doc: object, where: str, environ: Mapping[str, str], base_dir: P
                           "define the proxy URLs under routes: and name the route here")
     organization = _account_field(entry, "organization", where, auth.kind)
     project = _account_field(entry, "project", where, auth.kind)
+    headroom = entry.get("max_usage_percent", 100)
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 1 <= headroom <= 100:
+        raise ConfigError(f"{where}.max_usage_percent: expected a number from 1 to 100 (e.g. 80: stop choosing it "
+                          f"once a rate-limit window is 80% used), got {_show(headroom)}")
     return Credential(name, auth, _base_url(base_url, f"{where}.base_url"), source, priority,
-                      source if has_file else None, route, organization, project)
+                      source if has_file else None, route, organization, project, float(headroom))
 
 
 def _account_field(entry: Mapping[str, Any], key: str, where: str, kind: str) -> str | None:

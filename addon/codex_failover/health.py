@@ -56,6 +56,12 @@ class Health:
     def ready(self, key: str) -> bool:
         return self.state(key).status == READY
 
+    def entries(self) -> list[tuple[str, str, float | None, str]]:
+        """(key, status, until, reason) of every credential not ready (for the state store)."""
+        now = self._clock()
+        out = [(key, OUT, None, reason) for key, reason in self._out.items()]
+        return out + [(key, COOLING, until, reason) for key, (until, reason) in self._cooling.items() if until > now]
+
     def recovers_in(self, key: str) -> float | None:
         """Seconds until `key` is ready (0 when ready now), None when it is out of rotation."""
         state = self.state(key)

@@ -580,7 +580,8 @@ class RequestRun:
         self._record(attempt, cand, FAILOVER, rejection.reason, rejection.status)
 
     def _note_usage(self, cand: Candidate, windows: list[Window]) -> None:
-        self._outcomes.usage_seen(cand.key, cand.name, windows, self.pool.policy, f"[{self.request_id}] ")
+        self._outcomes.usage_seen(cand.key, cand.name, windows, self.pool.policy, f"[{self.request_id}] ",
+                                  cand.full_at)
 
     def _succeeded(self, cand: Candidate) -> None:
         self._outcomes.succeeded(cand.key, self.session)

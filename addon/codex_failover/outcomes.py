@@ -27,19 +27,22 @@ class Outcomes:
                  retry_after: str | None, policy: Policy, where: str = "") -> None:
         if reason == AUTH_REJECTED:
             self.health.take_out(key, f"HTTP {status} from upstream; run `codex login` for this account")
-            log.error("%scredential %s rejected with HTTP %s: taken out of rotation until its auth file changes or "
-                      "the proxy restarts", where, name, status)
+            log.error("%scredential %s rejected with HTTP %s: taken out of rotation until its auth file or key "
+                      "changes", where, name, status)
             return
         seconds = cooldown_seconds(reason, error, retry_after, self.health.now(), policy)
         self.health.cool(key, seconds, reason)
 
-    def usage_seen(self, key: str, name: str, windows: list[Window], policy: Policy, where: str = "") -> None:
-        """A rate-limit window at 100% cools the credential until that window resets."""
-        until = self.usage.record(key, windows)
+    def usage_seen(self, key: str, name: str, windows: list[Window], policy: Policy, where: str = "",
+                   full_at: float = 100.0) -> None:
+        """A rate-limit window at 100% (or the credential's `max_usage_percent`) cools the
+        credential until that window resets."""
+        until = self.usage.record(key, windows, full_at)
         now = self.health.now()
         if until is not None and until > now:
             self.health.cool(key, min(until - now, policy.max_cooldown), USAGE_WINDOW_FULL)
-            log.info("%scredential %s: a rate-limit window is full; cooling until it resets", where, name)
+            log.info("%scredential %s: a rate-limit window is %s; cooling until it resets", where, name,
+                     "full" if full_at >= 100 else f"at or over its max_usage_percent ({full_at:g}%)")
 
     def succeeded(self, key: str, session: str | None) -> None:
         """No longer cooling (unless its usage window is full), and the session's new home."""

@@ -19,6 +19,7 @@ class Candidate:
     base_url: str | None  # None: keep the request's own URL
     is_client: bool
     route: str = "direct"  # the egress route name
+    full_at: float = 100.0  # usage percent at which a window counts as full (max_usage_percent)
 
 
 def client_key(auth: AuthMaterial | None) -> str:
@@ -89,5 +90,5 @@ def _unusable(cand: Candidate, health: Health, now: float) -> str | None:
 def _as_candidate(cred: Credential, is_client: bool) -> Candidate:
     # The client's own credential when it is also pooled keeps the request's URL and headers.
     if is_client:
-        return Candidate(cred.name, cred.name, None, None, True, cred.route)
-    return Candidate(cred.name, cred.name, cred.auth, cred.base_url, False, cred.route)
+        return Candidate(cred.name, cred.name, None, None, True, cred.route, cred.max_usage_percent)
+    return Candidate(cred.name, cred.name, cred.auth, cred.base_url, False, cred.route, cred.max_usage_percent)

@@ -197,6 +197,14 @@ class RouteHealth:
         if state is not None:
             state.probing = False
 
+    def entries(self) -> list[tuple[str, int, float, str]]:
+        """(endpoint key, failures, until on this clock, reason) of every endpoint backing off."""
+        return [(key, st.failures, st.until, st.reason) for key, st in self._states.items() if st.failures]
+
+    def restore(self, ep: Endpoint, failures: int, until: float, reason: str) -> None:
+        """A backoff remembered from before a restart (`until` on this clock)."""
+        self._states[ep.key] = _EndpointState(failures=failures, until=until, reason=reason)
+
     def describe(self, ep: Endpoint) -> str:
         state = self._states.get(ep.key)
         if state is None or state.failures == 0:

@@ -56,15 +56,23 @@ class UsageBook:
     def __init__(self) -> None:
         self._by_key: dict[str, dict[str, Window]] = {}
 
-    def record(self, key: str, windows: list[Window]) -> float | None:
-        """Remember `windows`; the time until which the credential is full (a window at 100%), if any."""
+    def record(self, key: str, windows: list[Window], full_at: float = 100.0) -> float | None:
+        """Remember `windows`; the time until which the credential counts as full (a window at
+        `full_at` percent or more: 100, or the credential's `max_usage_percent`), if any."""
         if not windows:
             return None
         book = self._by_key.setdefault(key, {})
         for w in windows:
             book[w.name] = w
-        full = [w.resets_at for w in windows if w.used_percent >= 100 and w.resets_at is not None]
+        full = [w.resets_at for w in windows if w.used_percent >= full_at and w.resets_at is not None]
         return max(full) if full else None
+
+    def entries(self) -> dict[str, list[Window]]:
+        """Every credential's last known windows (for the state store and the metrics)."""
+        return {key: list(book.values()) for key, book in self._by_key.items()}
+
+    def windows(self, key: str) -> list[Window]:
+        return list(self._by_key.get(key, {}).values())
 
     def describe(self, key: str) -> str:
         book = self._by_key.get(key)

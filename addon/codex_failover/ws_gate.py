@@ -186,7 +186,7 @@ class GateSession:
             except ValueError:
                 return
             self.ctx.outcomes.usage_seen(up.cand.key, up.cand.name, from_event(payload), self.ctx.pool.policy,
-                                         f"[{self.sid}] ")
+                                         f"[{self.sid}] ", up.cand.full_at)
 
     def _upstream_ended(self, up: Upstream) -> None:
         code = up.conn.close_code
@@ -204,7 +204,8 @@ class GateSession:
         rejection = _rejection(decision, step)
         self.dialer.last = rejection
         windows = from_headers(_wrapped_headers(step), self.ctx.health.now())
-        self.ctx.outcomes.usage_seen(up.cand.key, up.cand.name, windows, self.ctx.pool.policy, f"[{self.sid}] ")
+        self.ctx.outcomes.usage_seen(up.cand.key, up.cand.name, windows, self.ctx.pool.policy, f"[{self.sid}] ",
+                                     up.cand.full_at)
         self.ctx.outcomes.rejected(up.cand.key, up.cand.name, rejection.reason, rejection.status, rejection.error,
                                    rejection.retry_after, self.ctx.pool.policy, f"[{self.sid}] ")
         self._attempt_line(up, turn, FAILOVER, rejection.reason)

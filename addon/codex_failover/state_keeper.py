@@ -1,0 +1,159 @@
+"""Keeps the pool's in-memory state (health, usage windows, route backoff, session affinity) in a
+store, so a restart keeps every cooldown, out-of-rotation mark, usage window, backoff and session
+still in force. docs/state.md.
+
+Rows carry non-secret ids: a credential is `cred:<hash>` of its ChatGPT account id or API key
+(stable across machines and local names), a client's own credential `client:<hash>` as the health
+keys already are, a route endpoint the hash of its whole URL. Times are stored as epoch seconds;
+route backoff and affinity run on the monotonic clock in memory and are converted. Change
+detection is a diff of snapshots, flushed every FLUSH seconds off the event loop. Pure but for
+`run` (asyncio) and the store's own I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from typing import Callable
+
+from .affinity import Affinity
+from .auth import CHATGPT, AuthMaterial
+from .config import PoolConfig
+from .health import COOLING, OUT, Health
+from .routes import Endpoint, RouteHealth
+from .state_store import Row, Store
+from .usage import UsageBook, Window
+
+log = logging.getLogger("codex_failover")
+FLUSH = 0.2  # seconds between writes of what changed
+USAGE_TTL = 7 * 24 * 3600.0  # a usage window with no reset time is kept this long
+
+
+def credential_id(auth: AuthMaterial) -> str:
+    """Stable across machines and token refreshes, and not a secret."""
+    basis = f"acct:{auth.account_id}" if auth.kind == CHATGPT and auth.account_id else f"key:{auth.token}"
+    return "cred:" + hashlib.sha256(basis.encode()).hexdigest()[:16]
+
+
+def endpoint_id(ep: Endpoint) -> str:
+    basis = "|".join(map(str, (ep.scheme, ep.host, ep.port, ep.username, ep.password)))
+    return "ep:" + hashlib.sha256(basis.encode()).hexdigest()[:16]
+
+
+class StateKeeper:
+    def __init__(self, store: Store, health: Health, usage: UsageBook, routes: RouteHealth, affinity: Affinity,
+                 wall: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic):
+        self.store, self.health, self.usage, self.routes, self.affinity = store, health, usage, routes, affinity
+        self._wall, self._mono = wall, mono
+        self._ids: dict[str, str] = {}  # health key (pool name) -> credential id
+        self._keys: dict[str, str] = {}  # credential id -> health key
+        self._fingerprints: dict[str, str] = {}  # health key -> its secret's fingerprint (for `out` rows)
+        self._endpoints: dict[str, Endpoint] = {}  # endpoint key (route#i) -> endpoint
+        self._written: dict[tuple[str, str], Row] = {}
+
+    # -- mapping ---------------------------------------------------------------------------
+
+    def bind(self, pool: PoolConfig) -> None:
+        """The current pool: which local names and endpoints the stored ids stand for."""
+        self._ids = {c.name: credential_id(c.auth) for c in pool.credentials}
+        self._keys = {v: k for k, v in self._ids.items()}
+        self._fingerprints = {c.name: c.auth.fingerprint for c in pool.credentials}
+        self._endpoints = {ep.key: ep for eps in pool.routes.values() for ep in eps or ()}
+
+    def _id(self, key: str) -> str:
+        return self._ids.get(key, key)  # client keys (`client:<hash>`) are ids already
+
+    def _key(self, id_: str) -> str | None:
+        if id_.startswith("client:"):
+            return id_
+        return self._keys.get(id_)
+
+    def _fingerprint(self, key: str) -> str:
+        return self._fingerprints.get(key) or key.removeprefix("client:")
+
+    # -- rows <-> memory -------------------------------------------------------------------
+
+    def snapshot(self) -> dict[tuple[str, str], Row]:
+        rows: list[Row] = []
+        for key, status, until, reason in self.health.entries():
+            if status == COOLING:
+                rows.append(Row(COOLING, self._id(key), {"until": until, "reason": reason}, until))
+            elif status == OUT:
+                rows.append(Row(OUT, self._id(key), {"reason": reason, "fingerprint": self._fingerprint(key)}, None))
+        wall, mono = self._wall(), self._mono()
+        for key, windows in self.usage.entries().items():
+            resets = [w.resets_at for w in windows if w.resets_at]
+            value = {"windows": [[w.name, w.used_percent, w.resets_at] for w in windows]}
+            rows.append(Row("usage", self._id(key), value, max(resets) if resets else wall + USAGE_TTL))
+        for ep_key, failures, until, reason in self.routes.entries():
+            ep = self._endpoints.get(ep_key)
+            if ep is not None:
+                at = wall + (until - mono)
+                rows.append(Row("route", endpoint_id(ep), {"failures": failures, "until": at, "reason": reason},
+                                at + self.routes.cap))
+        for session, key, seen in self.affinity.entries():
+            at = wall + (seen - mono)
+            rows.append(Row("session", session, {"credential": self._id(key), "seen": at}, at + self.affinity.idle))
+        return {(r.kind, r.id): r for r in rows}
+
+    def restore(self, rows: list[Row]) -> int:
+        """Apply stored rows to memory (expired ones were dropped by the store); how many applied."""
+        wall, mono = self._wall(), self._mono()
+        by_endpoint = {endpoint_id(ep): ep for ep in self._endpoints.values()}
+        applied = 0
+        for row in sorted(rows, key=lambda r: r.value.get("seen", 0) if r.kind == "session" else 0):
+            value = row.value
+            if row.kind in (COOLING, OUT, "usage"):
+                key = self._key(row.id)
+                if key is None:
+                    continue
+                if row.kind == COOLING and value["until"] > wall:
+                    self.health.cool(key, value["until"] - wall, value["reason"])
+                elif row.kind == OUT and value.get("fingerprint") == self._fingerprint(key):
+                    self.health.take_out(key, value["reason"])  # not when its key or auth file changed since
+                elif row.kind == "usage":
+                    self.usage.record(key, [Window(n, u, r) for n, u, r in value["windows"]])
+                else:
+                    continue
+            elif row.kind == "route" and (ep := by_endpoint.get(row.id)) is not None:
+                self.routes.restore(ep, value["failures"], mono + (value["until"] - wall), value["reason"])
+            elif row.kind == "session" and (key := self._key(value["credential"])) is not None:
+                self.affinity.restore(row.id, key, mono + (value["seen"] - wall))
+            else:
+                continue
+            applied += 1
+        self._written = self.snapshot()
+        return applied
+
+    def changes(self) -> tuple[list[Row], list[tuple[str, str]]]:
+        """What to write since the last call: changed rows, and the ids of rows gone."""
+        current = self.snapshot()
+        upserts = [row for k, row in current.items() if self._written.get(k) != row]
+        deletes = [k for k in self._written if k not in current]
+        self._written = current
+        return upserts, deletes
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Flush changes every FLUSH seconds until cancelled; a failing store is logged once and
+        retried (the proxy keeps serving on its memory)."""
+        failing = False
+        while True:
+            await asyncio.sleep(FLUSH)
+            failing = await self.flush(failing)
+
+    async def flush(self, failing: bool = False) -> bool:
+        upserts, deletes = self.changes()
+        if not upserts and not deletes:
+            return failing
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.store.write, upserts, deletes)
+        except Exception as exc:  # noqa: BLE001 - state is a convenience: serving never depends on it
+            if not failing:
+                log.warning("codex-failover: could not save pool state (%s: %s); will retry", type(exc).__name__, exc)
+            self._written = {}  # write everything again next time
+            return True
+        return False

@@ -1,0 +1,101 @@
+"""Unit tests: pool state to rows and back (state_keeper.py) and the SQLite store. Injected clocks."""
+
+from __future__ import annotations
+
+import json
+
+from codex_failover.affinity import Affinity
+from codex_failover.config import parse_pool
+from codex_failover.health import Health
+from codex_failover.routes import RouteHealth
+from codex_failover.state_keeper import StateKeeper, credential_id
+from codex_failover.state_store import Row, SqliteStore, default_sqlite_path
+from codex_failover.usage import UsageBook, Window
+
+POOL = {"credentials": [{"name": "spare", "api_key_env": "K", "route": "corp"}],
+        "routes": {"corp": ["http://u:p@proxy.test:3128"]}}
+
+
+class Clock:
+    def __init__(self, t):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def world(wall, mono, env=None):
+    pool = parse_pool(POOL, "pool.yaml", env or {"K": "sk-test-secret-1"}, None)
+    health, usage = Health(wall), UsageBook()
+    routes, affinity = RouteHealth(30, 300, mono), Affinity(3600, 100, mono)
+    keeper = StateKeeper(None, health, usage, routes, affinity, wall, mono)
+    keeper.bind(pool)
+    return pool, keeper
+
+
+def test_state_round_trips_across_a_restart_with_a_new_monotonic_clock():
+    wall, mono = Clock(1_800_000_000.0), Clock(500.0)
+    pool, keeper = world(wall, mono)
+    ep = pool.routes["corp"][0]
+    keeper.health.cool("spare", 120, "overloaded")
+    keeper.health.take_out("client:abc", "HTTP 401")
+    keeper.usage.record("spare", [Window("primary", 42.0, wall.t + 600)])
+    keeper.routes.failed(ep, "refused")
+    keeper.affinity.set("thread-1", "spare")
+    rows = list(keeper.snapshot().values())
+    text = json.dumps([r.value for r in rows]) + " ".join(r.id for r in rows)
+    assert "sk-test" not in text and "u:p" not in text and ":p@" not in text
+
+    wall2, mono2 = Clock(wall.t + 10), Clock(7.0)  # ten seconds later, after a reboot
+    _, fresh = world(wall2, mono2)
+    assert fresh.restore(rows) == 5
+    assert fresh.health.state("spare").status == "cooling" and round(fresh.health.recovers_in("spare")) == 110
+    assert fresh.health.state("client:abc").status == "out"
+    assert fresh.usage.windows("spare") == [Window("primary", 42.0, wall.t + 600)]
+    assert "backing off 20s more" in fresh.routes.describe(pool.routes["corp"][0])
+    assert fresh.affinity.get("thread-1") == "spare"
+
+
+def test_a_new_key_under_the_same_name_is_a_new_credential():
+    wall, mono = Clock(1_800_000_000.0), Clock(5.0)
+    _, keeper = world(wall, mono)
+    keeper.health.take_out("spare", "HTTP 401")
+    rows = list(keeper.snapshot().values())
+    _, renewed = world(wall, mono, {"K": "sk-test-secret-2"})
+    assert renewed.restore(rows) == 0 and renewed.health.state("spare").status == "ready"
+
+
+def test_changes_are_diffs():
+    wall, mono = Clock(1_800_000_000.0), Clock(5.0)
+    _, keeper = world(wall, mono)
+    keeper.restore([])
+    assert keeper.changes() == ([], [])
+    keeper.health.cool("spare", 60, "overloaded")
+    upserts, deletes = keeper.changes()
+    assert [r.kind for r in upserts] == ["cooling"] and deletes == []
+    keeper.health.restore("spare")
+    assert keeper.changes() == ([], [("cooling", credential_id(keeper_auth(keeper)))])
+
+
+def keeper_auth(keeper):
+    return parse_pool(POOL, "pool.yaml", {"K": "sk-test-secret-1"}, None).credentials[0].auth
+
+
+def test_sqlite_store_keeps_rows_per_namespace_and_drops_expired(tmp_path):
+    path = tmp_path / "s.sqlite"
+    a, b = SqliteStore(path, "team-a"), SqliteStore(path, "team-b")
+    a.write([Row("cooling", "cred:1", {"until": 200.0, "reason": "x"}, 200.0),
+             Row("out", "cred:2", {"reason": "y"}, None)], [])
+    b.write([Row("cooling", "cred:1", {"until": 900.0, "reason": "z"}, 900.0)], [])
+    assert {r.id for r in a.load(now=100.0)} == {"cred:1", "cred:2"}
+    assert [r.id for r in a.load(now=300.0)] == ["cred:2"]  # expired: gone
+    assert [r.value["reason"] for r in b.load(now=300.0)] == ["z"]
+    a.write([], [("out", "cred:2")])
+    assert a.load(now=300.0) == []
+    a.close()
+    b.close()
+
+
+def test_default_path_follows_xdg_state_home():
+    assert str(default_sqlite_path({"XDG_STATE_HOME": "/x/state"})) == "/x/state/codex-failover/state.sqlite"
+    assert str(default_sqlite_path({"HOME": "/home/me"})) == "/home/me/.local/state/codex-failover/state.sqlite"
