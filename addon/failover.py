@@ -20,6 +20,7 @@ REQUIREMENTS = {
     "python_socks.async_.asyncio": "python-socks[asyncio]>=2.4",
     "wsproto": "wsproto>=1.2",
     "certifi": "certifi",
+    "prometheus_client": "prometheus-client>=0.20",
 }
 MITMPROXY_VERSION = REQUIREMENTS["mitmproxy"].partition("==")[2]
 EXIT_MISSING_DEPENDENCIES = 2

@@ -38,6 +38,7 @@ from .relay import Relay
 from .routes import RouteHealth
 from .rules import RulesError, load_rules
 from .seen_clients import SeenClients
+from .metrics import Metrics, parse_address, snapshot_on_loop
 from .socks_bridge import SocksBridges
 from .state_keeper import StateKeeper
 from .state_store import open_store
@@ -84,6 +85,8 @@ class FailoverAddon:
         self.max_body = 32 * 1024 * 1024  # failover_max_body
         self.keeper: StateKeeper | None = None  # opened when running (unit tests never touch a store)
         self._keeper_task: asyncio.Task | None = None
+        self.metrics: Metrics | None = None  # counters exist once failover_metrics was set
+        self._metrics_server = None
         self._captures: dict[str, Capture] = {}  # client flow id -> what its relayed stream began with
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -103,6 +106,8 @@ class FailoverAddon:
         loader.add_option("failover_max_body", str, "32m",
                           "Largest request body the addon holds for failover (k/m/g suffixes); a larger one is "
                           "passed through untouched, without failover (holding costs a few times its size).")
+        loader.add_option("failover_metrics", str, "",
+                          "Serve Prometheus metrics at HOST:PORT/metrics (e.g. 127.0.0.1:9464); empty: off.")
         loader.add_option("failover_verbose", bool, False,
                           "Also log mitmproxy's per-connection lines for the addon's own attempts and relay hops.")
 
@@ -137,6 +142,13 @@ class FailoverAddon:
             except ValueError:
                 raise exceptions.OptionsError(
                     f"failover_max_body: {ctx.options.failover_max_body!r} is not a size (e.g. 32m)") from None
+        if "failover_metrics" in updated and ctx.options.failover_metrics:
+            try:
+                parse_address(ctx.options.failover_metrics)
+            except ValueError as exc:
+                raise exceptions.OptionsError(str(exc)) from None
+        if "failover_metrics" in updated and self._running:
+            self._serve_metrics()
         if "failover_config" in updated or "failover_rules" in updated:
             self._load_files()
         if "mode" in updated and any(m.startswith("upstream:") for m in ctx.options.mode):
@@ -176,6 +188,7 @@ class FailoverAddon:
     def running(self) -> None:
         self._running = True
         self._open_state()
+        self._serve_metrics()
         self.quiet.install(lambda: self.relay.port)
         self._spawn(self.relay.start())
         for host in self._listen_hosts():
@@ -200,9 +213,30 @@ class FailoverAddon:
         for attempt in self.attempts.values():
             attempt.redact()
         self._close_state()
+        self._stop_metrics()
         self.quiet.uninstall()
         self._spawn(self.relay.close())
         self._spawn(self.bridges.close())
+
+    def _serve_metrics(self) -> None:
+        """(Re)start the /metrics listener for the current failover_metrics (or stop it)."""
+        self._stop_metrics()
+        address = ctx.options.failover_metrics
+        if not address:
+            return
+        if self.metrics is None:
+            self.metrics = Metrics(snapshot_on_loop(asyncio.get_running_loop(), self.status_report))
+        try:
+            self._metrics_server = self.metrics.serve(address)
+        except OSError as exc:
+            log.warning("codex-failover: cannot serve metrics on %s: %s", address, exc)
+            return
+        log.info("codex-failover: Prometheus metrics at %s", self._metrics_server.url)
+
+    def _stop_metrics(self) -> None:
+        server, self._metrics_server = self._metrics_server, None
+        if server is not None:
+            server.stop()
 
     def _open_state(self) -> None:
         """Open the pool's state store (or keep the open one) and restore what is still in force."""
@@ -347,7 +381,7 @@ class FailoverAddon:
         run = RequestRun(flow, self.pool, self.rules, self.health, self.relay, self.attempts,
                          affinity=self.affinity, rotation=n, notices=self._notices, usage=self.usage,
                          route_health=self.route_health, bridges=self.bridges, recovery_slots=self.recovery_slots,
-                         body=body, request_id=f"r{n}")
+                         body=body, request_id=f"r{n}", metrics=self.metrics)
         await self.relay.start()
         # The run may outlive this hook (recovery's heartbeat mode answers the client early and
         # goes on in the background): wait for the run, or for the client's answer to be set.
@@ -493,7 +527,9 @@ class FailoverAddon:
         for cred in self.pool.credentials:
             state = self.health.state(cred.name)
             entry = {"name": cred.name, "kind": cred.kind, "base_url": cred.base_url, "route": cred.route,
-                     "state": state.status, "reason": state.reason, "usage": self.usage.describe(cred.name)}
+                     "state": state.status, "reason": state.reason, "usage": self.usage.describe(cred.name),
+                     "usage_windows": [{"window": w.name, "used_percent": w.used_percent, "resets_at": w.resets_at}
+                                       for w in self.usage.windows(cred.name)]}
             if state.status == "cooling":
                 entry["cooling_for_s"] = round(state.until - now, 1)
             if cred.auth.expires_at is not None and cred.auth.expires_at <= now:

@@ -16,7 +16,7 @@ from mitmproxy import ctx, http
 from mitmproxy.hooks import UpdateHook
 from mitmproxy.connection import ConnectionState, Server
 
-from . import client_answers, story
+from . import client_answers, seen_clients, story
 from .affinity import Affinity, session_of
 from .attempt import CHUNK, END, ERROR, PLACEHOLDER, SECRET_HEADERS, Attempt, Item
 from .auth import AuthMaterial, auth_from_headers
@@ -31,6 +31,7 @@ from .planner import Candidate, Plan, make_plan
 from .recovery import (NO_TERMINAL, RECOVERABLE_STATUS, TRANSPORT, RetryBudget, Slots, TerminalTracker,
                        recoverable_stream_end)
 from .relay import Relay, RelaySession, UpstreamBroken
+from .metrics import Metrics
 from .replay_safety import PIN_HEADER, MovePolicy, assess, strip_encrypted_reasoning
 from .routes import Endpoint, RouteHealth
 from .rules import Rules
@@ -144,6 +145,7 @@ class RequestRun:
     client_auth: AuthMaterial | None = None  # the client's own credential, from `original`
     skipped: dict = field(default_factory=dict)  # credential name -> story.Skipped, for the flow comment
     moved_body: bytes | None = None  # see _moved_body
+    metrics: Metrics | None = None  # Prometheus counters (failover_metrics), if on
 
     async def run(self) -> None:
         self.original = req = self.flow.request.copy()  # attempts copy this; the flow shows no secret
@@ -520,8 +522,12 @@ class RequestRun:
     def _commit(self, attempt: Attempt, cand: Candidate, decision: Decision, held: bytes, state: dict) -> None:
         resp = attempt.flow.response
 
+        committed = time.monotonic()
+
         async def body():
             yield held
+            if self.metrics is not None:  # the relay wrote the held bytes (the first output) and drained
+                self.metrics.first_output_to_client_seconds(time.monotonic() - committed)
             if state["error"] is not None:
                 raise UpstreamBroken(state["error"])
             if state["ended"]:
@@ -548,7 +554,7 @@ class RequestRun:
         """Answer the client: the flow's response, or in heartbeat mode an in-stream failure."""
         if self.sink is None:
             self.flow.response = answer
-            self.decided.set()
+            self._decided()
             return
         try:
             error = json.loads(answer.get_content(strict=False) or b"{}").get("error") or {}
@@ -570,8 +576,13 @@ class RequestRun:
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
-    def _point_at_relay(self, token: str) -> None:
+    def _decided(self) -> None:
+        if not self.decided.is_set() and self.metrics is not None:
+            self.metrics.hold_seconds(time.monotonic() - self.started)
         self.decided.set()
+
+    def _point_at_relay(self, token: str) -> None:
+        self._decided()
         point_at_relay(self.flow, self.relay.port, token)
 
     def _reject(self, attempt: Attempt, cand: Candidate, rejection: Rejection) -> None:
@@ -600,6 +611,7 @@ class RequestRun:
     def _answer_exhausted(self, plan: Plan, last: Rejection | None) -> None:
         retry_after = self._retry_after(plan)
         answer = client_answers.exhausted(last, self.history, retry_after, self.move.why_pinned)
+        self._count_exhausted(answer.status_code)
         self._respond(answer)
         self._log_summary(f"exhausted -> {answer.status_code}")
 
@@ -607,13 +619,19 @@ class RequestRun:
         retry_after = self._retry_after(plan)
         reasons = [(c.name, why, self.health.state(c.key).reason) for c, why in plan.skipped]
         answer = client_answers.all_cooling(reasons, retry_after, self.move.why_pinned)
+        self._count_exhausted(answer.status_code)
         self._respond(answer)
         self._log_summary(f"every credential cooling or out -> {answer.status_code} (not dialled)")
 
     def _answer_broken(self, message: str) -> None:
         answer = client_answers.upstream_failed(message, self.history)
+        self._count_exhausted(answer.status_code)
         self._respond(answer)
         self._log_summary(f"upstream failed -> {answer.status_code}")
+
+    def _count_exhausted(self, status: int) -> None:
+        if self.metrics is not None:
+            self.metrics.exhausted(status)
 
     def _soonest_recovery(self, plan: Plan) -> float | None:
         waits = [w for w in (self.health.recovers_in(k) for k in plan.all_keys) if w is not None]
@@ -662,6 +680,9 @@ class RequestRun:
         self.history.append(entry)
         attempt.judge(story.mark(verdict, reason, ok), story.attempt_comment(self.request_id, entry, total),
                       None if ok else story.attempt_error(verdict, reason))
+        if self.metrics is not None:
+            own = cand.is_client and cand.key.startswith("client:") and self.client_auth is not None
+            self.metrics.attempt(seen_clients.label(self.client_auth) if own else cand.name, verdict, reason)
         self._tell_story()
         log.info("[%s] attempt %d/%d credential=%s route=%s verdict=%s reason=%s status=%s elapsed=%dms",
                  self.request_id, n, total, cand.name, route.replace(" ", "="), verdict, reason, status, elapsed)
