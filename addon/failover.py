@@ -21,6 +21,7 @@ REQUIREMENTS = {
     "wsproto": "wsproto>=1.2",
     "certifi": "certifi",
     "prometheus_client": "prometheus-client>=0.20",
+    "redis": "redis>=5.0",
 }
 MITMPROXY_VERSION = REQUIREMENTS["mitmproxy"].partition("==")[2]
 EXIT_MISSING_DEPENDENCIES = 2

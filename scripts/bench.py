@@ -550,6 +550,10 @@ def warm_up(proxy: ProxyProcess, fake: FakeUpstreamProcess, config: str, input_t
 
 
 def main() -> int:
+    if "--stores" in sys.argv[1:]:  # first-byte latency with each pool state store (scripts/bench_stores.py)
+        import bench_stores
+
+        return bench_stores.main([a for a in sys.argv[1:] if a != "--stores"])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n".join(__doc__.splitlines()[2:]))
     ap.add_argument("--quick", action="store_true", help="smoke run: concurrency 1 and 4, few streams (< 60 s)")

@@ -146,6 +146,22 @@ class ProxyProcess:
         self._log.close()
 
 
+class RedisProcess:
+    """A real redis-server (Debian's package) on 127.0.0.1, no persistence, stopped by its PID."""
+
+    def __init__(self, port: int | None = None):
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--protected-mode", "yes"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        STARTED.append(self.proc)
+        wait_port(self.port, self.proc)
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+
 class MitmwebProcess(ProxyProcess):
     """`mitmweb -s addon/failover.py` on 127.0.0.1 (proxy `port`, web UI `web_port`, password
     `WEB_PASSWORD`), with `api()` to read its JSON API as the browser does."""

@@ -9,7 +9,7 @@ headers. docs/mitmweb.md walks through the same views. The API's view is tests/t
 The marks must be drawn as colour emoji, not as empty boxes: see `assert_drawn_as_colour_emoji`.
 
 Skipped, with the reason, when Playwright or Chromium is missing, except in CI (`CI` set), where that
-fails: `scripts/setup-browser` installs Chromium and the emoji font, `scripts/setup test` Playwright.
+fails: `scripts/setup-system` installs Chromium and the emoji font, `scripts/setup test` Playwright.
 `CODEX_FAILOVER_CHROMIUM` names another Chromium. `CODEX_FAILOVER_UPDATE_SCREENSHOT=1` rewrites
 docs/mitmweb-failover.png; the same picture and a picture of every test's last view always go to the
 test's temporary directory.
@@ -56,7 +56,7 @@ def _playwright_or_skip():
         sync_api = None
         missing.append("playwright is not installed (scripts/setup test installs pyproject's test extra)")
     if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        missing.append(f"no Chromium at {CHROMIUM} (scripts/setup-browser installs it; "
+        missing.append(f"no Chromium at {CHROMIUM} (scripts/setup-system installs it; "
                        "CODEX_FAILOVER_CHROMIUM names another)")
     if missing:
         reason = "; ".join(missing)
@@ -238,7 +238,7 @@ def assert_drawn_as_colour_emoji(page, mark: str) -> None:
     fonts = platform_fonts(page, mark)
     assert fonts and all("emoji" in f["familyName"].lower() for f in fonts), (
         f"{mark} is drawn with {[f['familyName'] for f in fonts]}, not a colour emoji font: "
-        "install one (scripts/setup-browser installs fonts-noto-color-emoji)")
+        "install one (scripts/setup-system installs fonts-noto-color-emoji)")
     png = marker.screenshot()
     counts = page.evaluate(_COUNT_COLOURS, base64.b64encode(png).decode())
     hue = _HUES[mark]

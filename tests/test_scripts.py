@@ -1,5 +1,6 @@
 """The user-facing scripts run end to end (smoke tests: they must not rot)."""
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,10 @@ def test_measure_websocket_prints_its_table():
     out = run(ROOT / "scripts" / "measure_websocket.py", "--quick", timeout=180)
     assert "(c) gate, healthy credential" in out and "rejected, moved to the spare" in out
     assert "gate / passthrough (medians)" in out and "messages/s" in out
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+def test_bench_stores_compares_the_three_stores_side_by_side():
+    out = run(ROOT / "scripts" / "bench.py", "--stores", "--requests", "4", timeout=120)
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
+    assert set(rows) == {"memory", "sqlite", "redis"} and all(r[1] == "4" for r in rows.values())

@@ -48,7 +48,7 @@ def test_state_round_trips_across_a_restart_with_a_new_monotonic_clock():
 
     wall2, mono2 = Clock(wall.t + 10), Clock(7.0)  # ten seconds later, after a reboot
     _, fresh = world(wall2, mono2)
-    assert fresh.restore(rows) == 5
+    assert fresh.start(rows) == 5
     assert fresh.health.state("spare").status == "cooling" and round(fresh.health.recovers_in("spare")) == 110
     assert fresh.health.state("client:abc").status == "out"
     assert fresh.usage.windows("spare") == [Window("primary", 42.0, wall.t + 600)]
@@ -62,13 +62,13 @@ def test_a_new_key_under_the_same_name_is_a_new_credential():
     keeper.health.take_out("spare", "HTTP 401")
     rows = list(keeper.snapshot().values())
     _, renewed = world(wall, mono, {"K": "sk-test-secret-2"})
-    assert renewed.restore(rows) == 0 and renewed.health.state("spare").status == "ready"
+    assert renewed.start(rows) == 0 and renewed.health.state("spare").status == "ready"
 
 
 def test_changes_are_diffs():
     wall, mono = Clock(1_800_000_000.0), Clock(5.0)
     _, keeper = world(wall, mono)
-    keeper.restore([])
+    keeper.start([])
     assert keeper.changes() == ([], [])
     keeper.health.cool("spare", 60, "overloaded")
     upserts, deletes = keeper.changes()

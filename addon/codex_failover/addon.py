@@ -247,17 +247,18 @@ class FailoverAddon:
         self._close_state()
         try:
             store = open_store(spec.store, spec.namespace)
-        except (OSError, ValueError, sqlite3.Error) as exc:
-            log.warning("codex-failover: pool state store %s unavailable (%s); keeping state in memory only",
-                        spec.store, exc)
+        except (OSError, ValueError, ImportError, sqlite3.Error) as exc:
+            log.warning("codex-failover: pool state store unavailable (%s); keeping state in memory only",
+                        type(exc).__name__)
             return
         keeper = StateKeeper(store, self.health, self.usage, self.route_health, self.affinity)
         keeper.spec, keeper.namespace = spec.store, spec.namespace
         keeper.bind(self.pool)
         try:
-            applied = keeper.restore(store.load(time.time()))
-        except sqlite3.Error as exc:
-            log.warning("codex-failover: could not read pool state from %s (%s); starting clean", spec.store, exc)
+            applied = keeper.start(store.load(time.time()))
+        except Exception as exc:  # noqa: BLE001 - sqlite3 or Redis: never keep the proxy from starting
+            log.warning("codex-failover: could not read pool state from %s (%s); starting clean, retrying",
+                        getattr(store, "path", spec.store), type(exc).__name__)
             applied = 0
         where = getattr(store, "path", spec.store)
         log.info("codex-failover: pool state in %s (namespace %s): %d entr%s restored", where, spec.namespace,
@@ -535,13 +536,21 @@ class FailoverAddon:
             if cred.auth.expires_at is not None and cred.auth.expires_at <= now:
                 entry["state"], entry["reason"] = "expired", "run `codex login` for this account"
             creds.append(entry)
-        clients = []
+        clients, listed = [], set()
         for key, name, kind, ago in self.seen_clients.recent():
             state = self.health.state(key)
             entry = {"label": name, "kind": kind, "seen_s_ago": round(ago), "state": state.status, "reason": state.reason}
             if state.status == "cooling":
                 entry["cooling_for_s"] = round(state.until - now, 1)
             clients.append(entry)
+            listed.add(key)
+        for key, status, until, reason in self.health.entries():  # learnt from a shared store, not seen here
+            if key.startswith("client:") and key not in listed:
+                entry = {"label": f"key #{key[7:15]}", "kind": None, "seen_s_ago": None, "state": status,
+                         "reason": reason}
+                if until is not None:
+                    entry["cooling_for_s"] = round(until - now, 1)
+                clients.append(entry)
         routes = [{"endpoint": ep.label, "state": self.route_health.describe(ep),
                    **({"bridge_port": port} if (port := self.bridges.port(ep)) else {})}
                   for endpoints in self.pool.routes.values() for ep in endpoints or ()]

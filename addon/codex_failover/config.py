@@ -260,11 +260,10 @@ def _state(doc: object, where: str) -> StateConfig:
         return StateConfig()
     fields = _mapping(doc, where, {"store", "namespace"})
     store = fields.get("store", "sqlite")
-    if not isinstance(store, str) or not (store in ("sqlite", "memory") or store.startswith("sqlite:///")):
-        if isinstance(store, str) and store.startswith(("redis://", "rediss://")):
-            raise ConfigError(f"{where}.store: a shared Redis store is not available in this version; "
-                              "use sqlite (the default) or memory")
-        raise ConfigError(f"{where}.store: expected sqlite, sqlite:///ABSOLUTE/PATH or memory")
+    if not isinstance(store, str) or not (store in ("sqlite", "memory") or store.startswith("sqlite:///")
+                                          or store.startswith(("redis://", "rediss://"))):
+        raise ConfigError(f"{where}.store: expected sqlite, sqlite:///ABSOLUTE/PATH, redis://HOST:PORT/DB "
+                          "(rediss:// for TLS) or memory")
     namespace = fields.get("namespace", "default")
     if not isinstance(namespace, str) or not _NAME.fullmatch(namespace):
         raise ConfigError(f"{where}.namespace: expected 1-64 letters, digits, '.', '_' or '-'")

@@ -201,6 +201,11 @@ class RouteHealth:
         """(endpoint key, failures, until on this clock, reason) of every endpoint backing off."""
         return [(key, st.failures, st.until, st.reason) for key, st in self._states.items() if st.failures]
 
+    def backing_off_until(self, ep: Endpoint) -> float:
+        """Until when `ep` backs off on this clock (0 when it does not)."""
+        state = self._states.get(ep.key)
+        return state.until if state is not None and state.failures else 0.0
+
     def restore(self, ep: Endpoint, failures: int, until: float, reason: str) -> None:
         """A backoff remembered from before a restart (`until` on this clock)."""
         self._states[ep.key] = _EndpointState(failures=failures, until=until, reason=reason)

@@ -28,6 +28,8 @@ from .usage import UsageBook, Window
 
 log = logging.getLogger("codex_failover")
 FLUSH = 0.2  # seconds between writes of what changed
+REFRESH = 0.5  # a shared store (Redis): how often the others' rows are read (a local cache, <= 1 s old)
+RETRY_MAX = 30.0  # a store that fails is tried again after 1 s, doubling up to this
 USAGE_TTL = 7 * 24 * 3600.0  # a usage window with no reset time is kept this long
 
 
@@ -52,6 +54,9 @@ class StateKeeper:
         self._fingerprints: dict[str, str] = {}  # health key -> its secret's fingerprint (for `out` rows)
         self._endpoints: dict[str, Endpoint] = {}  # endpoint key (route#i) -> endpoint
         self._written: dict[tuple[str, str], Row] = {}
+        self._down_until = 0.0  # on the monotonic clock: the store is not tried before this
+        self._retry = 0.0  # the current retry delay while the store fails
+        self._refreshed = 0.0  # monotonic time of the last read of a shared store
 
     # -- mapping ---------------------------------------------------------------------------
 
@@ -98,8 +103,9 @@ class StateKeeper:
             rows.append(Row("session", session, {"credential": self._id(key), "seen": at}, at + self.affinity.idle))
         return {(r.kind, r.id): r for r in rows}
 
-    def restore(self, rows: list[Row]) -> int:
-        """Apply stored rows to memory (expired ones were dropped by the store); how many applied."""
+    def apply(self, rows: list[Row], sessions: bool = True) -> int:
+        """Apply stored rows to memory (expired ones were dropped by the store); how many applied.
+        Cooldowns are never shortened, a route's later local backoff wins."""
         wall, mono = self._wall(), self._mono()
         by_endpoint = {endpoint_id(ep): ep for ep in self._endpoints.values()}
         applied = 0
@@ -118,12 +124,20 @@ class StateKeeper:
                 else:
                     continue
             elif row.kind == "route" and (ep := by_endpoint.get(row.id)) is not None:
-                self.routes.restore(ep, value["failures"], mono + (value["until"] - wall), value["reason"])
-            elif row.kind == "session" and (key := self._key(value["credential"])) is not None:
+                until = mono + (value["until"] - wall)
+                if self.routes.backing_off_until(ep) >= until:
+                    continue  # this proxy knows a later backoff for it
+                self.routes.restore(ep, value["failures"], until, value["reason"])
+            elif row.kind == "session" and sessions and (key := self._key(value["credential"])) is not None:
                 self.affinity.restore(row.id, key, mono + (value["seen"] - wall))
             else:
                 continue
             applied += 1
+        return applied
+
+    def start(self, rows: list[Row]) -> int:
+        """At start: apply what the store holds; it is all written already."""
+        applied = self.apply(rows)
         self._written = self.snapshot()
         return applied
 
@@ -138,22 +152,39 @@ class StateKeeper:
     # -- the loop --------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Flush changes every FLUSH seconds until cancelled; a failing store is logged once and
-        retried (the proxy keeps serving on its memory)."""
-        failing = False
+        """Until cancelled: write what changed every FLUSH seconds and, for a shared store, read the
+        others' rows every REFRESH seconds. A failing store is logged once and retried with backoff;
+        the proxy keeps serving on its own memory meanwhile (fail-open)."""
         while True:
             await asyncio.sleep(FLUSH)
-            failing = await self.flush(failing)
+            if self._mono() < self._down_until:
+                continue
+            await self._guarded(self.flush)
+            if getattr(self.store, "shared", False) and self._mono() - self._refreshed >= REFRESH:
+                await self._guarded(self.refresh)
 
-    async def flush(self, failing: bool = False) -> bool:
+    async def flush(self) -> None:
         upserts, deletes = self.changes()
-        if not upserts and not deletes:
-            return failing
-        try:
+        if upserts or deletes:
             await asyncio.get_running_loop().run_in_executor(None, self.store.write, upserts, deletes)
+
+    async def refresh(self) -> None:
+        """The others' changes (a shared store): cooldowns, out-of-rotation marks, usage, backoffs."""
+        self._refreshed = self._mono()
+        rows = await asyncio.get_running_loop().run_in_executor(None, self.store.load, self._wall())
+        self.apply(rows, sessions=False)
+
+    async def _guarded(self, step) -> None:
+        try:
+            await step()
         except Exception as exc:  # noqa: BLE001 - state is a convenience: serving never depends on it
-            if not failing:
-                log.warning("codex-failover: could not save pool state (%s: %s); will retry", type(exc).__name__, exc)
-            self._written = {}  # write everything again next time
-            return True
-        return False
+            if not self._retry:
+                log.warning("codex-failover: pool state store unavailable (%s: %s); serving on this proxy's own "
+                            "view, retrying", type(exc).__name__, exc)
+            self._retry = min(RETRY_MAX, self._retry * 2 or 1.0)
+            self._down_until = self._mono() + self._retry
+            self._written = {}  # once it is back, everything is written again
+            return
+        if self._retry:
+            log.warning("codex-failover: pool state store is back; sharing again")
+            self._retry = 0.0

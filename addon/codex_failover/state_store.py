@@ -19,6 +19,7 @@ from typing import Iterable, Protocol
 
 MEMORY = "memory"
 SQLITE = "sqlite"
+REDIS_TIMEOUT = 0.5  # seconds for a Redis connect or command: a slow Redis must not slow the proxy down
 
 
 @dataclass(frozen=True)
@@ -107,10 +108,63 @@ class SqliteStore:
             self._db.close()
 
 
+class RedisStore:
+    """Shared by every proxy that names it: one key per row, `codex-failover:<namespace>:<kind>:<id>`,
+    its JSON value, expiring with the row (PEXPIREAT). `shared` tells the keeper to read the
+    others' rows while running, not only at start."""
+
+    shared = True
+
+    def __init__(self, url: str, namespace: str):
+        import redis  # only for a Redis store
+
+        self.url = url
+        self.prefix = f"codex-failover:{namespace}:"
+        self._redis = redis.Redis.from_url(url, socket_timeout=REDIS_TIMEOUT, socket_connect_timeout=REDIS_TIMEOUT,
+                                           retry_on_timeout=False)
+
+    @property
+    def path(self) -> str:
+        """Where, for the log: the URL without its password."""
+        from .routes import redact_url
+
+        return redact_url(self.url)
+
+    def load(self, now: float) -> list[Row]:
+        names = list(self._redis.scan_iter(match=self.prefix + "*", count=1000))
+        values = self._redis.mget(names) if names else []
+        out = []
+        for name, value in zip(names, values):
+            kind, _, id_ = name.decode()[len(self.prefix):].partition(":")
+            try:
+                doc = json.loads(value) if value is not None else None
+            except ValueError:
+                continue
+            if isinstance(doc, dict) and (doc.get("expires") is None or doc["expires"] > now):
+                out.append(Row(kind, id_, doc["value"], doc.get("expires")))
+        return out
+
+    def write(self, upserts, deletes) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        for r in upserts:
+            name = f"{self.prefix}{r.kind}:{r.id}"
+            pipe.set(name, json.dumps({"value": r.value, "expires": r.expires}, separators=(",", ":")))
+            if r.expires is not None:
+                pipe.pexpireat(name, int(r.expires * 1000))
+        for kind, id_ in deletes:
+            pipe.delete(f"{self.prefix}{kind}:{id_}")
+        pipe.execute()
+
+    def close(self) -> None:
+        self._redis.close()
+
+
 def open_store(spec: str, namespace: str, environ=os.environ) -> Store:
-    """`memory`, `sqlite` (the default file) or `sqlite:///absolute/path.sqlite`."""
+    """`memory`, `sqlite` (the default file), `sqlite:///absolute/path.sqlite` or `redis[s]://...`."""
     if spec == MEMORY:
         return MemoryStore()
+    if spec.startswith(("redis://", "rediss://", "unix://")):
+        return RedisStore(spec, namespace)
     if spec == SQLITE:
         return SqliteStore(default_sqlite_path(environ), namespace)
     if spec.startswith("sqlite:///"):
