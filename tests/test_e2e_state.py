@@ -173,3 +173,23 @@ def test_max_usage_percent_leaves_headroom_and_is_remembered(fake, tmp_path):
         finally:
             proxy.stop()
     assert served(fake) == ["sk-test-a-good", "sk-test-b-good"]
+
+
+def test_two_proxies_on_one_machine_share_the_sqlite_file_safely(fake, tmp_path):
+    """WAL mode: two proxies writing the same file at once lose nothing and raise nothing."""
+    url = f"{fake.base}/v1/responses"
+    text, env = pool_yaml(fake.base, [("spare", KEYS["spare"])])
+    env = {**env, "XDG_STATE_HOME": str(tmp_path / "state")}
+    a, b = ProxyProcess(tmp_path / "a", text, env), ProxyProcess(tmp_path / "b", text, env)
+    try:
+        for i in range(6):
+            proxy = a if i % 2 else b
+            assert post_responses(proxy.port, url, f"sk-test-client{i}-overload",
+                                  headers={"session-id": f"s{i}"}).status == 200
+    finally:
+        a.stop()
+        b.stop()
+    for proxy in (a, b):
+        assert "could not save" not in proxy.log() and "unavailable" not in proxy.log(), proxy.log()
+    kinds = [row[0] for row in state_rows(tmp_path)]
+    assert kinds.count("cooling") == 6 and kinds.count("session") == 6, kinds
