@@ -31,6 +31,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .routes import looks_like_secret
+from .usage import finite_number
 
 log = logging.getLogger("codex_failover")
 
@@ -101,14 +102,6 @@ def parse_address(address: str) -> tuple[str, int]:
 # --- the scrape-time gauges ---------------------------------------------------------------------
 
 
-def _number(value) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if number == number else None
-
-
 def route_state(text: str) -> str | None:
     """RouteHealth.describe's text -> one of ROUTE_STATES (None for text it does not know)."""
     text = str(text or "")
@@ -161,13 +154,13 @@ class _Gauges:
         state = str(entry.get("state"))
         for s in CREDENTIAL_STATES:
             self.state.add_metric([name, source, s], 1.0 if s == state else 0.0)
-        cooling = _number(entry.get("cooling_for_s")) if state == "cooling" else None
+        cooling = finite_number(entry.get("cooling_for_s")) if state == "cooling" else None
         self.cooldown.add_metric([name, source], max(0.0, cooling or 0.0))
         for w in entry.get("usage_windows") or ():
             window = label(w.get("window"))
-            if (used := _number(w.get("used_percent"))) is not None:
+            if (used := finite_number(w.get("used_percent"))) is not None:
                 self.usage.add_metric([name, window], used)
-            if (resets := _number(w.get("resets_at"))) is not None:
+            if (resets := finite_number(w.get("resets_at"))) is not None:
                 self.resets.add_metric([name, window], resets)
 
     def route(self, entry: dict) -> None:
@@ -215,7 +208,7 @@ class SnapshotCollector(Collector):
             _each(report.get("clients"), "client", lambda c: gauges.credential(c, "label", "client"))
             _each(report.get("routes"), "route", gauges.route)
             for key, family in gauges.scalars.items():
-                if (value := _number(report.get(key))) is not None:
+                if (value := finite_number(report.get(key))) is not None:
                     family.add_metric([], value)
             sockets = report.get("websockets")
             if isinstance(sockets, list):

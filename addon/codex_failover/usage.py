@@ -18,7 +18,8 @@ class Window:
     resets_at: float | None  # epoch seconds
 
 
-def _number(value) -> float | None:
+def finite_number(value) -> float | None:
+    """`value` as a float, or None (not a number, or NaN)."""
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -29,11 +30,11 @@ def _number(value) -> float | None:
 def from_headers(headers: Mapping[str, str], now: float) -> list[Window]:
     out = []
     for name in WINDOWS:
-        used = _number(headers.get(f"x-codex-{name}-used-percent"))
+        used = finite_number(headers.get(f"x-codex-{name}-used-percent"))
         if used is None:
             continue
-        resets = _number(headers.get(f"x-codex-{name}-reset-at"))
-        after = _number(headers.get(f"x-codex-{name}-reset-after-seconds"))
+        resets = finite_number(headers.get(f"x-codex-{name}-reset-at"))
+        after = finite_number(headers.get(f"x-codex-{name}-reset-after-seconds"))
         if resets is None and after is not None:
             resets = now + after
         out.append(Window(name, used, resets))
@@ -47,8 +48,8 @@ def from_event(payload: Mapping) -> list[Window]:
     out = []
     for name in WINDOWS:
         window = limits.get(name)
-        if isinstance(window, dict) and (used := _number(window.get("used_percent"))) is not None:
-            out.append(Window(name, used, _number(window.get("reset_at"))))
+        if isinstance(window, dict) and (used := finite_number(window.get("used_percent"))) is not None:
+            out.append(Window(name, used, finite_number(window.get("reset_at"))))
     return out
 
 
