@@ -242,3 +242,27 @@ def test_an_http11_client_keeps_its_connection_across_held_requests(fake, tmp_pa
         assert socks[0] is not None and socks[0] is socks[1] is socks[2], "the client had to reconnect"
     finally:
         proxy.stop()
+
+
+def test_the_gate_takes_a_64_mib_message_whole(fake, tmp_path):
+    """Under failover_max_body the gate passes a huge message on and the turn completes; memory stays
+    a small multiple of the message (timings: docs/architecture.md, known limits)."""
+    from harness import WsClient, WsRejected
+
+    text, env = pool_yaml(fake.base, [("spare", "sk-test-spare-2")], use_client_credential=False)
+    proxy = ProxyProcess(tmp_path / "proxy", text, env,
+                         extra=["--set", "failover_websocket=gate", "--set", "failover_max_body=128m"])
+    try:
+        client = WsClient.connect(proxy.port, f"{fake.base}/v1/responses",
+                                  {"authorization": "Bearer sk-test-client-0", "session-id": "thread-1"})
+        assert not isinstance(client, WsRejected), client
+        client.sock.settimeout(120)
+        before = rss_mib(proxy.proc.pid)
+        client.send_json({"type": "response.create", "model": "gpt-fake", "stream": True,
+                          "input": [{"type": "message", "role": "user", "content": [
+                              {"type": "input_text", "text": "x" * (64 * 1024 * 1024)}]}]})
+        events = client.recv_turn(120)
+        assert events[-1]["type"] == "response.completed", events[-1]
+        assert rss_mib(proxy.proc.pid) - before < 5 * 64
+    finally:
+        proxy.stop()
