@@ -24,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from chaos_adversarial import AdversarialRuns
 from harness import (FakeUpstreamProcess, LocalProxies, ProxyProcess, WsClient, WsRejected, free_port, pool_yaml,
                      post_responses, proxy_status, start_raw_post)
 
@@ -38,7 +39,7 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-class Scenario:
+class Scenario(AdversarialRuns):
     def __init__(self, spec: dict, tmp: Path, proxies: LocalProxies):
         self.spec, self.tmp, self.proxies = spec, tmp, proxies
         self.expect = spec.get("expect", {})
@@ -48,7 +49,8 @@ class Scenario:
     # -- set-up ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.fake = FakeUpstreamProcess(self.tmp, "--pace", "0.002", "--deltas", "6", "--stall", "2")
+        self.fake = FakeUpstreamProcess(self.tmp, "--pace", "0.002", "--deltas", "6", "--stall", "2",
+                                        *map(str, self.spec.get("fake_args", [])))
         routes = {name: [self._endpoint(url) for url in urls] for name, urls in self.spec.get("routes", {}).items()}
         creds = []
         for i, spare in enumerate(self.spec.get("spares", [])):
@@ -57,12 +59,15 @@ class Scenario:
         policy = {"bootstrap_timeout": "10s", **self.spec.get("policy", {})}
         text, env = pool_yaml(self.fake.base, creds, routes or None, **policy)
         self.websocket = self.spec.get("kind", "single").startswith("websocket")
-        self.proxy = ProxyProcess(self.tmp, text, env, extra=["--set", "failover_websocket=gate"] if self.websocket else None)
+        extra = (["--set", "failover_websocket=gate"] if self.websocket else []) + list(self.spec.get("proxy_args", []))
+        self.proxy = ProxyProcess(self.tmp, text, env, extra=extra)
         self.url = f"{self.fake.base}/v1/responses"
 
     def _endpoint(self, url: str) -> str:
         if url == "DEAD":
             return f"http://127.0.0.1:{free_port()}"
+        if url == "SOCKS":
+            return f"socks5://alice:s3cret@127.0.0.1:{self.proxies.socks5('chaos-socks', users={'alice': 's3cret'})}"
         if url == "FLAPPY":
             return f"http://127.0.0.1:{self.proxies.http_proxy(f'flappy-{id(self)}', mode='flap')}"
         return url
