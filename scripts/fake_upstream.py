@@ -278,6 +278,7 @@ class FakeUpstream:
         record["body_bytes"] = len(body)
         record["session"] = headers.get("session-id") or headers.get("session_id")
         record["proxy_authorization"] = "proxy-authorization" in headers  # must never arrive here
+        record["account_headers"] = {k: headers[k] for k in ("openai-organization", "openai-project") if k in headers}
         record.update(request_facts(body, headers))
         self._log(record)
         if scenario == "overload-once":

@@ -266,3 +266,24 @@ def test_the_gate_takes_a_64_mib_message_whole(fake, tmp_path):
         assert rss_mib(proxy.proc.pid) - before < 5 * 64
     finally:
         proxy.stop()
+
+
+def test_a_moved_attempt_carries_only_the_new_credentials_organization_and_project(fake, tmp_path):
+    from harness import post_responses
+
+    text = (f"credentials:\n"
+            f"  - {{name: plain, api_key_env: KEY_P, base_url: {fake.base}/v1}}\n"
+            f"  - {{name: org, api_key_env: KEY_O, base_url: {fake.base}/v1, organization: org-SPARE, "
+            f"project: proj_SPARE}}\n")
+    env = {"KEY_P": "sk-test-plain-overload", "KEY_O": "sk-test-org-good"}
+    proxy = ProxyProcess(tmp_path / "proxy", text, env)
+    try:
+        reply = post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-overload",
+                               headers={"OpenAI-Organization": "org-CLIENT", "OpenAI-Project": "proj_CLIENT"})
+        assert reply.status == 200
+    finally:
+        proxy.stop()
+    sent = [(r["credential"], r["account_headers"]) for r in fake.model_requests()]
+    assert sent == [("sk-test-client-overload", {"openai-organization": "org-CLIENT", "openai-project": "proj_CLIENT"}),
+                    ("sk-test-plain-overload", {}),
+                    ("sk-test-org-good", {"openai-organization": "org-SPARE", "openai-project": "proj_SPARE"})], sent
