@@ -188,3 +188,36 @@ def test_the_next_request_shows_the_clients_own_credential_skipped_while_cooling
     finally:
         web.stop()
         fake.stop()
+
+
+def test_a_silent_proxy_route_shows_no_secret_and_fails_over_before_dispatch(tmp_path):
+    """Plain-http upstream behind an HTTP proxy that never answers CONNECT: while the attempt waits,
+    mitmweb shows only the placeholder; at connect_timeout it is a pre-dispatch failure, and the
+    next credential serves (the proxy's TCP being up is not "connected")."""
+    from harness import LocalProxies
+
+    fake = FakeUpstreamProcess(tmp_path)
+    local = LocalProxies()
+    try:
+        silent = local.http_proxy("silent", mode="silent")
+        text, env = pool_yaml(fake.base, [("a", "sk-proj-SECRETVIAPROXY-good", "corp"), ("b", "sk-test-b-good")],
+                              {"corp": [f"http://127.0.0.1:{silent}"]}, use_client_credential=False,
+                              connect_timeout="2s")
+        web = MitmwebProcess(tmp_path / "web", text, env)
+        try:
+            sock = start_raw_post(web.port, f"{fake.base}/v1/responses", "sk-test-client-good", timeout=15)
+            wait_for(lambda: local.connections["silent"] == 1, what="the attempt to reach the silent proxy")
+            time.sleep(0.5)
+            assert_no_secret(web.api("/flows", raw=True) + web.api("/flows/dump", raw=True), "SECRETVIAPROXY")
+            sock.settimeout(15)
+            head = sock.recv(65536)
+            sock.close()
+            assert head.startswith(b"HTTP/1.1 200"), head[:200]
+            log = web.log()
+            assert "credential=a route=corp[0]" in log and "reason=pre_dispatch" in log, log
+            assert "credential=b" in log and "verdict=commit" in log
+        finally:
+            web.stop()
+    finally:
+        local.close()
+        fake.stop()

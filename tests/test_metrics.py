@@ -455,3 +455,18 @@ def test_snapshot_on_loop_called_on_the_loop_itself_does_not_wait():
         return Metrics(snapshot_on_loop(asyncio.get_running_loop(), report, timeout=5)).render()
 
     assert samples(asyncio.run(scrape()))[("codex_failover_snapshot_ok", ())] == 1
+
+
+def test_the_listener_answers_only_peers_the_pool_rule_allows():
+    import urllib.error
+    import urllib.request
+
+    from codex_failover.metrics import Metrics
+
+    server = Metrics().serve("127.0.0.1:0", allows=lambda peer: False)
+    try:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5)
+        assert refused.value.code == 403
+    finally:
+        server.stop()

@@ -74,3 +74,11 @@ def test_backoff_doubles_to_the_cap_and_one_probe_at_a_time():
 )
 def test_connection_failure_classes(message, expected):
     assert classify_connection_error(message, response_started=False) == expected
+
+
+def test_a_socks_endpoint_at_an_ipv6_literal_is_dialled_in_brackets():
+    from codex_failover.routes import parse_endpoint
+    from codex_failover.socks_bridge import _proxy_url
+
+    ep = parse_endpoint("tunnel", 0, "socks5://u:p@[::1]:1080")
+    assert _proxy_url(ep) == "socks5://u:p@[::1]:1080"

@@ -99,3 +99,43 @@ def test_sqlite_store_keeps_rows_per_namespace_and_drops_expired(tmp_path):
 def test_default_path_follows_xdg_state_home():
     assert str(default_sqlite_path({"XDG_STATE_HOME": "/x/state"})) == "/x/state/codex-failover/state.sqlite"
     assert str(default_sqlite_path({"HOME": "/home/me"})) == "/home/me/.local/state/codex-failover/state.sqlite"
+
+
+def jwt(claims: dict) -> str:
+    import base64
+
+    def part(doc):
+        return base64.urlsafe_b64encode(json.dumps(doc).encode()).rstrip(b"=").decode()
+    return f"{part({'alg': 'none'})}.{part(claims)}.sig"
+
+
+def test_members_of_one_chatgpt_workspace_get_distinct_ids():
+    from codex_failover.auth import CHATGPT, AuthMaterial
+
+    def member(user):
+        token = jwt({"sub": user, "https://api.openai.com/auth": {"chatgpt_user_id": user}})
+        return AuthMaterial(CHATGPT, token, account_id="acct-team")
+    assert credential_id(member("user-alice")) != credential_id(member("user-bob"))
+    refreshed = AuthMaterial(CHATGPT, jwt({"sub": "user-alice", "exp": 2, "https://api.openai.com/auth":
+                                           {"chatgpt_user_id": "user-alice"}}), account_id="acct-team")
+    assert credential_id(refreshed) == credential_id(member("user-alice"))  # a token refresh keeps the id
+
+
+def test_a_row_of_another_shape_is_skipped_alone():
+    wall, mono = Clock(1_800_000_000.0), Clock(5.0)
+    pool, keeper = world(wall, mono)
+    good = Row("cooling", credential_id(pool.credentials[0].auth), {"until": wall.t + 60, "reason": "overloaded"},
+               wall.t + 60)
+    odd = [Row("cooling", "client:abc", {"until_wall": 5}, None), Row("route", "ep:x", "not a dict", None),
+           Row("session", "s", {"credential": 7, "seen": "yesterday"}, None), Row("usage", "client:abc", {}, None)]
+    assert keeper.start(odd + [good]) == 1
+    assert keeper.health.state("spare").status == "cooling"
+
+
+def test_endpoint_ids_leave_the_password_out():
+    from codex_failover.routes import parse_endpoint
+    from codex_failover.state_keeper import endpoint_id
+
+    a = parse_endpoint("corp", 0, "http://u:one@proxy.test:3128")
+    b = parse_endpoint("corp", 0, "http://u:two@proxy.test:3128")
+    assert endpoint_id(a) == endpoint_id(b)

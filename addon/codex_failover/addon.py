@@ -227,7 +227,8 @@ class FailoverAddon:
         if self.metrics is None:
             self.metrics = Metrics(snapshot_on_loop(asyncio.get_running_loop(), self.status_report))
         try:
-            self._metrics_server = self.metrics.serve(address)
+            # The same rule as the pool and the status page (read at each scrape: options may change).
+            self._metrics_server = self.metrics.serve(address, lambda peer: self.clients.allows(peer))
         except OSError as exc:
             log.warning("codex-failover: cannot serve metrics on %s: %s", address, exc)
             return
@@ -436,26 +437,6 @@ class FailoverAddon:
         if attempt is not None:
             await attempt.on_response()
 
-    def server_connected(self, data) -> None:
-        # For an https upstream the request leaves only after TLS (through any proxy tunnel) is up:
-        # see tls_established_server. A plain-http upstream sends it once TCP is up.
-        for attempt in self.attempts.values():
-            if attempt.owns(data.client) and attempt.flow.request.scheme == "http":
-                attempt.connected = True
-                if attempt.flow.server_conn.via is None:  # through a proxy: see http_connect_upstream
-                    attempt.arm()
-
-    def tls_established_server(self, data) -> None:
-        for attempt in self.attempts.values():
-            if attempt.owns(data.context.client):
-                attempt.connected = True
-                attempt.arm()
-
-    def tls_failed_server(self, data) -> None:
-        for attempt in self.attempts.values():
-            if attempt.owns(data.context.client):
-                attempt.redact()
-
     def server_connect_error(self, data) -> None:
         # Runs before the attempt's `error` hook, which built-in addons (save_stream) see first:
         # the request never left, so redact it now and no saved flow holds a spare's secret.
@@ -471,8 +452,6 @@ class FailoverAddon:
             authorization = self.bridges.proxy_authorization(attempt.endpoint) if attempt.endpoint else None
             if authorization is not None:  # an HTTP proxy's credentials, or a SOCKS bridge's secret
                 flow.request.headers["Proxy-Authorization"] = authorization
-            if attempt.flow.request.scheme == "http":  # the head follows the proxy's answer to this CONNECT
-                attempt.arm()
 
     async def error(self, flow: http.HTTPFlow) -> None:
         self._restore_client_request(flow)

@@ -7,15 +7,18 @@ semi-internal class (hence the exact mitmproxy pin). Verified against 12.3.1:
 - a stream callable set in `responseheaders` is called once per chunk and with b"" at the end;
 - cancelling needs both `flow.kill()` (before the connection exists) and cancelling the
   handler's transport tasks (mid-stream; `kill()` alone does not stop a streaming response);
-- the request head is assembled (from `flow.request`) and written inside one of the handler's
-  `server_event` calls, after the last hook before it: `server_connected` (plain http),
-  `http_connect_upstream` (plain http through a proxy: the head follows the proxy's 200) or
-  `tls_established_server` (https, through any tunnel); the HTTP/1 client layer then holds that
-  request object (docs/mitmproxy-12.3.1-replay-notes.md §8).
+- the request head is assembled (from `flow.request`) and written inside the handler's
+  `server_event`, which runs the protocol layers while holding `_server_event_lock`, without any
+  await inside it (server.py:384); the HTTP/1 client layer then holds that request object, an
+  HTTP/2 one has opened a stream for it. `server_event` calls may nest (a hook task started
+  eagerly inside one waits on the lock), so only the lock marks the synchronous section
+  (docs/mitmproxy-12.3.1-replay-notes.md §8).
 
 What mitmweb shows and `-w` saves is the flow object itself, at every moment: secrets are kept
-off it. The flow holds placeholders from the start; the real header values are put on it only in
-that last hook and taken off again by the first `server_event` after which the head is written. Each attempt's verdict (mark, comment, error) is on the flow before its
+off it. The flow holds placeholders from the start; until the head is written, the real header
+values are on it only while the handler holds that lock (`_ArmingLock`), so no other code (a hook,
+mitmweb's API, a save) can ever see them, whatever the route (direct, HTTP or HTTPS proxy, SOCKS
+bridge) and however long a tunnel or handshake takes. Each attempt's verdict (mark, comment, error) is on the flow before its
 final hook returns, so saved flows carry it (docs/observability.md, "mitmweb").
 """
 
@@ -30,7 +33,6 @@ from dataclasses import dataclass
 from mitmproxy import ctx, flow as mitmflow, http
 from mitmproxy.addons.clientplayback import ReplayHandler
 from mitmproxy.connection import Server
-from mitmproxy.proxy import events
 
 from .quiet_log import replay_level
 
@@ -69,24 +71,43 @@ class Capture:
             response.raw_content = bytes(self.data)
 
 
+class _ArmingLock(asyncio.Lock):
+    """The handler's `_server_event_lock`: while it is held (the protocol layers running, nothing
+    else), the attempt's flow carries the real secret headers, until the request head is written."""
+
+    def __init__(self, attempt: "Attempt", handler: "_AttemptReplay"):
+        super().__init__()
+        self._attempt, self._handler = attempt, handler
+
+    async def acquire(self) -> bool:
+        acquired = await super().acquire()
+        if not self._attempt.sent:
+            self._attempt.arm()
+        return acquired
+
+    def release(self) -> None:
+        attempt = self._attempt
+        if not attempt.sent:
+            attempt.sent = attempt.connected = self._handler.head_written()
+            attempt.redact()
+        super().release()
+
+
 class _AttemptReplay(ReplayHandler):
     """mitmproxy's replay handler, its per-connection INFO lines lowered to DEBUG (quiet_log.py),
     telling its attempt when the request head has been written."""
 
-    def __init__(self, flow: http.HTTPFlow, options, after_event) -> None:
+    def __init__(self, flow: http.HTTPFlow, options, attempt: "Attempt") -> None:
         super().__init__(flow, options)
-        self._after_event = after_event
-
-    async def server_event(self, event: events.Event) -> None:
-        await super().server_event(event)
-        self._after_event()
+        self._server_event_lock = _ArmingLock(attempt, self)
 
     def head_written(self) -> bool:
-        """Has an HTTP/1 client layer taken this flow's request (and so written its head)?"""
+        """Has the request head been written? An HTTP/1 client layer holds the flow's request once
+        it wrote its head; an HTTP/2 one has opened a stream for it (one request per attempt)."""
         todo = list(self.layer.connections.values())
         while todo:
             layer = todo.pop()
-            if getattr(layer, "request", None) is self.flow.request:
+            if getattr(layer, "request", None) is self.flow.request or getattr(layer, "our_stream_id", None):
                 return True
             if getattr(layer, "child_layer", None) is not None:
                 todo.append(layer.child_layer)
@@ -114,7 +135,7 @@ class Attempt:
         self.flow.metadata[ATTEMPT_TAG] = label
         self.n = n
         self.endpoint = None  # the route endpoint (routes.Endpoint) this attempt goes through, if any
-        self.connected = False  # the way to the upstream is up (TCP, and the tunnel and TLS for https)
+        self.connected = False  # the way to the upstream is up (TCP, any tunnel, TLS): the request head left
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self._stashed: Item | None = None  # see next_batch
         self.streaming = False
@@ -123,7 +144,7 @@ class Attempt:
         self._handler: _AttemptReplay | None = None
         self._task: asyncio.Task | None = None
         self._wire: dict[str, list[str]] = {}  # secret headers' real values, for the wire only
-        self.armed = False  # the real values are on the flow until the head is written
+        self.sent = False  # the request head was written: the real values are never needed again
         self.judged = asyncio.Event()  # the run has put its verdict on the flow
         self.verdict_error: str | None = None  # the flow's error once it ends, for a loser
         self.finished = False  # the whole response arrived
@@ -136,7 +157,7 @@ class Attempt:
         self._hide_secrets()
         self.flow.server_conn = Server(address=(self.flow.request.host, self.flow.request.port))
         self.flow.server_conn.via = via
-        self._handler = _AttemptReplay(self.flow, ctx.options, self._after_event)
+        self._handler = _AttemptReplay(self.flow, ctx.options, self)
         self._task = asyncio.get_running_loop().create_task(self._handler.replay())
 
     # -- called from the addon's hooks for this attempt's flow (synchronous) ---------------
@@ -149,20 +170,11 @@ class Attempt:
         self.redact()
 
     def arm(self) -> None:
-        """The request head is written right after this hook: the real values go on the flow for
-        that moment only (see the module docstring)."""
-        if self.finished or not self._wire:
-            return
+        """The real values on the flow, for one synchronous step of the protocol layers only."""
         for name, values in self._wire.items():
             self.flow.request.headers.set_all(name, values)
-        self.armed = True
-
-    def _after_event(self) -> None:
-        if self.armed and self._handler.head_written():
-            self.redact()
 
     def redact(self) -> None:
-        self.armed = False
         headers = self.flow.request.headers
         for name in self._wire:
             if name in headers:

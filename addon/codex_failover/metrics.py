@@ -255,9 +255,11 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, host: str, port: int, registry: CollectorRegistry) -> None:
+    def __init__(self, host: str, port: int, registry: CollectorRegistry,
+                 allows: Callable[[str], bool] | None = None) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.registry = registry
+        self.allows = allows  # which peers may scrape (the pool's failover_clients rule); None: anyone
         self.loopback = ipaddress.ip_address(host).is_loopback
         super().__init__((host, port), _Handler)
 
@@ -293,6 +295,8 @@ class _Handler(BaseHTTPRequestHandler):
     sys_version = ""
 
     def do_GET(self) -> None:  # noqa: N802 - the http.server naming
+        if self.server.allows is not None and not self.server.allows(self.client_address[0]):
+            return self._answer(403, b"forbidden: this proxy's metrics are for its own machine (failover_clients)\n")
         if self.server.loopback and not _host_allowed(self.headers.get("Host")):
             return self._answer(403, b"forbidden\n")
         if self.path.partition("?")[0] != PATH:
@@ -330,8 +334,9 @@ class _Handler(BaseHTTPRequestHandler):
 class MetricsServer:
     """A running listener: `host`, `port` (the bound one, also for port 0), `url`, and `stop()`."""
 
-    def __init__(self, host: str, port: int, registry: CollectorRegistry) -> None:
-        self._server = _Server(host, port, registry)
+    def __init__(self, host: str, port: int, registry: CollectorRegistry,
+                 allows: Callable[[str], bool] | None = None) -> None:
+        self._server = _Server(host, port, registry, allows)
         self.host = host
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": _POLL},
@@ -403,11 +408,11 @@ class Metrics:
         """The exposition text a scrape gets."""
         return generate_latest(self.registry)
 
-    def serve(self, address: str) -> MetricsServer:
-        """Listen on `address` (see parse_address) in a daemon thread; ValueError for a bad address,
-        OSError when it cannot bind."""
+    def serve(self, address: str, allows: Callable[[str], bool] | None = None) -> MetricsServer:
+        """Listen on `address` (see parse_address) in a daemon thread, answering only peers that
+        `allows` accepts; ValueError for a bad address, OSError when it cannot bind."""
         host, port = parse_address(address)
-        return MetricsServer(host, port, self.registry)
+        return MetricsServer(host, port, self.registry, allows)
 
     @staticmethod
     def _safely(record: Callable[[], object]) -> None:

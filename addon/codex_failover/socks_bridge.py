@@ -78,7 +78,8 @@ def _proxy_url(ep: Endpoint) -> str:
     auth = ""
     if ep.username is not None:
         auth = quote(ep.username, safe="") + (":" + quote(ep.password or "", safe="")) + "@"
-    return f"socks5://{auth}{ep.host}:{ep.port}"
+    host = f"[{ep.host}]" if ":" in ep.host else ep.host  # an IPv6 literal
+    return f"socks5://{auth}{host}:{ep.port}"
 
 
 async def _serve(ep: Endpoint, secret: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -97,7 +98,7 @@ async def _serve(ep: Endpoint, secret: str, reader: asyncio.StreamReader, writer
             return
         try:
             sock = await Proxy.from_url(_proxy_url(ep), rdns=True).connect(host.strip("[]"), int(port), timeout=CONNECT_TIMEOUT)
-        except (ProxyError, ProxyTimeoutError, OSError) as exc:
+        except (ProxyError, ProxyTimeoutError, OSError, ValueError) as exc:
             # The message names the SOCKS failure; it never holds the endpoint's password.
             await _refuse(writer, "502 Bad Gateway", f"SOCKS5 {ep.host}:{ep.port}: {type(exc).__name__}: {exc}")
             return

@@ -19,7 +19,7 @@ import time
 from typing import Callable
 
 from .affinity import Affinity
-from .auth import CHATGPT, AuthMaterial
+from .auth import CHATGPT, AuthMaterial, jwt_claims
 from .config import PoolConfig
 from .health import COOLING, OUT, Health
 from .routes import Endpoint, RouteHealth
@@ -33,14 +33,28 @@ RETRY_MAX = 30.0  # a store that fails is tried again after 1 s, doubling up to 
 USAGE_TTL = 7 * 24 * 3600.0  # a usage window with no reset time is kept this long
 
 
+def _session_order(row: Row) -> float:
+    """Sessions oldest first (affinity keeps the least recently used first); others anywhere."""
+    seen = row.value.get("seen", 0) if row.kind == "session" and isinstance(row.value, dict) else 0
+    return seen if isinstance(seen, (int, float)) else 0
+
+
 def credential_id(auth: AuthMaterial) -> str:
-    """Stable across machines and token refreshes, and not a secret."""
-    basis = f"acct:{auth.account_id}" if auth.kind == CHATGPT and auth.account_id else f"key:{auth.token}"
+    """Stable across machines and token refreshes, and not a secret: a ChatGPT login is its account
+    and its user (members of one Team workspace share the account id), an API key its own hash."""
+    basis = f"key:{auth.token}"
+    if auth.kind == CHATGPT and auth.account_id:
+        claims = jwt_claims(auth.token)
+        profile = claims.get("https://api.openai.com/auth")
+        user = (profile.get("chatgpt_user_id") if isinstance(profile, dict) else None) or claims.get("sub")
+        if isinstance(user, str) and user:
+            basis = f"acct:{auth.account_id}|user:{user}"
     return "cred:" + hashlib.sha256(basis.encode()).hexdigest()[:16]
 
 
 def endpoint_id(ep: Endpoint) -> str:
-    basis = "|".join(map(str, (ep.scheme, ep.host, ep.port, ep.username, ep.password)))
+    """Without the password: an unsalted hash of it would let whoever reads the store test guesses."""
+    basis = "|".join(map(str, (ep.scheme, ep.host, ep.port, ep.username)))
     return "ep:" + hashlib.sha256(basis.encode()).hexdigest()[:16]
 
 
@@ -109,31 +123,41 @@ class StateKeeper:
         wall, mono = self._wall(), self._mono()
         by_endpoint = {endpoint_id(ep): ep for ep in self._endpoints.values()}
         applied = 0
-        for row in sorted(rows, key=lambda r: r.value.get("seen", 0) if r.kind == "session" else 0):
-            value = row.value
-            if row.kind in (COOLING, OUT, "usage"):
-                key = self._key(row.id)
-                if key is None:
-                    continue
-                if row.kind == COOLING and value["until"] > wall:
-                    self.health.cool(key, value["until"] - wall, value["reason"])
-                elif row.kind == OUT and value.get("fingerprint") == self._fingerprint(key):
-                    self.health.take_out(key, value["reason"])  # not when its key or auth file changed since
-                elif row.kind == "usage":
-                    self.usage.record(key, [Window(n, u, r) for n, u, r in value["windows"]])
-                else:
-                    continue
-            elif row.kind == "route" and (ep := by_endpoint.get(row.id)) is not None:
-                until = mono + (value["until"] - wall)
-                if self.routes.backing_off_until(ep) >= until:
-                    continue  # this proxy knows a later backoff for it
-                self.routes.restore(ep, value["failures"], until, value["reason"])
-            elif row.kind == "session" and sessions and (key := self._key(value["credential"])) is not None:
-                self.affinity.restore(row.id, key, mono + (value["seen"] - wall))
-            else:
-                continue
-            applied += 1
+        for row in sorted(rows, key=_session_order):
+            try:
+                applied += self._apply_row(row, wall, mono, by_endpoint, sessions)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue  # a row of another shape (another version shares the store): skipped alone
         return applied
+
+    def _apply_row(self, row: Row, wall: float, mono: float, by_endpoint: dict, sessions: bool) -> int:
+        """1 if the row was applied, 0 if it does not concern this pool (or is stale)."""
+        value = row.value
+        if row.kind in (COOLING, OUT, "usage"):
+            key = self._key(row.id)
+            if key is None:
+                return 0
+            if row.kind == COOLING:
+                if value["until"] <= wall:
+                    return 0
+                self.health.cool(key, value["until"] - wall, value["reason"])
+            elif row.kind == OUT:
+                if value.get("fingerprint") != self._fingerprint(key):
+                    return 0  # its key or auth file changed since: back in rotation
+                self.health.take_out(key, value["reason"])
+            else:
+                self.usage.record(key, [Window(n, float(u), r) for n, u, r in value["windows"]])
+            return 1
+        if row.kind == "route" and (ep := by_endpoint.get(row.id)) is not None:
+            until = mono + (value["until"] - wall)
+            if self.routes.backing_off_until(ep) >= until:
+                return 0  # this proxy knows a later backoff for it
+            self.routes.restore(ep, int(value["failures"]), until, str(value["reason"]))
+            return 1
+        if row.kind == "session" and sessions and (key := self._key(value["credential"])) is not None:
+            self.affinity.restore(row.id, key, mono + (value["seen"] - wall))
+            return 1
+        return 0
 
     def start(self, rows: list[Row]) -> int:
         """At start: apply what the store holds; it is all written already."""

@@ -82,9 +82,11 @@ class SqliteStore:
         out = []
         for kind, id_, value, expires in rows:
             try:
-                out.append(Row(kind, id_, json.loads(value), expires))
+                doc = json.loads(value)
             except ValueError:
                 continue  # a row another version wrote: ignored
+            if isinstance(doc, dict):
+                out.append(Row(kind, id_, doc, expires))
         return out
 
     def write(self, upserts, deletes) -> None:
@@ -140,8 +142,10 @@ class RedisStore:
                 doc = json.loads(value) if value is not None else None
             except ValueError:
                 continue
-            if isinstance(doc, dict) and (doc.get("expires") is None or doc["expires"] > now):
-                out.append(Row(kind, id_, doc["value"], doc.get("expires")))
+            expires = doc.get("expires") if isinstance(doc, dict) else None
+            if (isinstance(doc, dict) and isinstance(doc.get("value"), dict)
+                    and (expires is None or (isinstance(expires, (int, float)) and expires > now))):
+                out.append(Row(kind, id_, doc["value"], expires))
         return out
 
     def write(self, upserts, deletes) -> None:
