@@ -221,3 +221,25 @@ def test_a_silent_proxy_route_shows_no_secret_and_fails_over_before_dispatch(tmp
     finally:
         local.close()
         fake.stop()
+
+
+def test_a_winner_whose_client_closes_right_after_the_answer_shows_no_error(tmp_path):
+    """Codex over HTTP/2 resets its stream as soon as response.completed arrives, before the
+    upstream's last chunk: the winner still delivered its whole answer, so it shows no error."""
+    import struct
+
+    fake = FakeUpstreamProcess(tmp_path, "--pace", "0.05", "--deltas", "3")
+    text, env = spare_pool(fake, "sk-proj-SPARESECRET2-good")
+    web = MitmwebProcess(tmp_path / "web", text, env)
+    try:
+        sock = start_raw_post(web.port, f"{fake.base}/v1/responses", CLIENT_KEY, timeout=15)
+        read_head(sock, b'"type":"response.completed"')
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset, at once
+        sock.close()
+        winner = wait_for(lambda: next((f for f in web.api("/flows") if f.get("marked") == "✅"
+                                        and f.get("response", {}).get("timestamp_end")), None),
+                          what="the winner to end")
+        assert winner.get("error") is None, winner.get("error")
+    finally:
+        web.stop()
+        fake.stop()

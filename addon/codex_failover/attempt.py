@@ -44,6 +44,9 @@ PLACEHOLDER = "<redacted by codex-failover>"
 JUDGE_WAIT = 5.0  # longest a final hook waits for the run's verdict (never hangs the replay)
 # Backpressure: past HIGH bytes queued and not yet taken (a client reading slower than the upstream
 # sends), reading from the upstream pauses until the queue is down to LOW. docs/architecture.md.
+# A stream's last event: once relayed, the client has the whole answer (Codex over HTTP/2 then
+# resets its stream at once, which cancels the winner before its upstream's final chunk).
+TERMINAL_MARKERS = (b'"type":"response.completed"', b'"type":"response.failed"', b'"type":"response.incomplete"')
 QUEUE_HIGH = 1024 * 1024
 QUEUE_LOW = 256 * 1024
 
@@ -149,6 +152,8 @@ class Attempt:
         self.verdict_error: str | None = None  # the flow's error once it ends, for a loser
         self.finished = False  # the whole response arrived
         self.queued = 0  # chunk bytes in the queue, not yet taken
+        self.saw_terminal = False  # the stream's terminal event arrived (the answer is whole)
+        self._tail = b""  # the end of the last chunk, for a marker split across chunks
         self._paused = False  # reading from the upstream is paused (backpressure)
 
     def start(self, via=None) -> None:
@@ -211,6 +216,10 @@ class Attempt:
     def _on_chunk(self, data: bytes) -> bytes:
         if data:
             self.captured(data)
+            if not self.saw_terminal:
+                window = self._tail + data
+                self.saw_terminal = any(m in window for m in TERMINAL_MARKERS)
+                self._tail = data[-40:]
             self.queue.put_nowait(Item(CHUNK, data))
             self.queued += len(data)
             if self.queued > QUEUE_HIGH:  # again each time: asyncio's StreamReader may have resumed it
@@ -248,6 +257,11 @@ class Attempt:
         await self._judged()
         if self.verdict_error is not None:  # the verdict, not the protocol error the cancel caused
             self.flow.error = mitmflow.Error(self.verdict_error)
+        elif self.saw_terminal and self.judged.is_set():
+            # A winner stopped after its whole answer went out (the client closed at once): no error.
+            self.flow.error = None
+            if self.flow.response is not None and self.flow.response.timestamp_end is None:
+                self.flow.response.timestamp_end = time.time()
 
     # -- used by the request handler ---------------------------------------------------------
 
