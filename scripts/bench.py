@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # harness, fake upstream
+
 from harness import ROOT, FakeUpstreamProcess, ProxyProcess, pool_yaml
 
 CONFIGS = {

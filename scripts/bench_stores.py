@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # harness, fake upstream
+
 from harness import FakeUpstreamProcess, ProxyProcess, RedisProcess, pool_yaml, post_responses
 
 STORES = ("memory", "sqlite", "redis")

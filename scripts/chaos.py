@@ -25,6 +25,8 @@ from pathlib import Path
 import yaml
 
 from chaos_adversarial import AdversarialRuns
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # harness, fake upstream
+
 from harness import (FakeUpstreamProcess, LocalProxies, ProxyProcess, WsClient, WsRejected, free_port, pool_yaml,
                      post_responses, proxy_status, start_raw_post)
 

@@ -13,6 +13,9 @@ import argparse
 import tempfile
 from pathlib import Path
 
+import sys
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # harness, fake upstream
+
 from harness import FakeUpstreamProcess, ProxyProcess, pool_yaml, post_responses
 
 SPARES = [("a", "sk-test-a-good"), ("b", "sk-test-b-good"), ("c", "sk-test-c-good")]

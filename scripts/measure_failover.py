@@ -18,6 +18,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
+import sys
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # harness, fake upstream
+
 from harness import FakeUpstreamProcess, ProxyProcess, pool_yaml, post_responses
 
 

@@ -26,6 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import sys
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # harness, fake upstream
+
 from harness import FakeUpstreamProcess, ProxyProcess, WsClient, WsRejected, pool_yaml, proxy_status
 
 CREATE = {"type": "response.create", "model": "gpt-fake", "stream": True, "store": False,

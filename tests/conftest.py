@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-# The process harness (fake upstream, mitmdump, client) lives in scripts/ and is shared with the
-# demo and the measurement scripts.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+# Test support (the fake upstream, processes, clients) lives in tests/support/; the demo and the
+# measurement scripts use it too.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 from codex_failover.rules import load_rules
 
@@ -48,3 +48,23 @@ def fake(tmp_path):
     upstream = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "8", "--stall", "30")
     yield upstream
     upstream.stop()
+
+
+@pytest.fixture
+def start_proxy(tmp_path):
+    """`start_proxy(fake, creds, routes=None, extra=(), **policy)`: a real mitmdump with the addon,
+    its pool the API-key credentials `creds` ((name, key[, route]), served by `fake`), `routes`
+    and policy overrides; stopped (by PID) after the test."""
+    from harness import ProxyProcess, pool_yaml
+
+    procs = []
+
+    def start(fake, creds, routes=None, extra=(), **policy):
+        text, env = pool_yaml(fake.base, creds, routes, **policy)
+        proxy = ProxyProcess(tmp_path / f"proxy{len(procs)}", text, env, extra=list(extra))
+        procs.append(proxy)
+        return proxy
+
+    yield start
+    for proc in procs:
+        proc.stop()

@@ -14,21 +14,6 @@ pytestmark = pytest.mark.e2e
 
 
 
-@pytest.fixture
-def start_proxy(tmp_path):
-    procs = []
-
-    def start(fake, creds, **policy):
-        text, env = pool_yaml(fake.base, creds, **policy)
-        proxy = ProxyProcess(tmp_path, text, env)
-        procs.append(proxy)
-        return proxy
-
-    yield start
-    for proc in procs:
-        proc.stop()
-
-
 def url(fake):
     return f"{fake.base}/v1/responses"
 

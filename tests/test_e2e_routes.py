@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from harness import Blackhole, FakeUpstreamProcess, LocalProxies, ProxyProcess, free_port, pool_yaml, post_responses
+from harness import (Blackhole, FakeUpstreamProcess, LocalProxies, ProxyProcess, free_port, pool_yaml, post_responses,
+                     served_by)
 
 pytestmark = pytest.mark.e2e
 
@@ -21,23 +22,11 @@ def proxies():
 
 
 @pytest.fixture
-def start_proxy(tmp_path):
-    procs = []
-
+def start_proxy(start_proxy):
+    """Here the pool's own credentials serve (not the client's), through `routes`."""
     def start(fake, creds, routes, **policy):
-        text, env = pool_yaml(fake.base, creds, routes, use_client_credential=False, **policy)
-        proc = ProxyProcess(tmp_path / f"p{len(procs)}", text, env)
-        procs.append(proc)
-        return proc
-
-    (tmp_path / "p0").mkdir()
-    yield start
-    for proc in procs:
-        proc.stop()
-
-
-def served_by(reply):
-    return reply.body.decode().split("Hello from ", 1)[1].split(".", 1)[0] if b"Hello from" in reply.body else None
+        return start_proxy(fake, creds, routes, use_client_credential=False, **policy)
+    return start
 
 
 def dead():

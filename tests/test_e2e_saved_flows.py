@@ -11,7 +11,8 @@ import time
 import pytest
 from mitmproxy import io
 
-from harness import FakeUpstreamProcess, MitmwebProcess, ProxyProcess, pool_yaml, post_responses, start_raw_post
+from harness import (FakeUpstreamProcess, MitmwebProcess, ProxyProcess, pool_yaml, post_responses, start_raw_post,
+                     wait_until)
 
 pytestmark = pytest.mark.e2e
 
@@ -28,15 +29,6 @@ def assert_no_secret(data: bytes, *secrets: str) -> None:
     for secret in secrets:
         assert secret.encode() not in data, f"{secret} leaked"
 
-
-def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def read_head(sock: socket.socket, marker: bytes, timeout: float = 10.0) -> bytes:
@@ -58,7 +50,7 @@ def test_mitmweb_api_shows_each_attempt_whole_and_secret_free(tmp_path):
         reply = post_responses(web.port, f"{fake.base}/v1/responses", CLIENT_KEY,
                                headers={"chatgpt-account-id": ACCOUNT, "cookie": "session=COOKIESECRET3"})
         assert reply.status == 200 and reply.events()[-1]["type"] == "response.completed"
-        flows = wait_for(lambda: [f for f in web.api("/flows") if f.get("response")] if len(web.api("/flows")) == 3
+        flows = wait_until(lambda: [f for f in web.api("/flows") if f.get("response")] if len(web.api("/flows")) == 3
                          else None, what="three flows with responses")
         client = next(f for f in flows if not f["is_replay"])
         loser, winner = sorted((f for f in flows if f["is_replay"]), key=lambda f: f["comment"])
@@ -116,7 +108,7 @@ def test_w_file_written_while_an_attempt_waits_for_headers_holds_no_secret(tmp_p
     proxy = ProxyProcess(tmp_path / "proxy", text, env, extra=["-w", str(saved)])
     sock = start_raw_post(proxy.port, f"{fake.base}/v1/responses", CLIENT_KEY)
     try:
-        wait_for(lambda: len(fake.model_requests()) == 2, what="the spare's attempt to reach the fake")
+        wait_until(lambda: len(fake.model_requests()) == 2, what="the spare's attempt to reach the fake")
         time.sleep(0.2)  # the attempt now waits for its response head
         os.kill(proxy.proc.pid, signal.SIGTERM)
         proxy.proc.wait(timeout=15)
@@ -136,7 +128,7 @@ def test_mitmweb_never_shows_a_secret_while_an_attempt_waits_for_headers(tmp_pat
     web = MitmwebProcess(tmp_path / "web", text, env)
     sock = start_raw_post(web.port, f"{fake.base}/v1/responses", CLIENT_KEY)
     try:
-        wait_for(lambda: len(fake.model_requests()) == 2, what="the spare's attempt to reach the fake")
+        wait_until(lambda: len(fake.model_requests()) == 2, what="the spare's attempt to reach the fake")
         time.sleep(0.2)
         flows = web.api("/flows", raw=True)
         dump = web.api("/flows/dump", raw=True)
@@ -179,7 +171,7 @@ def test_the_next_request_shows_the_clients_own_credential_skipped_while_cooling
         url = f"{fake.base}/v1/responses"
         assert post_responses(web.port, url, CLIENT_KEY).status == 200
         assert post_responses(web.port, url, CLIENT_KEY).status == 200  # straight to the spare
-        clients = wait_for(lambda: [f for f in web.api("/flows") if not f["is_replay"] and f.get("response")]
+        clients = wait_until(lambda: [f for f in web.api("/flows") if not f["is_replay"] and f.get("response")]
                            if len([f for f in web.api("/flows") if not f["is_replay"]]) == 2 else None,
                            what="two client flows")
         second = max(clients, key=lambda f: f["request"]["timestamp_start"])["comment"].splitlines()
@@ -206,7 +198,7 @@ def test_a_silent_proxy_route_shows_no_secret_and_fails_over_before_dispatch(tmp
         web = MitmwebProcess(tmp_path / "web", text, env)
         try:
             sock = start_raw_post(web.port, f"{fake.base}/v1/responses", "sk-test-client-good", timeout=15)
-            wait_for(lambda: local.connections["silent"] == 1, what="the attempt to reach the silent proxy")
+            wait_until(lambda: local.connections["silent"] == 1, what="the attempt to reach the silent proxy")
             time.sleep(0.5)
             assert_no_secret(web.api("/flows", raw=True) + web.api("/flows/dump", raw=True), "SECRETVIAPROXY")
             sock.settimeout(15)
@@ -236,7 +228,7 @@ def test_a_winner_whose_client_closes_right_after_the_answer_shows_no_error(tmp_
         read_head(sock, b'"type":"response.completed"')
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset, at once
         sock.close()
-        winner = wait_for(lambda: next((f for f in web.api("/flows") if f.get("marked") == "✅"
+        winner = wait_until(lambda: next((f for f in web.api("/flows") if f.get("marked") == "✅"
                                         and f.get("response", {}).get("timestamp_end")), None),
                           what="the winner to end")
         assert winner.get("error") is None, winner.get("error")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from harness import ProxyProcess, RedisProcess, pool_yaml, post_responses
+from harness import ProxyProcess, RedisProcess, pool_yaml, post_responses, wait_until
 
 NO_REDIS = shutil.which("redis-server") is None
 if NO_REDIS and os.environ.get("CI"):
@@ -35,14 +35,6 @@ def status(proxy) -> dict:
     return doc
 
 
-def wait_for(predicate, timeout=5.0, what="condition") -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if predicate():
-            return time.monotonic() - started
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 def served(fake) -> list[str]:
     return [r["credential"] for r in fake.model_requests()]
@@ -63,8 +55,9 @@ def test_an_overload_seen_by_one_proxy_cools_the_credential_for_the_other(fake, 
         url = f"{fake.base}/v1/responses"
         assert post_responses(a.port, url, "sk-test-client-overload").status == 200
         seen_at = time.monotonic()
-        took = wait_for(lambda: any(c["state"] == "cooling" for c in status(b)["clients"]),
-                        what="proxy B to see the client's cooldown")
+        wait_until(lambda: any(c["state"] == "cooling" for c in status(b)["clients"]), timeout=5,
+                   what="proxy B to see the client's cooldown")
+        took = time.monotonic() - seen_at
         with capsys.disabled():
             print(f"\n[shared-state] B saw A's cooldown {took * 1000:.0f} ms after A's answer "
                   f"(flush every 0.2 s, refresh every 0.5 s)")
@@ -83,7 +76,7 @@ def test_a_full_usage_window_seen_by_one_proxy_is_honoured_by_the_other(fake, tm
     try:
         url = f"{fake.base}/v1/responses"
         assert post_responses(a.port, url, "sk-test-client-good").status == 200
-        wait_for(lambda: next(c for c in status(b)["credentials"] if c["name"] == "full")["state"] == "cooling",
+        wait_until(lambda: next(c for c in status(b)["credentials"] if c["name"] == "full")["state"] == "cooling",
                  what="proxy B to see the full window")
         assert post_responses(b.port, url, "sk-test-client-good").status == 200
         assert served(fake) == ["sk-test-full-window-full", "sk-test-other-good"]
@@ -106,13 +99,13 @@ def test_redis_going_away_loses_no_request_and_sharing_resumes_when_it_is_back(f
             assert post_responses(proxy.port, url, "sk-test-client-good", timeout=10).status == 200
             assert time.monotonic() - started < 2.0
         for proxy in (a, b):
-            wait_for(lambda p=proxy: "pool state store unavailable" in p.log(), what="the one warning")
+            wait_until(lambda p=proxy: "pool state store unavailable" in p.log(), what="the one warning")
             assert proxy.log().count("pool state store unavailable") == 1
         redis = RedisProcess(port=redis.port)  # back, empty
-        wait_for(lambda: "store is back" in a.log() and "store is back" in b.log(), timeout=40,
+        wait_until(lambda: "store is back" in a.log() and "store is back" in b.log(), timeout=40,
                  what="both proxies to reconnect")
         assert post_responses(a.port, url, "sk-test-client-overload").status == 200
-        wait_for(lambda: any(c["state"] == "cooling" for c in status(b)["clients"]), what="B to see the cooldown")
+        wait_until(lambda: any(c["state"] == "cooling" for c in status(b)["clients"]), what="B to see the cooldown")
         assert _b_skips_client(b, fake, url)
     finally:
         a.stop()

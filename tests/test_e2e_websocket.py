@@ -23,19 +23,12 @@ HEADERS = {"authorization": "Bearer sk-test-client-0", "openai-beta": "responses
 
 
 @pytest.fixture
-def gated(tmp_path):
-    procs = []
-
+def gated(start_proxy):
+    """A proxy with failover_websocket=gate; the pool's own credentials serve unless told otherwise."""
     def start(fake, creds, routes=None, **policy):
         policy.setdefault("use_client_credential", False)
-        text, env = pool_yaml(fake.base, creds, routes, **policy)
-        proxy = ProxyProcess(tmp_path, text, env, extra=["--set", "failover_websocket=gate"])
-        procs.append(proxy)
-        return proxy
-
-    yield start
-    for proc in procs:
-        proc.stop()
+        return start_proxy(fake, creds, routes, extra=["--set", "failover_websocket=gate"], **policy)
+    return start
 
 
 def connect(proxy, fake, headers=HEADERS) -> WsClient:

@@ -27,9 +27,28 @@ from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Pin
                             Request, TextMessage)
 from wsproto.extensions import PerMessageDeflate
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 PYTHON = sys.executable
 MITMDUMP = str(Path(sys.executable).parent / "mitmdump")
+
+
+def wait_until(predicate, timeout: float = 10.0, what: str = "the condition"):
+    """Poll `predicate` every 20 ms until it returns something true (returned), for at most
+    `timeout` seconds; then fail, saying what was awaited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def served_by(reply) -> str | None:
+    """Whose answer a reply carries: the fake upstream says "Hello from <credential label>."."""
+    body = reply.body.decode(errors="replace")
+    return body.split("Hello from ", 1)[1].split(".", 1)[0] if "Hello from " in body else None
 
 
 def free_port() -> int:
@@ -75,7 +94,7 @@ class FakeUpstreamProcess:
         tmp.mkdir(parents=True, exist_ok=True)
         self.log_path = tmp / "fake.jsonl"
         self.proc = subprocess.Popen(
-            [PYTHON, str(ROOT / "scripts" / "fake_upstream.py"), "--port", "0", "--log", str(self.log_path), *args],
+            [PYTHON, str(Path(__file__).resolve().parent / "fake_upstream.py"), "--port", "0", "--log", str(self.log_path), *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         STARTED.append(self.proc)
