@@ -26,6 +26,20 @@ def test_status_shows_each_credentials_state_and_no_secret():
     assert "sk-secret" not in report and "/etc/pool.yaml" in report
 
 
+def test_status_lists_client_credentials_seen_here_and_those_learnt_from_a_shared_store():
+    addon = make_addon()
+    own = AuthMaterial(APIKEY, "sk-secret-own")
+    addon.seen_clients.saw(own)
+    addon.health.cool(f"client:{own.fingerprint}", 30, "overloaded")
+    addon.health.cool("client:0123456789abcdef", 60, "usage_limit")  # another proxy's client, via Redis
+    clients = {c["label"]: c for c in addon.status_report()["clients"]}
+    assert clients[f"key #{own.fingerprint[:8]}"]["seen_s_ago"] == 0
+    assert clients["key #01234567"]["seen_s_ago"] is None and clients["key #01234567"]["state"] == "cooling"
+    text = addon.status()
+    assert "client key #01234567 -        not seen here: cooling for 60s more (usage_limit)" in text
+    assert "sk-secret" not in text
+
+
 def test_status_lists_gated_websockets():
     addon = make_addon()
     addon.ws_gate.report = lambda: [{"id": "w3", "credential": "ready-one", "route": "direct", "turns": 4, "moves": 1,

@@ -19,9 +19,7 @@ from mitmproxy import command, ctx, exceptions, http, tls
 from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 from mitmproxy.utils import human
 
-from . import quiet_log
-
-from . import client_answers
+from . import client_answers, quiet_log
 from .affinity import Affinity
 from .attempt import ATTEMPT_TAG, Attempt, Capture
 from .auth import auth_from_headers
@@ -37,8 +35,8 @@ from .recovery import Slots
 from .relay import Relay
 from .routes import RouteHealth
 from .rules import RulesError, load_rules
-from .seen_clients import SeenClients
 from .metrics import Metrics, parse_address, snapshot_on_loop
+from .seen_clients import SeenClients
 from .socks_bridge import SocksBridges
 from .state_keeper import StateKeeper
 from .state_store import open_store
@@ -515,21 +513,17 @@ class FailoverAddon:
             if cred.auth.expires_at is not None and cred.auth.expires_at <= now:
                 entry["state"], entry["reason"] = "expired", "run `codex login` for this account"
             creds.append(entry)
-        clients, listed = [], set()
-        for key, name, kind, ago in self.seen_clients.recent():
+        seen = {key: (name, kind, round(ago)) for key, name, kind, ago in self.seen_clients.recent()}
+        # Plus clients' credentials not seen here but cooling or out (learnt from a shared store).
+        others = [key for key, *_ in self.health.entries() if key.startswith("client:") and key not in seen]
+        clients = []
+        for key in [*seen, *others]:
+            name, kind, ago = seen.get(key, (f"key #{key[7:15]}", None, None))
             state = self.health.state(key)
-            entry = {"label": name, "kind": kind, "seen_s_ago": round(ago), "state": state.status, "reason": state.reason}
+            entry = {"label": name, "kind": kind, "seen_s_ago": ago, "state": state.status, "reason": state.reason}
             if state.status == "cooling":
                 entry["cooling_for_s"] = round(state.until - now, 1)
             clients.append(entry)
-            listed.add(key)
-        for key, status, until, reason in self.health.entries():  # learnt from a shared store, not seen here
-            if key.startswith("client:") and key not in listed:
-                entry = {"label": f"key #{key[7:15]}", "kind": None, "seen_s_ago": None, "state": status,
-                         "reason": reason}
-                if until is not None:
-                    entry["cooling_for_s"] = round(until - now, 1)
-                clients.append(entry)
         routes = [{"endpoint": ep.label, "state": self.route_health.describe(ep),
                    **({"bridge_port": port} if (port := self.bridges.port(ep)) else {})}
                   for endpoints in self.pool.routes.values() for ep in endpoints or ()]
@@ -553,7 +547,8 @@ class FailoverAddon:
         for c in report["clients"]:
             text = c["state"] + (f" for {c['cooling_for_s']:.0f}s more ({c['reason']})" if c["state"] == "cooling"
                                  else f": {c['reason']}" if c["reason"] else "")
-            lines.append(f"  client {c['label']:<13} {c['kind']:<8} seen {c['seen_s_ago']}s ago: {text}")
+            seen = f"seen {c['seen_s_ago']}s ago" if c["seen_s_ago"] is not None else "not seen here"
+            lines.append(f"  client {c['label']:<13} {c['kind'] or '-':<8} {seen}: {text}")
         lines += [f"  route {r['endpoint']:<40} {r['state']}" for r in report["routes"]]
         lines += [f"  websocket {w['id']:<6} on {w['credential']} via {w['route']}: {w['turns']} turn(s), {w['moves']} move(s)"
                   f"{', holding a turn' if w['holding'] else ''}, open {w['open_s']:.0f}s" for w in report["websockets"]]

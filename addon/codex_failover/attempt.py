@@ -42,11 +42,12 @@ CAPTURE_LIMIT = 64 * 1024  # opening bytes kept on the attempt flow for mitmweb
 SECRET_HEADERS = ("authorization", "cookie", "chatgpt-account-id", "proxy-authorization", "x-api-key", "api-key")
 PLACEHOLDER = "<redacted by codex-failover>"
 JUDGE_WAIT = 5.0  # longest a final hook waits for the run's verdict (never hangs the replay)
-# Backpressure: past HIGH bytes queued and not yet taken (a client reading slower than the upstream
-# sends), reading from the upstream pauses until the queue is down to LOW. docs/architecture.md.
 # A stream's last event: once relayed, the client has the whole answer (Codex over HTTP/2 then
 # resets its stream at once, which cancels the winner before its upstream's final chunk).
 TERMINAL_MARKERS = (b'"type":"response.completed"', b'"type":"response.failed"', b'"type":"response.incomplete"')
+_MARKER_SPAN = max(map(len, TERMINAL_MARKERS))
+# Backpressure: past HIGH bytes queued and not yet taken (a client reading slower than the upstream
+# sends), reading from the upstream pauses until the queue is down to LOW. docs/architecture.md.
 QUEUE_HIGH = 1024 * 1024
 QUEUE_LOW = 256 * 1024
 
@@ -55,6 +56,13 @@ HEADERS = "headers"  # the response head arrived (flow.response has status and h
 CHUNK = "chunk"
 END = "end"  # the body ended (streamed) or the complete response is in flow.response
 ERROR = "error"  # the attempt failed; flow.error.msg says why
+
+
+def hide_secrets(request: http.Request) -> None:
+    """Placeholders for the secret headers of a request that mitmweb shows and `-w` saves."""
+    for name in SECRET_HEADERS:
+        if name in request.headers:
+            request.headers.set_all(name, [PLACEHOLDER])
 
 
 class Capture:
@@ -180,10 +188,7 @@ class Attempt:
             self.flow.request.headers.set_all(name, values)
 
     def redact(self) -> None:
-        headers = self.flow.request.headers
-        for name in self._wire:
-            if name in headers:
-                headers.set_all(name, [PLACEHOLDER])
+        hide_secrets(self.flow.request)
 
     def judge(self, mark: str, comment: str, error: str | None) -> None:
         """The run's verdict on this attempt, shown in mitmweb and saved with the flow."""
@@ -216,10 +221,10 @@ class Attempt:
     def _on_chunk(self, data: bytes) -> bytes:
         if data:
             self.captured(data)
-            if not self.saw_terminal:
-                window = self._tail + data
-                self.saw_terminal = any(m in window for m in TERMINAL_MARKERS)
-                self._tail = data[-40:]
+            if not self.saw_terminal:  # no copy of the chunk: only its edge joins the previous one's
+                seam = self._tail + data[:_MARKER_SPAN]
+                self.saw_terminal = any(m in data or m in seam for m in TERMINAL_MARKERS)
+                self._tail = data[-_MARKER_SPAN:]
             self.queue.put_nowait(Item(CHUNK, data))
             self.queued += len(data)
             if self.queued > QUEUE_HIGH:  # again each time: asyncio's StreamReader may have resumed it

@@ -18,7 +18,7 @@ from mitmproxy.connection import ConnectionState, Server
 
 from . import client_answers, seen_clients, story
 from .affinity import Affinity, session_of
-from .attempt import CHUNK, END, ERROR, PLACEHOLDER, SECRET_HEADERS, Attempt, Item
+from .attempt import CHUNK, END, ERROR, Attempt, Item, hide_secrets
 from .auth import AuthMaterial, auth_from_headers
 from .classifier import FRAMING_ERROR, BootstrapClassifier, Decision, Verdict
 from .codex_request import swap_credential
@@ -59,13 +59,6 @@ def shown_changed(flow: http.HTTPFlow) -> None:
         ctx.master.addons.trigger(UpdateHook([flow]))
     except AttributeError:  # no master (unit tests without taddons)
         pass
-
-
-def hide_secrets(request: http.Request) -> None:
-    """The client's own secrets off a flow mitmweb shows and `-w` saves (the wire uses a copy)."""
-    for name in SECRET_HEADERS:
-        if name in request.headers:
-            request.headers.set_all(name, [PLACEHOLDER])
 
 
 def point_at_relay(flow: http.HTTPFlow, port: int, token: str) -> None:
