@@ -192,6 +192,9 @@ def json_error(status: int, error: dict, extra: dict[str, str] | None = None) ->
     return status, {"content-type": "application/json", **(extra or {})}, json.dumps({"error": error}).encode()
 
 
+# Scenarios after which the connection closes anyway: a stall has read from the request side.
+KEEP_NOT = {"stall", "stall-first", "stall-headers", "stall-after-output"}
+
 SYNC = {
     "overload-503": lambda: json_error(503, {"type": "service_unavailable_error", "code": "server_is_overloaded",
                                              "message": "Our servers are currently overloaded. Please try again later."}),
@@ -225,6 +228,8 @@ class FakeUpstream:
         self._digests: dict[int, "hashlib._Hash"] = {}  # per open response: sha256 of its body
         self.requests: list[dict] = []  # in-process users read this
         self.sockets = 0  # WebSocket connections so far (their ids in the log)
+        self.connections = 0  # TCP connections accepted so far; each request's log line names its own ("conn")
+        self.idle: dict[int, asyncio.StreamWriter] = {}  # connections waiting for their next request
         self.server: asyncio.Server | None = None
         self.port = 0
 
@@ -238,23 +243,37 @@ class FakeUpstream:
             self.server.close()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection: HTTP/1.1 keep-alive, streamed answers included (chunked)."""
+        self.connections += 1
+        conn = self.connections
         try:
             while True:
+                self.idle[conn] = writer
                 head = await reader.readuntil(b"\r\n\r\n")
+                self.idle.pop(conn, None)
                 method, path, headers = parse_head(head)
                 body = await read_body(reader, headers)
-                keep = await self.respond(method, path, headers, body, reader, writer, head)
+                keep = await self.respond(method, path, headers, body, reader, writer, head, conn)
                 if not keep:
                     break
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
             pass
         finally:
+            self.idle.pop(conn, None)
             writer.close()
 
-    async def respond(self, method, path, headers, body, reader, writer, head: bytes = b"") -> bool:
+    async def respond(self, method, path, headers, body, reader, writer, head: bytes = b"", conn: int = 0) -> bool:
         scenario = scenario_of(headers)
         record = {"ts": time.time(), "method": method, "path": path, "credential": label_of(headers),
-                  "scenario": scenario, "turn_state": headers.get("x-codex-turn-state")}
+                  "scenario": scenario, "turn_state": headers.get("x-codex-turn-state"), "conn": conn}
+        if path == "/_fake/close-idle" and method == "POST":
+            # Test control: close every connection waiting for its next request (a server's idle timeout).
+            closed = len(self.idle)
+            for idle in list(self.idle.values()):
+                idle.close()
+            self._log({"ts": time.time(), "event": "control", "closed_idle": closed})
+            await write_full(writer, 200, {"content-type": "application/json"}, json.dumps({"closed": closed}).encode())
+            return True
         if path in ("/_fake/overload", "/_fake/next") and method == "POST":
             # Test control: the next `count` model requests of `credential` follow `scenario`
             # (default: overload in-stream).
@@ -288,8 +307,7 @@ class FakeUpstream:
         if scenario in SYNC:
             await write_full(writer, *SYNC[scenario]())
             return True
-        await self.stream(scenario, label_of(headers), reader, writer)
-        return False
+        return await self.stream(scenario, label_of(headers), reader, writer)
 
     async def websocket(self, head: bytes, path: str, headers: dict[str, str], reader, writer) -> None:
         """A WebSocket handshake: a synchronous scenario (the credential's or the next forced one) rejects
@@ -330,20 +348,21 @@ class FakeUpstream:
             return False
         return True
 
-    async def stream(self, scenario: str, label: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One streamed response; logs `response_sent` with the sha256 of its body when it ends."""
+    async def stream(self, scenario: str, label: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """One streamed response; logs `response_sent` with the sha256 of its body when it ends.
+        True: the connection may carry the next request (the chunked body ended cleanly)."""
         digest = hashlib.sha256()
         self._digests[id(writer)] = digest
         try:
-            await self._stream(scenario, label, reader, writer)
+            return await self._stream(scenario, label, reader, writer) and scenario not in KEEP_NOT
         finally:
             self._digests.pop(id(writer), None)
             self._log({"ts": time.time(), "event": "response_sent", "credential": label,
                        "sha256": digest.hexdigest()})
 
-    async def _stream(self, scenario: str, label: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _stream(self, scenario: str, label: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         if scenario == "stall-headers" and not await self._stall(reader, label):
-            return
+            return False
         turn = Turn(label, self.deltas)
         used = b"100" if scenario == "window-full" else b"10"
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
@@ -351,7 +370,7 @@ class FakeUpstream:
                      b"x-codex-turn-state: ts-" + label.encode()[-8:] + b"\r\ntransfer-encoding: chunked\r\n\r\n")
         await writer.drain()
         if scenario == "stall-first" and not await self._stall(reader, label):
-            return
+            return False
         events = turn.handshake()
         ending = b"0\r\n\r\n"
         if scenario == "overload":
@@ -378,7 +397,7 @@ class FakeUpstream:
             answer = turn.answer()
             await self._send(writer, events + answer[:7], label)  # through the first text delta
             if not await self._stall(reader, label):
-                return
+                return False
             events = answer[7:]
         elif scenario == "garbage":
             events += [b"this line is not SSE at all\n", b"data: {not json}\n\n", b"data: \xff\xfe\xc3(\n\n"] + turn.answer()
@@ -403,7 +422,7 @@ class FakeUpstream:
         elif scenario == "stall":
             await self._send(writer, events, label)
             if not await self._stall(reader, label):
-                return
+                return False
             events = turn.answer()
         elif scenario == "cut":
             events += turn.answer()[:4]
@@ -414,6 +433,7 @@ class FakeUpstream:
         if ending:
             writer.write(ending)
             await writer.drain()
+        return bool(ending)
 
     async def _send(self, writer: asyncio.StreamWriter, events: list[bytes], label: str = "") -> None:
         traced: set[str] = set()
