@@ -270,7 +270,7 @@ def test_log_is_quiet_by_default_and_verbose_brings_mitmproxy_lines_back(fake, t
         proxy.stop()
     log = proxy.log()
     assert "attempt 1/2 credential=client" in log and "attempt 2/2 credential=spare" in log
-    chatter = ("[replay] server connect", "[replay]: POST", "<< codex-failover: rejected: overloaded", "Streaming response from")
+    chatter = ("[warm 127.0.0.1] server connect", "[replay]: POST", "<< codex-failover: rejected: overloaded", "Streaming response from")
     if verbose:
         assert all(c in log for c in chatter), log
     else:

@@ -235,3 +235,50 @@ def test_a_winner_whose_client_closes_right_after_the_answer_shows_no_error(tmp_
     finally:
         web.stop()
         fake.stop()
+
+
+SPY = r'''
+import json, os
+
+SECRETS = json.loads(os.environ["SPY_SECRETS"])
+
+
+def _look(hook, flow):
+    if "codex_failover.attempt" not in flow.metadata:
+        return  # the client's own flow: what the client sent, before the addon's request hook
+    seen = [n for n, v in flow.request.headers.items(multi=True) if any(s in v for s in SECRETS)]
+    if seen:
+        with open(os.environ["SPY_OUT"], "a") as out:
+            out.write(json.dumps({"hook": hook, "headers": seen, "url": flow.request.pretty_url}) + "\n")
+
+
+def requestheaders(flow): _look("requestheaders", flow)
+def request(flow): _look("request", flow)
+def responseheaders(flow): _look("responseheaders", flow)
+def response(flow): _look("response", flow)
+def error(flow): _look("error", flow)
+'''
+
+
+def test_no_other_addon_ever_sees_a_secret_on_an_attempt(tmp_path):
+    """Another script's hooks (as mitmweb's view, save_stream or a user's own) run for every
+    attempt: none of them may see a real secret, the client's or the spare's, at any hook. (The
+    attempt's hooks used to run, eagerly, while the values were on the flow for the replay.)"""
+    fake = FakeUpstreamProcess(tmp_path)
+    spare = "sk-proj-SPARESECRET7-good"
+    text, env = spare_pool(fake, spare)
+    spy, out = tmp_path / "spy.py", tmp_path / "spy.jsonl"
+    spy.write_text(SPY)
+    env = {**env, "SPY_SECRETS": '["CLIENTSECRET1", "SPARESECRET7", "SECRETACCOUNT9"]', "SPY_OUT": str(out)}
+    proxy = ProxyProcess(tmp_path / "proxy", text, env, extra=["-s", str(spy)])
+    try:
+        for _ in range(3):  # a failover (client rejected, spare serves), on warm connections after the first
+            reply = post_responses(proxy.port, f"{fake.base}/v1/responses", CLIENT_KEY,
+                                   headers={"chatgpt-account-id": ACCOUNT})
+            assert reply.status == 200, reply.body[:300]
+    finally:
+        proxy.stop()
+        fake.stop()
+    sightings = out.read_text() if out.exists() else ""
+    assert sightings == "", f"a hook saw a secret:\n{sightings}"
+    assert "sk-proj-" not in proxy.log()

@@ -42,6 +42,7 @@ from .state_keeper import StateKeeper
 from .state_store import open_store
 from .trust import extend_openssl_context
 from .usage import UsageBook
+from .warm_conn import WarmConnections
 from .ws_conn import WsConn
 from .ws_dial import GateContext
 from .ws_gate import WebsocketGate
@@ -62,6 +63,7 @@ class FailoverAddon:
         self.usage = UsageBook()
         self.route_health = RouteHealth()
         self.bridges = SocksBridges()
+        self.warm = WarmConnections()  # kept upstream connections, shared by every request
         self.recovery_slots = Slots()
         self.relay = Relay()
         self.matcher = EndpointMatcher()
@@ -170,6 +172,7 @@ class FailoverAddon:
         self.scope = InterceptScope(pool.gated_base_urls)
         self.pool, self.rules = pool, rules  # in-flight requests keep the objects they started with
         self._spawn(self.bridges.close())  # new routes or passwords apply at once (bridges restart on use)
+        self.warm.close_all()  # connections through old endpoints or bridges are not used again
         if self._running:
             self._open_state()
         self.auth_watch.remember(pool.credentials)
@@ -215,6 +218,7 @@ class FailoverAddon:
         self.quiet.uninstall()
         self._spawn(self.relay.close())
         self._spawn(self.bridges.close())
+        self.warm.close_all()
 
     def _serve_metrics(self) -> None:
         """(Re)start the /metrics listener for the current failover_metrics (or stop it)."""
@@ -370,51 +374,37 @@ class FailoverAddon:
                 log.info("credential %s: auth file changed on disk; reloaded, in rotation", name)
 
     async def _hold(self, flow: http.HTTPFlow, body: dict) -> None:
-        self._held += 1
-        try:
-            await self._run(flow, body)
-        finally:
-            self._held -= 1
-
-    async def _run(self, flow: http.HTTPFlow, body: dict) -> None:
+        """Start the held request's run and return: the client flow goes to the relay at once,
+        which answers when the run decides (docs/architecture.md#the-relay)."""
         n = next(self._ids)
         run = RequestRun(flow, self.pool, self.rules, self.health, self.relay, self.attempts,
                          affinity=self.affinity, rotation=n, notices=self._notices, usage=self.usage,
                          route_health=self.route_health, bridges=self.bridges, recovery_slots=self.recovery_slots,
-                         body=body, request_id=f"r{n}", metrics=self.metrics)
+                         body=body, request_id=f"r{n}", metrics=self.metrics, warm=self.warm)
         await self.relay.start()
-        # The run may outlive this hook (recovery's heartbeat mode answers the client early and
-        # goes on in the background): wait for the run, or for the client's answer to be set.
+        run.hold_at_relay()
+        self._held += 1
         run.task = asyncio.get_running_loop().create_task(self._guarded(run))
-        decided = asyncio.get_running_loop().create_task(run.decided.wait())
-        await asyncio.wait({run.task, decided}, return_when=asyncio.FIRST_COMPLETED)
-        decided.cancel()
-        if run.task.done():
-            failure = run.task.result()
-            if failure == "client_gone":
-                flow.kill()
-            elif failure is not None and not run.decided.is_set():
-                flow.response = client_answers.internal_error(failure)
-        else:
-            self._tasks.add(run.task)
-            run.task.add_done_callback(self._tasks.discard)
+        self._tasks.add(run.task)
+        run.task.add_done_callback(self._tasks.discard)
+        run.task.add_done_callback(lambda _: self._release_hold(run))
+
+    def _release_hold(self, run: RequestRun) -> None:
+        self._held -= 1
+        if not run.hop.is_answered:  # the client left, or a bug: the relay hop must end too
+            run.answer_internal_error("the request ended without an answer")
 
     @staticmethod
     async def _guarded(run: RequestRun) -> str | None:
         """Run one request; a bug must fail with a clear status, never hang the client."""
         try:
             await run.run()
-        except ClientGone:
+        except (ClientGone, asyncio.CancelledError):  # seen by the run, or the relay's hop closed
             log.info("[%s] client went away while held; attempts cancelled", run.request_id)
-            return "client_gone"
-        except asyncio.CancelledError:
-            log.info("[%s] stopped: the client left", run.request_id)
             return "client_gone"
         except Exception as exc:  # noqa: BLE001
             log.error("[%s] codex-failover internal error: %s\n%s", run.request_id, exc, traceback.format_exc())
-            if run.sink is not None:
-                run.sink.fail(502, {"type": "server_error", "code": "codex_failover_internal_error",
-                                    "message": f"codex-failover internal error: {type(exc).__name__}"})
+            run.answer_internal_error(type(exc).__name__)
             return type(exc).__name__
         return None
 
@@ -435,21 +425,12 @@ class FailoverAddon:
         if attempt is not None:
             await attempt.on_response()
 
-    def server_connect_error(self, data) -> None:
-        # Runs before the attempt's `error` hook, which built-in addons (save_stream) see first:
-        # the request never left, so redact it now and no saved flow holds a spare's secret.
-        for attempt in self.attempts.values():
-            if attempt.owns(data.client):
-                attempt.redact()
-
     def http_connect_upstream(self, flow: http.HTTPFlow) -> None:
         """Proxy credentials of a route endpoint go to that proxy only, on its CONNECT."""
-        for attempt in self.attempts.values():
-            if not attempt.owns(flow.client_conn):
-                continue
-            authorization = self.bridges.proxy_authorization(attempt.endpoint) if attempt.endpoint else None
-            if authorization is not None:  # an HTTP proxy's credentials, or a SOCKS bridge's secret
-                flow.request.headers["Proxy-Authorization"] = authorization
+        endpoint = self.warm.endpoint_of(flow.client_conn)  # the CONNECT of a kept connection's dial
+        authorization = self.bridges.proxy_authorization(endpoint) if endpoint is not None else None
+        if authorization is not None:  # an HTTP proxy's credentials, or a SOCKS bridge's secret
+            flow.request.headers["Proxy-Authorization"] = authorization
 
     async def error(self, flow: http.HTTPFlow) -> None:
         self._restore_client_request(flow)
@@ -529,6 +510,7 @@ class FailoverAddon:
                   for endpoints in self.pool.routes.values() for ep in endpoints or ()]
         return {"pool": self.pool.source, "credentials": creds, "clients": clients, "routes": routes,
                 "held_requests": self._held, "attempts_in_flight": len(self.attempts), "relay_port": self.relay.port,
+                "upstream_connections": self.warm.stats(), "upstream_dials": self.warm.dials,
                 "relay_unclaimed": self.relay.pending, "relay_streaming": self.relay.streaming,
                 "recovery_buffering": self.recovery_slots.used, "websockets": self.ws_gate.report()}
 

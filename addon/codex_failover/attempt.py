@@ -1,40 +1,29 @@
-"""The attempt engine: one upstream try of a held request, as a mitmproxy client replay.
+"""One upstream try of a held request: a copy of the client's flow, sent over a warm connection.
 
-This is the only module that touches `mitmproxy.addons.clientplayback.ReplayHandler`, a
-semi-internal class (hence the exact mitmproxy pin). Verified against 12.3.1:
-- `ReplayHandler(flow, options)` connects to `flow.request`'s host/port when constructed, runs
-  every addon hook for the copy, and `replay()` returns after the copy's `response`/`error` hook;
-- a stream callable set in `responseheaders` is called once per chunk and with b"" at the end;
-- cancelling needs both `flow.kill()` (before the connection exists) and cancelling the
-  handler's transport tasks (mid-stream; `kill()` alone does not stop a streaming response);
-- the request head is assembled (from `flow.request`) and written inside the handler's
-  `server_event`, which runs the protocol layers while holding `_server_event_lock`, without any
-  await inside it (server.py:384); the HTTP/1 client layer then holds that request object, an
-  HTTP/2 one has opened a stream for it. `server_event` calls may nest (a hook task started
-  eagerly inside one waits on the lock), so only the lock marks the synchronous section
-  (docs/mitmproxy-12.3.1-replay-notes.md §8).
+The attempt is a complete mitmproxy flow: mitmproxy's HTTP layers run it with every addon hook
+(warm_conn.py), so mitmweb shows it and `-w` saves it. Its response reaches the request's driver
+through an asyncio queue fed from those hooks and from a stream callable set in `responseheaders`
+(called once per chunk, and with b"" at the end).
 
 What mitmweb shows and `-w` saves is the flow object itself, at every moment: secrets are kept
-off it. The flow holds placeholders from the start; until the head is written, the real header
-values are on it only while the handler holds that lock (`_ArmingLock`), so no other code (a hook,
-mitmweb's API, a save) can ever see them, whatever the route (direct, HTTP or HTTPS proxy, SOCKS
-bridge) and however long a tunnel or handshake takes. Each attempt's verdict (mark, comment, error) is on the flow before its
-final hook returns, so saved flows carry it (docs/observability.md, "mitmweb").
+off it. The flow holds placeholders from the start; the real values are on it only while the
+upstream connection's layers write the request head (warm_conn._ArmingHttpLayer), never while a
+hook or any other code runs. Each attempt's verdict (mark, comment, error) is on the flow before
+its final hook returns, so saved flows carry it (docs/observability.md, "mitmweb").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from dataclasses import dataclass
 
 from mitmproxy import ctx, flow as mitmflow, http
-from mitmproxy.addons.clientplayback import ReplayHandler
 from mitmproxy.connection import Server
+from mitmproxy.proxy.layers import http as http_layers
 
-from .quiet_log import replay_level
+from .warm_conn import WarmConnection, WarmConnections, WarmKey
 
 ATTEMPT_TAG = "codex_failover.attempt"
 CAPTURE_LIMIT = 64 * 1024  # opening bytes kept on the attempt flow for mitmweb
@@ -82,52 +71,6 @@ class Capture:
             response.raw_content = bytes(self.data)
 
 
-class _ArmingLock(asyncio.Lock):
-    """The handler's `_server_event_lock`: while it is held (the protocol layers running, nothing
-    else), the attempt's flow carries the real secret headers, until the request head is written."""
-
-    def __init__(self, attempt: "Attempt", handler: "_AttemptReplay"):
-        super().__init__()
-        self._attempt, self._handler = attempt, handler
-
-    async def acquire(self) -> bool:
-        acquired = await super().acquire()
-        if not self._attempt.sent:
-            self._attempt.arm()
-        return acquired
-
-    def release(self) -> None:
-        attempt = self._attempt
-        if not attempt.sent:
-            attempt.sent = attempt.connected = self._handler.head_written()
-            attempt.redact()
-        super().release()
-
-
-class _AttemptReplay(ReplayHandler):
-    """mitmproxy's replay handler, its per-connection INFO lines lowered to DEBUG (quiet_log.py),
-    telling its attempt when the request head has been written."""
-
-    def __init__(self, flow: http.HTTPFlow, options, attempt: "Attempt") -> None:
-        super().__init__(flow, options)
-        self._server_event_lock = _ArmingLock(attempt, self)
-
-    def head_written(self) -> bool:
-        """Has the request head been written? An HTTP/1 client layer holds the flow's request once
-        it wrote its head; an HTTP/2 one has opened a stream for it (one request per attempt)."""
-        todo = list(self.layer.connections.values())
-        while todo:
-            layer = todo.pop()
-            if getattr(layer, "request", None) is self.flow.request or getattr(layer, "our_stream_id", None):
-                return True
-            if getattr(layer, "child_layer", None) is not None:
-                todo.append(layer.child_layer)
-        return False
-
-    def log(self, message: str, level: int = logging.INFO, exc_info=None) -> None:
-        super().log(message, replay_level(level, ctx.options.failover_verbose), exc_info)
-
-
 @dataclass
 class Item:
     kind: str
@@ -137,7 +80,8 @@ class Item:
 class Attempt:
     """One replayed copy of the client's request, streaming into an asyncio queue."""
 
-    def __init__(self, client_flow: http.HTTPFlow, label: str, n: int):
+    def __init__(self, client_flow: http.HTTPFlow, label: str, n: int, warm: WarmConnections):
+        self.warm = warm  # the engine: where the attempt's connection comes from
         self.flow = client_flow.copy()
         # The client flow may already be answered by the relay (heartbeat mode): an attempt starts clean.
         self.flow.response, self.flow.error = None, None
@@ -152,7 +96,12 @@ class Attempt:
         self.streaming = False
         self.captured = Capture()
         self.started = time.monotonic()
-        self._handler: _AttemptReplay | None = None
+        self.conn: WarmConnection | None = None  # the connection it was sent on, once handed over
+        self.stream_id = 0  # its stream on that connection
+        self.over = asyncio.Event()  # its final hook (response or error) ran
+        self._abandon = asyncio.Event()  # cancelled before it was handed to a connection
+        self.abandoned = False  # cancelled while waiting for its connection: it never gets it
+        self.dial_timeout = 30.0  # a dial for it that hangs is stopped after this (the policy's connect_timeout)
         self._task: asyncio.Task | None = None
         self._wire: dict[str, list[str]] = {}  # secret headers' real values, for the wire only
         self.sent = False  # the request head was written: the real values are never needed again
@@ -168,10 +117,28 @@ class Attempt:
         """Send it. The request's URL and headers must be final: the target is read now. `via`:
         an upstream proxy for this attempt only, `(scheme, (host, port))`."""
         self._hide_secrets()
-        self.flow.server_conn = Server(address=(self.flow.request.host, self.flow.request.port))
+        req = self.flow.request
+        self.flow.server_conn = Server(address=(req.host, req.port))
         self.flow.server_conn.via = via
-        self._handler = _AttemptReplay(self.flow, ctx.options, self)
-        self._task = asyncio.get_running_loop().create_task(self._handler.replay())
+        key = WarmKey(req.scheme, req.host, req.port, via)
+        self._task = asyncio.get_running_loop().create_task(self._send(key))
+
+    async def _send(self, key: WarmKey) -> None:
+        """Hand the request to its connection (warm, being dialled, or dialled for it) and wait for
+        its end. mitmproxy's layers run its hooks, then send it once the connection is up."""
+        if self._abandon.is_set():  # cancelled before it started: not one byte left
+            return await self._end_unsent(mitmflow.Error.KILLED_MESSAGE)
+        self.conn = self.warm.connection_for(key, self.endpoint, self.dial_timeout)
+        await self.conn.submit(self)
+        await self.over.wait()
+
+    async def _end_unsent(self, message: str) -> None:
+        """The hooks mitmproxy runs for a request whose connection failed, in its order."""
+        hooks = ctx.master.addons
+        await hooks.handle_lifecycle(http_layers.HttpRequestHeadersHook(self.flow))
+        await hooks.handle_lifecycle(http_layers.HttpRequestHook(self.flow))
+        self.flow.error = mitmflow.Error(message)
+        await hooks.handle_lifecycle(http_layers.HttpErrorHook(self.flow))
 
     # -- called from the addon's hooks for this attempt's flow (synchronous) ---------------
 
@@ -242,10 +209,9 @@ class Attempt:
         """Pause or resume reading the upstream socket: TCP's window then slows the upstream down,
         as mitmproxy's own streaming does. (The relay drains its writes to the client.)"""
         self._paused = not on
-        for io in list(self._handler.transports.values()) if self._handler else ():
-            transport = getattr(io.writer, "transport", None)
-            if transport is not None and not transport.is_closing():
-                transport.resume_reading() if on else transport.pause_reading()
+        conn = self.conn
+        if conn is not None and (not on or not conn.multiplexed or len(conn.attempts) <= 1):
+            conn.set_reading(on)  # an HTTP/2 connection shared with others is never paused (docs/architecture.md)
 
     async def on_response(self) -> None:
         """The final hook of an attempt that ended on its own: waits (bounded) for the verdict."""
@@ -294,29 +260,20 @@ class Attempt:
         return Item(CHUNK, b"".join(parts))
 
     async def cancel(self, timeout: float = 5.0) -> None:
-        """Stop the attempt and close its upstream connection; idempotent. An attempt whose whole
-        response arrived is left to finish (no error on a winner)."""
+        """Stop the attempt (its HTTP/2 stream is reset; an HTTP/1.1 connection closes); idempotent.
+        An attempt whose whole response arrived is left to finish (no error on a winner)."""
         self.judged.set()  # the verdict, if any, is on the flow: the final hook need not wait
         if self._task is None or self._task.done():
             return
-        if self.finished:
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(self._task), timeout)
-            return
-        if self.flow.killable:
-            self.flow.kill()
-        for io in list(self._handler.transports.values()):
-            if io.handler is not None:
-                io.handler.cancel("attempt cancelled by codex-failover")
+        if not self.finished:
+            if self.conn is None:
+                self._abandon.set()
+            else:
+                await self.conn.cancel(self, "attempt cancelled by codex-failover")
         try:
             await asyncio.wait_for(asyncio.shield(self._task), timeout)
         except (TimeoutError, asyncio.CancelledError):
             self._task.cancel()
-
-    def owns(self, client) -> bool:
-        """Is `client` (of a connection hook or a CONNECT flow) this attempt's? Each handler has
-        its own copy of the client connection."""
-        return self._handler is not None and self._handler.client.id == client.id
 
     @property
     def done(self) -> bool:

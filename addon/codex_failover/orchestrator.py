@@ -39,6 +39,7 @@ from .socks_bridge import SocksBridges
 from .taxonomy import AUTH_REJECTED, FAILOVER, UPSTREAM_5XX, classify_response, hinted_seconds
 from .transport import HOST_NETWORK, PRE_DISPATCH, ROUTE_DOWN, TLS_FAILED, classify_connection_error
 from .usage import UsageBook, Window, from_event, from_headers
+from .warm_conn import WarmConnections, WarmKey
 
 log = logging.getLogger("codex_failover")
 
@@ -138,10 +139,24 @@ class RequestRun:
     client_auth: AuthMaterial | None = None  # the client's own credential, from `original`
     skipped: dict = field(default_factory=dict)  # credential name -> story.Skipped, for the flow comment
     moved_body: bytes | None = None  # see _moved_body
+    hop: RelaySession | None = None  # the client's hop to the relay, from the start of the hold
+    winner: Attempt | None = None  # the committed attempt, streaming through the relay
+    last_plan: Plan | None = None  # for pre-warming the next candidate's connection
     metrics: Metrics | None = None  # Prometheus counters (failover_metrics), if on
+    warm: WarmConnections | None = None  # the attempt engine: kept upstream connections (the addon's)
+
+    def hold_at_relay(self) -> None:
+        """Point the client flow at the relay now, before any attempt: mitmproxy connects to it and
+        forwards the request while the attempts run, so committing is one write, and a client that
+        leaves during the hold is noticed at once (docs/architecture.md#the-relay)."""
+        self.original = self.flow.request.copy()  # attempts copy this; the flow shows no secret
+        self.hop = RelaySession.held(self._abort)
+        point_at_relay(self.flow, self.relay.port, self.relay.register(self.hop))
 
     async def run(self) -> None:
-        self.original = req = self.flow.request.copy()  # attempts copy this; the flow shows no secret
+        if self.original is None:
+            self.hold_at_relay()
+        req = self.original
         hide_secrets(self.flow.request)
         self.move = assess(self.body, req.headers, self.pool.policy.encrypted_reasoning)
         if not self.move.movable:
@@ -188,6 +203,7 @@ class RequestRun:
     def _plan(self) -> Plan:
         sticky = self.affinity.get(self.session)
         plan = make_plan(self.client_auth, self.pool, self.health, self.move.movable, sticky, self.rotation)
+        self.last_plan = plan
         for cand, why in plan.skipped:
             state = self.health.state(cand.key)
             self.skipped[cand.name] = story.Skipped(cand.name, why, state.until, state.reason)
@@ -297,6 +313,7 @@ class RequestRun:
         attempt.endpoint = ep
         self.registry[attempt.flow.id] = attempt
         attempt.start(await self._via(ep))
+        self._prewarm_next(cand)
         try:
             outcome = await self._drive(attempt, cand)
         except ClientGone:
@@ -316,8 +333,28 @@ class RequestRun:
             return ("http", await self.bridges.address(ep))
         return (ep.scheme, (ep.host, ep.port))
 
+    def _prewarm_next(self, current: Candidate) -> None:
+        """Dial the connection the next candidate (by the plan) would use, if none is open or
+        underway, so a failover pays no handshake (docs/architecture.md#warm-connections)."""
+        plan = self.last_plan
+        following = [c for c in plan.candidates if c.key != current.key] if plan is not None else []
+        if not following or self.warm is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._prewarm(following[0]))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort: never an error
+
+    async def _prewarm(self, cand: Candidate) -> None:
+        url = http.Request.make("POST", (cand.base_url or self.original.url.rsplit("/", 1)[0]) + "/responses")
+        endpoints = self.pool.routes.get(cand.route) or [None]
+        ep = next((e for e in endpoints if e is None or self.route_health.healthy(e)), None)
+        if ep is None and endpoints != [None]:
+            return
+        via = await self._via(ep)
+        self.warm.prewarm(WarmKey(url.scheme, url.host, url.port, via), ep, self.pool.policy.connect_timeout)
+
     def _make_attempt(self, cand: Candidate, n: int) -> Attempt:
-        attempt = Attempt(self.flow, f"{self.request_id}#{n}", n)
+        attempt = Attempt(self.flow, f"{self.request_id}#{n}", n, self.warm)
+        attempt.dial_timeout = self.pool.policy.connect_timeout
         attempt.flow.request = req = self.original.copy()
         if cand.base_url:
             req.url = cand.base_url + "/responses"
@@ -534,20 +571,24 @@ class RequestRun:
                 else:
                     raise UpstreamBroken(item.data.decode(errors="replace"))
 
+        self.winner = attempt
         if self.sink is not None:
             self.sink.deliver(body)
         else:
-            session = RelaySession(resp.status_code, resp.reason, list(resp.headers.fields), body, attempt.cancel)
-            self._point_at_relay(self.relay.register(session))
+            self._answer(resp.status_code, resp.reason, list(resp.headers.fields), body)
         self._succeeded(cand)
         verdict = decision.verdict.value
         self._record(attempt, cand, verdict, decision.reason, resp.status_code, ok=True)
 
     def _respond(self, answer: http.Response) -> None:
-        """Answer the client: the flow's response, or in heartbeat mode an in-stream failure."""
+        """Answer the client: a whole response, or in heartbeat mode an in-stream failure."""
         if self.sink is None:
-            self.flow.response = answer
-            self._decided()
+            content = answer.raw_content or b""
+
+            async def body():
+                yield content
+
+            self._answer(answer.status_code, answer.reason, list(answer.headers.fields), body)
             return
         try:
             error = json.loads(answer.get_content(strict=False) or b"{}").get("error") or {}
@@ -555,28 +596,37 @@ class RequestRun:
             error = {}
         self.sink.fail(answer.status_code, error if isinstance(error, dict) else {"message": str(error)})
 
+    def answer_internal_error(self, failure: str) -> None:
+        """A bug ended the run before it answered: a clear status, never a hung client."""
+        if self.sink is not None:
+            self.sink.fail(502, {"type": "server_error", "code": "codex_failover_internal_error",
+                                 "message": f"codex-failover internal error: {failure}"})
+        elif not self.decided.is_set():
+            self._respond(client_answers.internal_error(failure))
+
     def _start_heartbeat(self) -> None:
-        """Heartbeat mode: commit 200 event-stream headers now; keepalives flow until the outcome.
-        The request hook returns; this run goes on in the background (the relay aborts it if the
-        client leaves)."""
+        """Heartbeat mode: commit 200 event-stream headers now; keepalives flow until the outcome."""
         self.sink = HeartbeatSink(self.pool.recovery.heartbeat)
-        session = RelaySession(200, "OK", list(HEADERS), self.sink.body, self._abort_background)
-        self._point_at_relay(self.relay.register(session))
+        self._answer(200, "OK", list(HEADERS), self.sink.body)
         log.info("[%s] recovery: heartbeat every %gs while the response is buffered", self.request_id,
                  self.pool.recovery.heartbeat)
 
-    def _abort_background(self) -> None:
+    def _answer(self, status: int, reason: str, headers: list, body) -> None:
+        self._decided()
+        self.hop.answer(status, reason, headers, body)
+
+    def _abort(self):
+        """The relay's reader left (or the hop ended): stop the run, and a committed stream's attempt."""
         if self.task is not None and not self.task.done():
             self.task.cancel()
+        if self.winner is not None:
+            return self.winner.cancel()
+        return None
 
     def _decided(self) -> None:
         if not self.decided.is_set() and self.metrics is not None:
             self.metrics.hold_seconds(time.monotonic() - self.started)
         self.decided.set()
-
-    def _point_at_relay(self, token: str) -> None:
-        self._decided()
-        point_at_relay(self.flow, self.relay.port, token)
 
     def _reject(self, attempt: Attempt, cand: Candidate, rejection: Rejection) -> None:
         self._outcomes.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,

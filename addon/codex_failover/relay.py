@@ -1,10 +1,13 @@
-"""The loopback relay: how a committed attempt's stream reaches the held client live.
+"""The loopback relay: how a held request's answer reaches its client, live.
 
 mitmproxy sends a response that an addon sets in one piece, so the client flow is pointed at
-this server instead (127.0.0.1, ephemeral port). It answers `GET/POST /r/<token>` once: the
-winner's status and headers, the bytes held during the bootstrap window, then the live rest,
-chunk by chunk. Unknown or reused tokens get 403. When the reader (mitmproxy, on behalf of the
-client) goes away, the session's `abort` runs so the upstream attempt stops at once.
+this server instead (127.0.0.1, ephemeral port), as soon as the hold starts: mitmproxy connects
+and forwards the request while the attempts run, and the relay answers `GET/POST /r/<token>` once
+the run has decided (`RelaySession.answer`): the winner's status and headers, the bytes held during
+the bootstrap window, then the live rest, chunk by chunk; or the addon's own answer. So a commit
+costs one write, and a client that leaves (or resets its HTTP/2 stream) during the hold is noticed
+at once: mitmproxy closes this hop, and the session's `abort` stops the run and its attempts.
+Unknown or reused tokens get 403.
 
 Anything on the machine can connect to the port, so every other connection is answered or closed
 quietly (one debug line, never a traceback): a malformed head gets 400, an unknown token 403 before
@@ -55,12 +58,28 @@ class UpstreamBroken(ConnectionError):
 
 @dataclass
 class RelaySession:
-    status: int
+    status: int | None
     reason: str
     headers: list[tuple[bytes, bytes]]
-    body: Callable[[], AsyncIterator[bytes]]  # held bytes first, then live chunks; raises on upstream failure
-    abort: Callable[[], object]  # stop the upstream attempt (may return an awaitable)
+    body: Callable[[], AsyncIterator[bytes]] | None  # held bytes first, then live chunks; raises on upstream failure
+    abort: Callable[[], object]  # stop the run or its upstream attempt (may return an awaitable)
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    answered: asyncio.Event | None = None  # a held session: set once `answer` gave status and body
+
+    @classmethod
+    def held(cls, abort: Callable[[], object]) -> "RelaySession":
+        """A session registered when the hold starts; the answer comes later."""
+        return cls(None, "", [], None, abort, answered=asyncio.Event())
+
+    def answer(self, status: int, reason: str, headers: list[tuple[bytes, bytes]],
+               body: Callable[[], AsyncIterator[bytes]]) -> None:
+        self.status, self.reason, self.headers, self.body = status, reason, headers, body
+        if self.answered is not None:
+            self.answered.set()
+
+    @property
+    def is_answered(self) -> bool:
+        return self.answered is None or self.answered.is_set()
 
 
 class Relay:
@@ -198,6 +217,8 @@ class Relay:
 
     @staticmethod
     async def _pump(session: RelaySession, writer: asyncio.StreamWriter) -> None:
+        if session.answered is not None:
+            await session.answered.wait()  # the hold: the run decides (the reader may leave meanwhile)
         head = [f"HTTP/1.1 {session.status} {session.reason or 'OK'}".encode()]
         head += [k + b": " + v for k, v in session.headers if k.lower() not in _HOP_BY_HOP]
         head += [b"transfer-encoding: chunked", b"connection: close", b"", b""]

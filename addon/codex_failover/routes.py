@@ -180,6 +180,11 @@ class RouteHealth:
         state.probing = True
         return True
 
+    def healthy(self, ep: Endpoint) -> bool:
+        """Has `ep` no failure on record? (Only those are dialled ahead of need.)"""
+        state = self._states.get(ep.key)
+        return state is None or state.failures == 0
+
     def failed(self, ep: Endpoint, reason: str) -> float:
         """A confirmed pre-dispatch failure; returns the backoff in seconds."""
         state = self._states.setdefault(ep.key, _EndpointState())

@@ -1,0 +1,429 @@
+"""Warm upstream connections: attempts sent over kept connections by mitmproxy's own HTTP layers.
+
+A `WarmConnection` is a mitmproxy `ConnectionHandler` that lives as long as its upstream connection.
+Its layer stack is mitmproxy's `HttpLayer` (transparent mode, like client replay) whose "client" is
+`_AttemptSource`: each attempt arrives there as a request on a stream id of its own, so mitmproxy's
+`HttpStream` runs it with every addon hook (the attempt is a complete flow, visible in mitmweb and
+saved with `-w`; a hook may even send it elsewhere, as map_remote does) and then asks the layer for
+a connection. `_KeptHttpLayer.get_connection` answers with the kept connection: HTTP/2 streams side
+by side, HTTP/1.1 one after another (keep-alive), dialled by the first attempt (or ahead of need,
+`prewarm`) through the same layers (TCP, the route endpoint's proxy tunnel, TLS with the addon's
+trust store). Which kept connection an attempt goes to is the book's decision (warm_book.py).
+docs/architecture.md#warm-connections; the mitmproxy 12.3.1 facts relied on are in
+docs/mitmproxy-12.3.1-replay-notes.md §9.
+
+Secrets: the attempt's flow holds placeholders (attempt.py). The real header values are put on it
+only while an event is processed by an *upstream connection's* layers (`_KeptHttpLayer`), and the
+commands that processing yields are collected before any of them runs: no hook, no write, no other
+code runs while the values are on the flow. Once the head has been written they are never put on again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+from mitmproxy import ctx, flow as mitmflow
+from mitmproxy.connection import Client, ConnectionState, Server
+from mitmproxy.proxy import commands, events, layer, server, server_hooks
+from mitmproxy.proxy.context import Context
+from mitmproxy.proxy.layers import http as http_layers
+from mitmproxy.proxy.layers.http import HTTPMode, HttpStream
+
+from .quiet_log import replay_level
+from .warm_book import CLOSED, OPEN, Dial, Slot, WarmBook
+
+if TYPE_CHECKING:
+    from .attempt import Attempt
+
+log = logging.getLogger("codex_failover")
+
+REAP_EVERY = 5.0  # seconds between looks for idle connections to close
+
+
+class WarmKey(NamedTuple):
+    """What a kept connection can serve: the upstream and the way to it (mitmproxy's `via`)."""
+
+    scheme: str
+    host: str
+    port: int
+    via: tuple | None
+
+
+@dataclass
+class _Dial(events.ConnectionEvent):
+    pass
+
+
+@dataclass
+class _Submit(events.ConnectionEvent):
+    attempt: "Attempt"
+
+
+@dataclass
+class _Cancel(events.ConnectionEvent):
+    stream_id: int
+    message: str
+
+
+class _AttemptSource(layer.Layer):
+    """The HTTP layer's client: hands attempts over as requests, asks for the connection to be
+    dialled, and ignores the responses (each attempt reads its own through its flow's hooks).
+    It never pauses: several requests may be under way at once."""
+
+    def __init__(self, context: Context, owner: "WarmConnection"):
+        super().__init__(context)
+        self.owner = owner
+
+    def handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
+        if isinstance(event, _Dial):
+            key = self.owner.key
+            yield http_layers.GetHttpConnection((key.host, key.port), key.scheme == "https", key.via)
+        elif isinstance(event, http_layers.GetHttpConnectionCompleted):
+            pass  # a prewarm's dial: the layer told the owner already (register_connection)
+        elif isinstance(event, _Submit):
+            yield from self._submit(event.attempt)
+        elif isinstance(event, _Cancel):
+            error = http_layers.RequestProtocolError(event.stream_id, event.message, http_layers.ErrorCode.CANCEL)
+            yield http_layers.ReceiveHttp(error)
+
+    def _submit(self, attempt: "Attempt") -> layer.CommandGenerator[None]:
+        """As mitmproxy's replay MockServer does: the whole request, on the attempt's stream."""
+        request, sid = attempt.flow.request, attempt.stream_id
+        content = request.raw_content
+        request.timestamp_start = request.timestamp_end = time.time()
+        yield http_layers.ReceiveHttp(http_layers.RequestHeaders(sid, request, end_stream=not content,
+                                                                 replay_flow=attempt.flow))
+        if content:
+            yield http_layers.ReceiveHttp(http_layers.RequestData(sid, content))
+        yield http_layers.ReceiveHttp(http_layers.RequestEndOfMessage(sid))
+
+    def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:  # pragma: no cover
+        yield from ()
+
+
+class _KeptHttpLayer(http_layers.HttpLayer):
+    """mitmproxy's HttpLayer with the kept connection as the one it shares, and the secrets armed
+    only inside the upstream connection's layers (see the module docstring)."""
+
+    def __init__(self, context: Context, owner: "WarmConnection"):
+        super().__init__(context, HTTPMode.transparent)
+        self.owner = owner
+
+    def get_connection(self, event, *, reuse: bool = True) -> layer.CommandGenerator[None]:
+        """The kept connection for the kept upstream: wait while it is dialled, use it once up, dial
+        it when there is none (or it closed meanwhile). Anything else (a hook sent the attempt
+        elsewhere) gets a connection of its own, closed after it."""
+        owner = self.owner
+        if not event.connection_spec_matches(owner.spec):
+            yield from super().get_connection(event, reuse=False)
+            return
+        kept = owner.kept
+        if kept is not None and kept in self.waiting_for_establishment:
+            self.waiting_for_establishment[kept].append(event)
+            return
+        if kept is not None and (kept.connected or kept.error):
+            reply = (kept, None) if kept.connected else (None, kept.error)
+            yield from self.event_to_child(self.command_sources.pop(event), http_layers.GetHttpConnectionCompleted(event, reply))
+            return
+        known = set(self.connections)
+        yield from super().get_connection(event, reuse=False)
+        owner.kept = next((c for c in self.connections if c not in known), None)
+
+    def register_connection(self, command) -> layer.CommandGenerator[None]:
+        """The kept connection is up (or failed): every waiting attempt gets it, except that on an
+        HTTP/1.1 connection only the first does and the others dial their own (mitmproxy's own rule
+        for HTTP/2 clients, here for attempts)."""
+        waiting = self.waiting_for_establishment.get(command.connection, [])
+        own = []
+        if command.connection is self.owner.kept and not command.err and command.connection.alpn != b"h2":
+            own, waiting[1:] = waiting[1:], []
+        yield from super().register_connection(command)
+        if command.connection is self.owner.kept:
+            self.owner.dialled(None if command.err else command.connection, command.err)
+        for cmd in own:
+            yield from super().get_connection(cmd, reuse=False)
+
+    def event_to_child(self, child, event: events.Event) -> layer.CommandGenerator[None]:
+        if isinstance(child, HttpStream):
+            if isinstance(event, http_layers.GetHttpConnectionCompleted):
+                connection, _ = event.reply
+                if self.owner.abandoned(child.stream_id):  # cancelled while it waited: it never gets it
+                    event = http_layers.GetHttpConnectionCompleted(event.command, (None, mitmflow.Error.KILLED_MESSAGE))
+                elif connection is not None and connection.alpn != b"h2":
+                    as_http11(child.flow.request)
+            yield from super().event_to_child(child, event)
+            return
+        unsent = self.owner.unsent() if child is not self.owner.source else ()
+        if not unsent:
+            yield from super().event_to_child(child, event)
+            return
+        for attempt in unsent:
+            attempt.arm()
+        try:
+            produced = list(super().event_to_child(child, event))
+        finally:
+            for attempt in unsent:
+                attempt.sent = attempt.connected = self.owner.head_written(attempt)
+                attempt.redact()
+        yield from produced
+
+
+class WarmConnection(server.ConnectionHandler):
+    """One kept upstream connection, run by mitmproxy's HTTP layers; attempts are sent over it."""
+
+    def __init__(self, key: WarmKey, slot: Slot, options, endpoint=None):
+        client = Client(peername=("127.0.0.1", 0), sockname=("127.0.0.1", 0), state=ConnectionState.OPEN)
+        if options.http2:  # mirrored upstream by mitmproxy's TlsConfig: HTTP/2 where the upstream offers it
+            client.alpn_offers = [b"h2", b"http/1.1"]
+        context = Context(client, options)
+        context.server = Server(address=(key.host, key.port), via=key.via)
+        if key.scheme == "https":
+            context.server.tls, context.server.sni = True, key.host
+        super().__init__(context)
+        self.key, self.slot, self.endpoint = key, slot, endpoint
+        self.spec = Server(address=(key.host, key.port), via=key.via)  # what the kept connection serves
+        self.spec.tls = key.scheme == "https"
+        self.layer = _KeptHttpLayer(context, self)
+        self.source = _AttemptSource(context.fork(), self)
+        self.layer.connections[client] = self.source
+        self.attempts: dict[int, Attempt] = {}  # stream id -> attempt under way
+        self.kept: Server | None = None  # the kept connection, from its dial on
+        self.ready: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()  # the dial's error, or None
+        self._stream_ids = itertools.count(1, 2)
+        self._started = False
+        self.on_dialled = None  # called with self once the dial ended (either way)
+        self.on_over = None  # called with (self, attempt) when an attempt's final hook ran
+        self.on_closed = None  # called with self once the connection is gone
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        if not self._started:
+            self._started = True
+            await self.server_event(events.Start())
+
+    async def dial(self) -> None:
+        """Open the connection ahead of need (TCP, tunnel, TLS); `ready` tells how it ended."""
+        await self._start()
+        await self.server_event(_Dial(self.client))
+
+    def dialled(self, connection: Server | None, error: str | None) -> None:
+        """From the layers (synchronous): the dial's outcome."""
+        if not self.ready.done():
+            self.ready.set_result(error if connection is None else None)
+        if self.on_dialled is not None:
+            self.on_dialled(self)
+        if connection is None:
+            self._gone()
+
+    @property
+    def alive(self) -> bool:
+        kept = self.kept
+        return kept is not None and bool(kept.state & ConnectionState.CAN_READ) and bool(kept.state & ConnectionState.CAN_WRITE)
+
+    @property
+    def dialling(self) -> bool:
+        return self.kept is None or not self.ready.done()
+
+    @property
+    def multiplexed(self) -> bool:
+        return self.kept is not None and self.kept.alpn == b"h2"
+
+    def close(self, why: str = "closed by codex-failover") -> None:
+        """Close the connection (or stop its dial: `why` is then the waiting attempts' error)."""
+        for io in list(self.transports.values()):
+            if io.handler is not None:
+                io.handler.cancel(why)
+        if not self.transports:
+            if not self.ready.done():
+                self.ready.set_result(why)
+            self._gone()
+
+    def _gone(self) -> None:
+        callback, self.on_closed = self.on_closed, None
+        if callback is not None:
+            callback(self)
+
+    # -- attempts -------------------------------------------------------------------------
+
+    async def submit(self, attempt: "Attempt") -> None:
+        await self._start()
+        attempt.stream_id = next(self._stream_ids)
+        self.attempts[attempt.stream_id] = attempt
+        await self.server_event(_Submit(self.client, attempt))
+
+    async def cancel(self, attempt: "Attempt", message: str) -> None:
+        """Stop one attempt: HTTP/2 resets its stream, HTTP/1.1 closes the connection. One still
+        waiting for its connection never gets it (`abandoned`): not one byte of it leaves."""
+        if attempt.stream_id not in self.attempts:
+            return
+        attempt.abandoned = not attempt.sent
+        await self.server_event(_Cancel(self.client, attempt.stream_id, message))
+
+    def abandoned(self, stream_id: int) -> bool:
+        attempt = self.attempts.get(stream_id)
+        return attempt is not None and attempt.abandoned
+
+    def unsent(self) -> list["Attempt"]:
+        return [a for a in self.attempts.values() if not a.sent] if self.attempts else []
+
+    def head_written(self, attempt: "Attempt") -> bool:
+        """Has the attempt's request head been written? The HTTP/1 client layer holds the request
+        it wrote; the HTTP/2 one has mapped the attempt's stream id to a stream of its own."""
+        todo = [c for c in self.layer.connections.values() if c is not self.source]
+        while todo:
+            current = todo.pop()
+            if current is None:
+                continue
+            if getattr(current, "request", None) is attempt.flow.request:
+                return True
+            if attempt.stream_id in getattr(current, "our_stream_id", ()):
+                return True
+            todo.append(getattr(current, "child_layer", None))
+        return False
+
+    def set_reading(self, on: bool) -> None:
+        """Pause or resume reading the upstream socket (backpressure, attempt.py)."""
+        io = self.transports.get(self.kept) if self.kept is not None else None
+        transport = getattr(io.writer, "transport", None) if io is not None else None
+        if transport is not None and not transport.is_closing():
+            transport.resume_reading() if on else transport.pause_reading()
+
+    # -- mitmproxy's ConnectionHandler ------------------------------------------------------
+
+    async def handle_hook(self, hook: commands.StartHook) -> None:
+        (data,) = hook.args()
+        await ctx.master.addons.handle_lifecycle(hook)
+        if isinstance(data, mitmflow.Flow):
+            await data.wait_for_resume()
+        if isinstance(hook, (http_layers.HttpResponseHook, http_layers.HttpErrorHook)):
+            self._over(data)
+        elif isinstance(hook, server_hooks.ServerDisconnectedHook) and data.server is self.kept:
+            self._gone()
+
+    def _over(self, flow) -> None:
+        for sid, attempt in list(self.attempts.items()):
+            if attempt.flow is flow:
+                del self.attempts[sid]
+                own = self.transports.get(flow.server_conn) if flow.server_conn is not self.kept else None
+                if own is not None and own.handler is not None:
+                    own.handler.cancel("closed by codex-failover")  # a connection of its own (see get_connection)
+                attempt.over.set()
+                if self.on_over is not None:
+                    self.on_over(self, attempt)
+
+    def log(self, message: str, level: int = logging.INFO, exc_info=None) -> None:
+        logging.getLogger("mitmproxy.proxy.server").log(
+            replay_level(level, ctx.options.failover_verbose), f"[warm {self.key.host}] {message}", exc_info=exc_info)
+
+
+def as_http11(request) -> None:
+    """An HTTP/2 client's request, to go out as HTTP/1.1 (as mitmproxy's Http1Client converts it,
+    but here for good: an HTTP/2.0 request on an HTTP/1 connection would close it after the answer)."""
+    if request.is_http2 or request.is_http3:
+        request.http_version = "HTTP/1.1"
+        if "host" not in request.headers and request.authority:
+            request.headers.insert(0, "Host", request.authority)
+        request.authority = ""
+
+
+class WarmConnections:
+    """The kept connections of the whole proxy, keyed by WarmKey; the book decides (warm_book.py)."""
+
+    def __init__(self, clock=time.monotonic):
+        self.book = WarmBook(clock)
+        self.handlers: dict[Slot, WarmConnection] = {}
+        self.endpoints: dict[str, object] = {}  # client id of a kept connection -> its route endpoint
+        self._reaper: asyncio.Task | None = None
+        self.dials = 0  # connections dialled so far (status, tests)
+
+    def connection_for(self, key: WarmKey, endpoint=None, dial_timeout: float = 30.0) -> WarmConnection:
+        """The connection one attempt goes to (counted on it until `release`): an open one, one
+        being dialled, or a new one its attempt dials. Bounded: a few reassignments at most."""
+        for _ in range(8):
+            assignment = self.book.assign(key)
+            conn = self.handlers.get(assignment.slot)
+            if isinstance(assignment, Dial):
+                return self._new(assignment.slot, key, endpoint, dial_timeout)
+            if conn is not None and (conn.alive or conn.dialling and not conn.ready.done()):
+                return conn
+            self._forget(assignment.slot)  # died between uses: never counted against anyone
+        raise RuntimeError("no upstream connection could be assigned")  # a bug: the book keeps changing its mind
+
+    def prewarm(self, key: WarmKey, endpoint=None, dial_timeout: float = 30.0) -> None:
+        """Dial one connection for `key` ahead of need if none is open or underway; nothing is sent."""
+        dial = self.book.prewarm(key)
+        if dial is not None:
+            conn = self._new(dial.slot, key, endpoint, dial_timeout)
+            asyncio.get_running_loop().create_task(conn.dial())
+
+    def release(self, conn: WarmConnection) -> None:
+        self.book.released(conn.slot)
+        if conn.slot.state == CLOSED and not conn.attempts:
+            conn.close()  # left the book (a pool change, a dial replaced) while in use
+
+    def endpoint_of(self, client) -> object | None:
+        return self.endpoints.get(client.id)
+
+    def close_all(self) -> None:
+        """A pool or route change: idle connections close now, busy ones once their attempts end."""
+        for slot, conn in list(self.handlers.items()):
+            self.book.closed(slot)
+            if not conn.attempts:
+                conn.close()
+
+    def _new(self, slot: Slot, key: WarmKey, endpoint, dial_timeout: float) -> WarmConnection:
+        conn = WarmConnection(key, slot, ctx.options, endpoint)
+        conn.on_dialled = self._dialled
+        conn.on_over = lambda c, a: self.release(c)
+        conn.on_closed = self._closed
+        self.handlers[slot] = conn
+        self.endpoints[conn.client.id] = endpoint
+        self.dials += 1
+        loop = asyncio.get_running_loop()
+        # A dial that hangs is stopped a little after the attempts' own connect_timeout has acted.
+        why = f"timed out connecting after {dial_timeout:g}s"
+        loop.call_later(dial_timeout + 1.0, lambda: conn.ready.done() or conn.close(why))
+        if self._reaper is None or self._reaper.done():
+            self._reaper = loop.create_task(self._reap())
+        return conn
+
+    def _dialled(self, conn: WarmConnection) -> None:
+        if conn.ready.result() is None:
+            self.book.opened(conn.slot, conn.multiplexed)
+        else:
+            self.book.failed(conn.slot)
+
+    def _closed(self, conn: WarmConnection) -> None:
+        self.book.closed(conn.slot)
+        if self.handlers.get(conn.slot) is conn:
+            del self.handlers[conn.slot]
+        self.endpoints.pop(conn.client.id, None)
+
+    def _forget(self, slot: Slot) -> None:
+        conn = self.handlers.get(slot)
+        self.book.closed(slot)
+        if conn is not None and not conn.attempts:
+            conn.close()
+
+    async def _reap(self) -> None:
+        while self.handlers:
+            await asyncio.sleep(REAP_EVERY)
+            for slot in self.book.expired():
+                self._forget(slot)
+            for slot, conn in list(self.handlers.items()):
+                if not conn.dialling and not conn.alive and not conn.attempts:
+                    self._forget(slot)
+
+    def stats(self) -> dict[str, dict]:
+        out: dict = {}
+        for slot in self.book.all():
+            entry = out.setdefault(f"{slot.key.scheme}://{slot.key.host}:{slot.key.port}", {"open": 0, "active": 0})
+            entry["open"] += slot.state == OPEN
+            entry["active"] += slot.active
+        return out

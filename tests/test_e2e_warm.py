@@ -1,0 +1,107 @@
+"""End to end: attempts reuse warm upstream connections (issue 16). Connections are counted where
+they arrive: the fake upstream numbers each TCP connection it accepts and logs it with every request."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from harness import (FakeUpstreamProcess, MitmwebProcess, pool_yaml, post_responses, proxy_status, served_by,
+                     start_raw_post, wait_until)
+
+pytestmark = pytest.mark.e2e
+
+
+def upstream_conns(fake) -> list[int]:
+    return [r["conn"] for r in fake.model_requests()]
+
+
+def close_idle(fake) -> int:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", fake.port, timeout=5)
+    conn.request("POST", "/_fake/close-idle", body=b"{}")
+    closed = json.loads(conn.getresponse().read())["closed"]
+    conn.close()
+    return closed
+
+
+def open_upstream(proxy) -> int:
+    return sum(entry["open"] for entry in proxy_status(proxy.port)["upstream_connections"].values())
+
+
+def test_sequential_requests_share_one_upstream_connection(fake, start_proxy):
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")])
+    for _ in range(5):
+        reply = post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-good")
+        assert reply.status == 200, reply.body[:300]
+    conns = upstream_conns(fake)
+    assert len(conns) == 5, f"the fake saw {len(conns)} model requests"
+    assert len(set(conns)) == 1, f"5 sequential requests used upstream connections {conns}"
+
+
+def test_a_warm_connection_the_upstream_closed_is_replaced_without_error_or_penalty(fake, start_proxy):
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")])
+    url = f"{fake.base}/v1/responses"
+    assert post_responses(proxy.port, url, "sk-test-client-good").status == 200
+    assert close_idle(fake) >= 1, "the fake had no idle connection to close"
+    wait_until(lambda: open_upstream(proxy) == 0, timeout=5, what="the proxy to notice the closed connection")
+    reply = post_responses(proxy.port, url, "sk-test-client-good")
+    assert reply.status == 200, reply.body[:300]
+    assert served_by(reply) == "sk-test-client-good", "the client's own credential must serve (no failover)"
+    first, second = upstream_conns(fake)
+    assert first != second, "the second request must come on a new connection"
+    report = proxy_status(proxy.port)
+    assert all(c["state"] == "ready" for c in report["clients"]), report["clients"]
+    assert "verdict=failed" not in proxy.log()
+
+
+def test_a_failover_uses_a_prewarmed_connection_for_the_spare(fake, start_proxy):
+    """The fake speaks HTTP/1.1: the client's attempt holds the warm connection, so the spare's is
+    dialled when the request starts (pre-warm) and the failover dials nothing."""
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")])
+    url = f"{fake.base}/v1/responses"
+    assert post_responses(proxy.port, url, "sk-test-client-good").status == 200
+    dials_before = proxy_status(proxy.port)["upstream_dials"]
+    reply = post_responses(proxy.port, url, "sk-test-client-overload")
+    assert served_by(reply) == "sk-test-spare-good"
+    assert proxy_status(proxy.port)["upstream_dials"] - dials_before <= 1, "the failover dialled after the rejection"
+    first, rejected, spare = upstream_conns(fake)
+    assert rejected == first, "the rejected attempt must reuse the warm connection"
+    assert spare != rejected
+
+
+def test_a_client_leaving_during_the_hold_cancels_at_once(fake, start_proxy):
+    """The client flow points at the relay from the start of the hold: a client that leaves while
+    the attempt is still in its bootstrap window is noticed by the relay's hop, at once."""
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")], bootstrap_timeout="30s")
+    sock: socket.socket = start_raw_post(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-stall-first")
+    wait_until(lambda: fake.model_requests(), timeout=5, what="the attempt to reach the fake")
+    time.sleep(0.3)
+    sock.close()
+    wait_until(lambda: "client went away" in proxy.log(), timeout=3, what="the run to notice the client left")
+    wait_until(lambda: any(r.get("event") == "peer_closed" for r in fake.requests()), timeout=3,
+               what="the upstream attempt to be cancelled")
+
+
+def test_a_pool_change_closes_the_kept_connections(tmp_path):
+    fake = FakeUpstreamProcess(tmp_path)
+    text, env = pool_yaml(fake.base, [("spare", "sk-test-spare-good")])
+    web = MitmwebProcess(tmp_path / "web", text, env)
+    try:
+        url = f"{fake.base}/v1/responses"
+        assert post_responses(web.port, url, "sk-test-client-good").status == 200
+        assert open_upstream(web) == 1
+        changed = tmp_path / "changed.yaml"
+        changed.write_text(text)
+        web.put("/options", {"failover_config": str(changed)})
+        wait_until(lambda: open_upstream(web) == 0, timeout=5, what="the kept connection to close")
+        assert post_responses(web.port, url, "sk-test-client-good").status == 200
+        first, second = upstream_conns(fake)
+        assert first != second, "after a pool change the next request must use a new connection"
+    finally:
+        web.stop()
+        fake.stop()
