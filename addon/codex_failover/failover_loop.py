@@ -240,9 +240,9 @@ class FailoverLoop:
         return self._choose()
 
     def report(self, result: Result) -> bool:
-        """What the last Try's attempt came to. Returns whether it stands against the candidate:
-        False when only its endpoint failed before dispatch (the next endpoint is tried, nothing
-        is held against the credential)."""
+        """What the last Try's attempt came to. Returns False only when the result took just its
+        endpoint out (it failed before dispatch: the next endpoint is tried, and nothing of it is
+        the credential's to record); True otherwise."""
         ep = self._ep
         if isinstance(result, Transient):
             self._transient = result  # the endpoint stays claimed for the retry
