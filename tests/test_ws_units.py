@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from codex_failover.ws_dial import Rejection
+from codex_failover.failover_loop import Rejection
+from codex_failover.ws_dial import as_frames
 from codex_failover.ws_upstream import Target
 
 
@@ -20,7 +21,7 @@ def test_target_from_url(url, secure, host, port, path, authority):
 
 def test_exhaustion_replays_upstreams_own_frames_when_it_sent_some():
     frames = ((b'{"type":"response.created"}', True), (b'{"type":"error","status":503}', True))
-    assert Rejection("overloaded", 503, {}, frames).as_frames() == frames
+    assert as_frames(Rejection("overloaded", 503, {}, frames)) == frames
 
 
 @pytest.mark.parametrize("reason, status, error, want_status, want_code", [
@@ -30,7 +31,7 @@ def test_exhaustion_replays_upstreams_own_frames_when_it_sent_some():
     ("usage_limit", None, {}, 429, "usage_limit"),
 ])
 def test_exhaustion_without_frames_is_a_status_bearing_error_frame(reason, status, error, want_status, want_code):
-    (content, is_text), = Rejection(reason, status, error).as_frames()
+    (content, is_text), = as_frames(Rejection(reason, status, error))
     frame = json.loads(content)
     assert is_text and frame["type"] == "error" and frame["status"] == want_status
     assert frame["error"]["code"] == want_code and frame["error"]["message"]

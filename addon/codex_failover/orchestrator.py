@@ -1,7 +1,9 @@
-"""One held Codex model request: plan attempts, run them, commit the winner or answer the client.
+"""One held Codex model request: run the attempts the failover loop asks for, commit the winner or
+answer the client.
 
-This is the shell's decision loop. Every decision it takes comes from the pure core (planner,
-classifier, taxonomy, health); this module wires them to attempts, the relay and the flow.
+Every decision comes from the pure core (failover_loop for which attempt is next, when to wait and
+when to stop; planner, classifier, taxonomy, health); this module wires them to attempts, the relay
+and the flow.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from .auth import AuthMaterial, auth_from_headers
 from .classifier import FRAMING_ERROR, BootstrapClassifier, Decision, Verdict
 from .codex_request import swap_credential
 from .config import PoolConfig
+from .failover_loop import (SERVED, AllCooling, Exhausted, FailoverLoop, Final, RecoveryExhausted, Rejected,
+                            Rejection, RouteDown, Transient, Try, Wait, cools, own_refusal)
 from .framer import FramerError, SSEFramer
 from .health import Health
 from .heartbeat import HEADERS, HeartbeatSink
 from .outcomes import Outcomes
 from .planner import Candidate, Plan, make_plan
-from .recovery import (NO_TERMINAL, RECOVERABLE_STATUS, TRANSPORT, RetryBudget, Slots, TerminalTracker,
+from .recovery import (NO_TERMINAL, RECOVERABLE_STATUS, TRANSPORT, Slots, TerminalTracker,
                        recoverable_stream_end)
 from .relay import Relay, RelaySession, UpstreamBroken
 from .metrics import Metrics
@@ -36,8 +40,9 @@ from .replay_safety import PIN_HEADER, MovePolicy, assess, strip_encrypted_reaso
 from .routes import Endpoint, RouteHealth
 from .rules import Rules
 from .socks_bridge import SocksBridges
-from .taxonomy import AUTH_REJECTED, FAILOVER, UPSTREAM_5XX, classify_response, hinted_seconds
-from .transport import HOST_NETWORK, PRE_DISPATCH, ROUTE_DOWN, TLS_FAILED, classify_connection_error
+from .taxonomy import FAILOVER, UPSTREAM_5XX, classify_response
+from .transport import (HOST_NETWORK, INCOMPLETE_RESPONSE, PRE_DISPATCH, RESPONSE_TIMEOUT, TLS_FAILED,
+                        classify_connection_error)
 from .usage import UsageBook, Window, from_event, from_headers
 from .warm_conn import WarmConnections, WarmKey
 
@@ -45,9 +50,6 @@ log = logging.getLogger("codex_failover")
 
 RELAY_TAG = "codex_failover.relay"
 POLL = 0.25  # how often a held request checks that its client is still there
-# Rejections worth retrying on the same credential when it is the only one (with backoff).
-RETRY_SAME = {"overloaded", "slow_down", "server_error_retryable", "closed_before_output", UPSTREAM_5XX}
-SAME_CREDENTIAL_BACKOFF = (0.5, 1.0, 2.0, 4.0)
 
 
 class ClientGone(Exception):
@@ -93,21 +95,20 @@ class AttemptLog:
 
 
 @dataclass
-class Rejection:
-    reason: str
-    error: dict | None
-    status: int | None
-    retry_after: str | None = None
-
-
-@dataclass
 class Outcome:
-    """How one attempt ended, from the request's point of view."""
+    """How one attempt ended, in the attempt's words; `result()` is what the failover loop is told."""
 
-    kind: str  # "committed", "answered", "rejected", "broken", "recover" (retry the same credential)
+    kind: str  # "committed", "answered", "rejected" (the loop decides if it moves), "recover" (retry the same)
     rejection: Rejection | None = None
     message: str = ""
     final: object = None  # for "recover": how to answer if no retry is left (see _give_up)
+
+    def result(self):
+        if self.kind == "rejected":
+            return Rejected(self.rejection)
+        if self.kind == "recover":
+            return Transient(self.message, self.final)
+        return SERVED
 
 
 @dataclass
@@ -163,33 +164,37 @@ class RequestRun:
             log.info("[%s] stays on its own credential: %s", self.request_id, self.move.why_pinned)
             self._tell_story()
         self.client_auth = auth_from_headers(req.headers)
-        policy = self.pool.policy
         self.session = session_of(req.headers, self.body)
-        plan = self._plan()
-        only = self._only_credential(plan)
-        self.total = policy.max_attempts if only else min(policy.max_attempts, len(plan.all_keys))
-        tried: set[str] = set()
-        last: Rejection | None = None
-        n = 0
-        while n < policy.max_attempts:
-            queue = [c for c in plan.candidates if c.key not in tried]
-            if not queue:
-                queue = await self._wait_for_candidate(plan, only, last, n, tried)
-                if not queue:
-                    break
-            cand = queue[0]
-            n += 1
-            tried.add(cand.key)
-            outcome = await self._attempt(cand, n)
-            if outcome.kind in ("committed", "answered"):
-                return
-            if outcome.kind == "broken":
-                return self._answer_broken(outcome.message)
-            last = outcome.rejection
-            plan = self._plan()
-        if last is None:
-            return self._answer_from_cooldown(plan)
-        self._answer_exhausted(plan, last)
+        loop = FailoverLoop(self._plan, self.health, self.route_health, self.pool, tell=self._tell)
+        self.total = loop.total
+        try:
+            while True:
+                match loop.next():
+                    case Try(cand, ep, n):
+                        outcome = await self._send(cand, n, ep)
+                        loop.report(outcome.result())
+                        if outcome.kind in ("committed", "answered"):
+                            return
+                    case Wait(seconds, _):
+                        await self._sleep_holding(seconds)  # a client that leaves stops everything here
+                    case RouteDown(cand, rejection):
+                        log.warning("[%s] credential %s: %s (the credential is not penalised)", self.request_id,
+                                    cand.name, rejection.error["message"])
+                    case RecoveryExhausted() as step:
+                        return self._give_up(step)
+                    case Final(rejection):
+                        return self._answer_broken(rejection.error.get("message") or rejection.reason)
+                    case Exhausted(last, retry_after):
+                        return self._answer_exhausted(last, retry_after)
+                    case AllCooling(states, retry_after):
+                        return self._answer_from_cooldown(states, retry_after)
+        except BaseException:
+            loop.abandon()  # an attempt the client left (or a bug) must not keep its endpoint claimed
+            raise
+
+    def _tell(self, level: int, text: str) -> None:
+        """A line the failover loop logs about this request."""
+        log.log(level, "[%s] %s", self.request_id, text)
 
     def _moved_body(self) -> bytes:
         """The body a moved attempt sends (encrypted reasoning stripped): built once per request,
@@ -216,99 +221,24 @@ class RequestRun:
                             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(cand.auth.expires_at)))
         return plan
 
-    @staticmethod
-    def _only_credential(plan: Plan) -> Candidate | None:
-        """The request's one and only credential (no pool alternative, or pinned), if so."""
-        everyone = [*plan.candidates, *(c for c, _ in plan.skipped)]
-        return everyone[0] if len(everyone) == 1 else None
-
-    async def _wait_for_candidate(self, plan: Plan, only: Candidate | None, last: Rejection | None, n: int,
-                                  tried: set[str]) -> list[Candidate]:
-        """Nothing ready and untried. The only credential is retried after a backoff (its own
-        cooldown notwithstanding); otherwise wait for an untried one that recovers within
-        `cooldown_wait`. An empty list: give up."""
-        if only is not None and last is not None:
-            if last.reason not in RETRY_SAME:
-                return []
-            delay = self._same_credential_delay(last, n)
-            if delay is None:
-                return []
-            await self._sleep_holding(delay)
-            return [only]
-        waits = [w for k in plan.all_keys if k not in tried and (w := self.health.recovers_in(k)) is not None]
-        if not waits or min(waits) > self.pool.policy.cooldown_wait:
-            return []
-        log.info("[%s] no credential ready; holding %.1fs for the first to recover", self.request_id, min(waits))
-        await self._sleep_holding(min(waits))
-        fresh = self._plan()
-        return [c for c in fresh.candidates if c.key not in tried]
-
     # -- one attempt -----------------------------------------------------------------------
 
-    async def _attempt(self, cand: Candidate, n: int) -> Outcome:
-        """One credential's attempt, through the endpoints of its route in order: an endpoint that
-        fails before dispatch backs off and the next one is tried (this costs no attempt)."""
-        endpoints = self.pool.routes.get(cand.route)
-        if not endpoints:
-            return await self._try(cand, n, None)
-        failures = []
-        for ep in endpoints:
-            if not self.route_health.claim(ep):
-                failures.append(f"{ep.label}: {self.route_health.describe(ep)}")
-                continue
-            try:
-                outcome = await self._try(cand, n, ep)
-            except BaseException:
-                self.route_health.release(ep)
-                raise
-            reason = outcome.rejection.reason if outcome.rejection else None
-            if reason == PRE_DISPATCH:
-                backoff = self.route_health.failed(ep, outcome.message)
-                log.warning("[%s] %s failed before dispatch (%s); not dialled again for %ds", self.request_id, ep.label,
-                            outcome.message, backoff)
-                failures.append(f"{ep.label}: {outcome.message}")
-                continue
-            if reason == HOST_NETWORK:
-                self.route_health.release(ep)  # not the route's fault
-            else:
-                self.route_health.succeeded(ep)
-            return outcome
-        message = f"route {cand.route}: no endpoint could be used ({'; '.join(failures)})"
-        log.warning("[%s] credential %s: %s (the credential is not penalised)", self.request_id, cand.name, message)
-        return Outcome("rejected", Rejection(ROUTE_DOWN, {"message": message}, 502), message=message)
-
-    async def _try(self, cand: Candidate, n: int, ep: Endpoint | None) -> Outcome:
-        """One try, and with recovery on, its retries on the same credential and route."""
-        budget = None
-        while True:
-            outcome = await self._try_once(cand, n, ep)
-            if outcome.kind != "recover":
-                return outcome
-            budget = budget or RetryBudget(self.pool.recovery)
-            delay = budget.next_delay()
-            if delay is None:
-                return self._give_up(cand, outcome)
-            log.info("[%s] recovery: %s on credential %s; retry %d in %.0f ms", self.request_id, outcome.message,
-                     cand.name, budget.retries, delay * 1000)
-            await self._sleep_holding(delay)  # a client that leaves stops everything here
-
-    def _give_up(self, cand: Candidate, outcome: Outcome) -> Outcome:
+    def _give_up(self, step: RecoveryExhausted) -> None:
         """Recovery exhausted: the final attempt's real answer. A stream that never ended is a
         request-scoped 408 that cools nothing; a final 5xx cools the credential as usual."""
-        log.warning("[%s] recovery exhausted on credential %s: %s", self.request_id, cand.name, outcome.message)
-        final = outcome.final
+        final = step.final
         if isinstance(final, http.Response):
             if final.status_code >= 500:
-                self.health.cool(cand.key, self.pool.policy.overload_cooldown, UPSTREAM_5XX)
+                self.health.cool(step.candidate.key, self.pool.policy.overload_cooldown, UPSTREAM_5XX)
             self._respond(final)
-            return Outcome("answered")
-        if callable(final):  # a buffered stream that ended in a terminal error: delivered as it came
+        elif callable(final):  # a buffered stream that ended in a terminal error: delivered as it came
             final()
-            return Outcome("committed")
-        self._respond(client_answers.recovery_exhausted(outcome.message, self.history))
-        return Outcome("answered")
+        else:
+            self._respond(client_answers.recovery_exhausted(step.why, self.history))
 
-    async def _try_once(self, cand: Candidate, n: int, ep: Endpoint | None) -> Outcome:
+    async def _send(self, cand: Candidate, n: int, ep: Endpoint | None) -> Outcome:
+        """Attempt `n`: the request on `cand`'s credential through `ep` (None: direct), until it is
+        committed, answered, rejected or (recovery) worth retrying."""
         attempt = self._make_attempt(cand, n)
         attempt.endpoint = ep
         self.registry[attempt.flow.id] = attempt
@@ -374,9 +304,10 @@ class RequestRun:
             await attempt.cancel()
             return outcome
         if item is None:
-            self._record(attempt, cand, "failed", "response_timeout", None)
+            self._record(attempt, cand, "failed", RESPONSE_TIMEOUT, None)
             await attempt.cancel()
-            return Outcome("broken", message=f"no response from upstream within {self.pool.policy.response_timeout:g}s")
+            message = f"no response from upstream within {self.pool.policy.response_timeout:g}s"
+            return Outcome("rejected", Rejection(RESPONSE_TIMEOUT, None, {"message": message}))
         if item.kind == ERROR:
             return self._connection_failed(attempt, cand, item.data.decode(errors="replace"))
         self._note_usage(cand, from_headers(attempt.flow.response.headers, self.health.now()))
@@ -396,30 +327,33 @@ class RequestRun:
         return item
 
     def _connection_failed(self, attempt: Attempt, cand: Candidate, message: str) -> Outcome:
-        """Before any response: only a failure proven to precede dispatch may move (docs/architecture.md#replay-safety)."""
+        """Before any response: only a failure proven to precede dispatch may move (docs/architecture.md#replay-safety);
+        the failover loop decides."""
         kind = classify_connection_error(message, response_started=False)
         self._record(attempt, cand, "failed", kind, None)
-        if kind in (PRE_DISPATCH, HOST_NETWORK):
-            where = f"{attempt.endpoint.label}: " if attempt.endpoint else ""
-            return Outcome("rejected", Rejection(kind, {"message": where + message}, 502), message=message)
         if kind == TLS_FAILED:
             log.error("[%s] TLS verification to the upstream failed for credential %s: %s (not retried elsewhere)",
                       self.request_id, cand.name, message)
-        return Outcome("broken", message=message)
+        # Host-wide network loss names the endpoint it came through (a pre-dispatch failure on an
+        # endpoint is the route's: the loop names the endpoint in its route_down message).
+        where = f"{attempt.endpoint.label}: " if attempt.endpoint and kind == HOST_NETWORK else ""
+        return Outcome("rejected", Rejection(kind, 502 if kind in (PRE_DISPATCH, HOST_NETWORK) else None,
+                                             {"message": where + message}))
 
     async def _synchronous(self, attempt: Attempt, cand: Candidate) -> Outcome:
         item = await self._next(attempt, time.monotonic() + self.pool.policy.response_timeout)
         if item is None or item.kind != END:
-            self._record(attempt, cand, "failed", "incomplete_response", None)
+            self._record(attempt, cand, "failed", INCOMPLETE_RESPONSE, None)
             await attempt.cancel()
-            return Outcome("broken", message="upstream response did not complete")
+            return Outcome("rejected", Rejection(INCOMPLETE_RESPONSE, None, {"message": "upstream response did not complete"}))
         resp = attempt.flow.response
         verdict = classify_response(resp.status_code, resp.get_content(strict=False) or b"", self.rules)
         if self.pool.recovery.enabled and resp.status_code in RECOVERABLE_STATUS and not self._rejected_by_body(verdict.error):
             self._record(attempt, cand, "recover", f"status_{resp.status_code}", resp.status_code)
             return Outcome("recover", message=f"HTTP {resp.status_code}", final=resp.copy())
-        if verdict.verdict == FAILOVER and not (verdict.reason == AUTH_REJECTED and cand.is_client):
-            rejection = Rejection(verdict.reason, dict(verdict.error or {}), resp.status_code, resp.headers.get("retry-after"))
+        if verdict.verdict == FAILOVER and not own_refusal(verdict.reason, cand):
+            rejection = Rejection(verdict.reason, resp.status_code, dict(verdict.error or {}),
+                                  retry_after=resp.headers.get("retry-after"))
             self._reject(attempt, cand, rejection)
             return Outcome("rejected", rejection)
         # Success without a stream, another 4xx, or the client's own 401/403: as is.
@@ -456,7 +390,8 @@ class RequestRun:
                 decision = clf.fail_open("upstream_broken")
         if decision.verdict is Verdict.FAILOVER:
             resp = attempt.flow.response
-            rejection = Rejection(decision.reason, dict(decision.error or {}), resp.status_code, resp.headers.get("retry-after"))
+            rejection = Rejection(decision.reason, resp.status_code, dict(decision.error or {}),
+                                  retry_after=resp.headers.get("retry-after"))
             self._reject(attempt, cand, rejection)
             await attempt.cancel()
             return Outcome("rejected", rejection)
@@ -629,8 +564,9 @@ class RequestRun:
         self.decided.set()
 
     def _reject(self, attempt: Attempt, cand: Candidate, rejection: Rejection) -> None:
-        self._outcomes.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
-                                rejection.retry_after, self.pool.policy, f"[{self.request_id}] ")
+        if cools(cand, rejection):
+            self._outcomes.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
+                                    rejection.retry_after, self.pool.policy, f"[{self.request_id}] ")
         self._record(attempt, cand, FAILOVER, rejection.reason, rejection.status)
 
     def _note_usage(self, cand: Candidate, windows: list[Window]) -> None:
@@ -644,24 +580,14 @@ class RequestRun:
     def _outcomes(self) -> Outcomes:
         return Outcomes(self.health, self.affinity, self.usage)
 
-    def _same_credential_delay(self, last: Rejection, n: int) -> float | None:
-        """Backoff before retrying the only credential: 0.5 s, 1 s, 2 s, 4 s, or longer if upstream
-        said so; None when that exceeds `cooldown_wait` (then the client is told instead)."""
-        hinted = hinted_seconds(last.error or {}, last.retry_after, self.health.now()) or 0.0
-        delay = max(SAME_CREDENTIAL_BACKOFF[min(n - 1, len(SAME_CREDENTIAL_BACKOFF) - 1)], hinted)
-        return delay if delay <= self.pool.policy.cooldown_wait else None
-
-    def _answer_exhausted(self, plan: Plan, last: Rejection | None) -> None:
-        retry_after = self._retry_after(plan)
+    def _answer_exhausted(self, last: Rejection, retry_after: int | None) -> None:
         answer = client_answers.exhausted(last, self.history, retry_after, self.move.why_pinned)
         self._count_exhausted(answer.status_code)
         self._respond(answer)
         self._log_summary(f"exhausted -> {answer.status_code}")
 
-    def _answer_from_cooldown(self, plan: Plan) -> None:
-        retry_after = self._retry_after(plan)
-        reasons = [(c.name, why, self.health.state(c.key).reason) for c, why in plan.skipped]
-        answer = client_answers.all_cooling(reasons, retry_after, self.move.why_pinned)
+    def _answer_from_cooldown(self, states, retry_after: int | None) -> None:
+        answer = client_answers.all_cooling(list(states), retry_after, self.move.why_pinned)
         self._count_exhausted(answer.status_code)
         self._respond(answer)
         self._log_summary(f"every credential cooling or out -> {answer.status_code} (not dialled)")
@@ -675,19 +601,6 @@ class RequestRun:
     def _count_exhausted(self, status: int) -> None:
         if self.metrics is not None:
             self.metrics.exhausted(status)
-
-    def _soonest_recovery(self, plan: Plan) -> float | None:
-        waits = [w for w in (self.health.recovers_in(k) for k in plan.all_keys) if w is not None]
-        return min(waits) if waits else None
-
-    def _retry_after(self, plan: Plan) -> int | None:
-        """Seconds for Retry-After: the soonest recovery, capped; None (no header) when the cap is 0.
-        Codex sits through it silently before each of its re-sends (docs/architecture.md#what-codex-does-with-our-answers)."""
-        cap = self.pool.policy.max_retry_after
-        if cap <= 0:
-            return None
-        soonest = self._soonest_recovery(plan)
-        return max(1, int(min(cap if soonest is None else soonest, cap) + 0.999))
 
     # -- waiting while the client is held --------------------------------------------------
 

@@ -11,6 +11,13 @@ HOST_NETWORK = "host_network"  # name resolution failed, network unreachable
 TLS_FAILED = "tls_failed"  # certificate verification or handshake failure
 AMBIGUOUS = "ambiguous"  # the request may have been sent
 ROUTE_DOWN = "route_down"  # every endpoint of a credential's route failed before dispatch
+# After the request left: its response never came, or never completed (the request may have been used).
+RESPONSE_TIMEOUT = "response_timeout"
+INCOMPLETE_RESPONSE = "incomplete_response"
+# A WebSocket upgrade (no conversation rides on it): answered with a non-101 that is not a known
+# rejection, or failed during the handshake.
+UPGRADE_REFUSED = "upgrade_refused"
+HANDSHAKE_FAILED = "handshake_failed"
 
 _PRE_DISPATCH = ("connect call failed", "connection refused", "errno 111", "connect timeout", "timed out connecting",
                  "refused http connect request", "error connecting to")

@@ -1,5 +1,6 @@
 """Choosing and opening the upstream WebSocket of a gated session: credentials in policy order,
-each through the endpoints of its route, until one accepts the upgrade. A handshake carries no
+each through the endpoints of its route, until one accepts the upgrade. The failover loop
+(failover_loop.py, the same as the HTTP path's) decides; this module dials. A handshake carries no
 conversation, so any failure may move on (except TLS verification, which fails closed)."""
 
 from __future__ import annotations
@@ -15,44 +16,32 @@ from .affinity import Affinity, session_of
 from .auth import auth_from_headers
 from .codex_request import swap_credential
 from .config import PoolConfig
+from .failover_loop import SERVED, FailoverLoop, Rejected, Rejection, RouteDown, Try, cools
 from .health import Health
 from .outcomes import Outcomes
-from .planner import Candidate, make_plan
-from .replay_safety import PIN_HEADER
+from .planner import Candidate, Plan, make_plan
+from .replay_safety import PIN_HEADER, assess
 from .routes import Endpoint, RouteHealth
 from .rules import Rules
 from .socks_bridge import SocksBridges
-from .taxonomy import AUTH_REJECTED, FAILOVER, classify_response, error_object, exhausted_status
-from .transport import HOST_NETWORK, PRE_DISPATCH, ROUTE_DOWN, TLS_FAILED
+from .taxonomy import FAILOVER, classify_response, error_object, exhausted_status
+from .transport import HANDSHAKE_FAILED, UPGRADE_REFUSED
 from .ws_conn import HANDSHAKE_HEADERS, HandshakeRejected, Message, WsConn
 from .ws_upstream import ConnectFailed, Target, open_upstream
 
 log = logging.getLogger("codex_failover")
 
-UPGRADE_REFUSED = "upgrade_refused"  # a non-101 answer that is not a known rejection
-HANDSHAKE_FAILED = "handshake_failed"
-# Handshake failures that say nothing about the credential: nothing cools.
-_NOT_THE_CREDENTIAL = {UPGRADE_REFUSED, HANDSHAKE_FAILED, PRE_DISPATCH, HOST_NETWORK, TLS_FAILED, ROUTE_DOWN}
 
-
-@dataclass
-class Rejection:
-    reason: str
-    status: int | None
-    error: dict
-    frames: tuple[Message, ...] = ()  # the rejection as upstream sent it, if it came in-stream
-    retry_after: str | None = None
-
-    def as_frames(self) -> tuple[Message, ...]:
-        """What the client gets on exhaustion: upstream's own messages, or a status-bearing
-        `error` frame shaped like Codex's wrapped errors."""
-        if self.frames:
-            return self.frames
-        status = self.status or exhausted_status(self.reason)
-        error = {"type": self.error.get("type") or "upstream_error", "code": self.error.get("code") or self.reason,
-                 "message": self.error.get("message") or f"codex-failover: {self.reason}"}
-        body = {"type": "error", "status": status, "error": error}
-        return ((json.dumps(body, separators=(",", ":")).encode(), True),)
+def as_frames(rejection: Rejection) -> tuple[Message, ...]:
+    """What the client gets on exhaustion: upstream's own messages, or a status-bearing `error`
+    frame shaped like Codex's wrapped errors."""
+    if rejection.frames:
+        return rejection.frames
+    status = rejection.status or exhausted_status(rejection.reason)
+    error = {"type": rejection.error.get("type") or "upstream_error", "code": rejection.error.get("code") or rejection.reason,
+             "message": rejection.error.get("message") or f"codex-failover: {rejection.reason}"}
+    body = {"type": "error", "status": status, "error": error}
+    return ((json.dumps(body, separators=(",", ":")).encode(), True),)
 
 
 @dataclass
@@ -87,15 +76,10 @@ class Dialer:
         self.headers = request.headers.copy()
         self.client_auth = auth_from_headers(request.headers)
         self.session = session_of(request.headers, None)
-        self.pinned = request.headers.get(PIN_HEADER, "").strip().lower() in ("1", "true", "yes")
-        self.tried: set[str] = set()  # credentials this turn was sent to (or whose upgrade failed)
-        self.attempts = 0  # sockets this turn used or tried, bounded by max_attempts
+        self.pinned = not assess(None, request.headers).movable  # the pin header, as on HTTP
         self.last: Rejection | None = None
-
-    def candidates(self) -> list[Candidate]:
-        sticky = self.ctx.affinity.get(self.session)
-        plan = make_plan(self.client_auth, self.ctx.pool, self.ctx.health, not self.pinned, sticky)
-        return [c for c in plan.candidates if c.key not in self.tried]
+        self._first: str | None = None  # the credential whose socket this turn started on
+        self._loop: FailoverLoop | None = None  # this turn's, from its first dial on
 
     def others_ready(self, key: str) -> bool:
         """Would a reconnect find a credential other than `key`?"""
@@ -104,83 +88,76 @@ class Dialer:
 
     def new_turn(self, key: str) -> None:
         """A new turn starts on the socket of credential `key` (its first attempt)."""
-        self.tried, self.attempts = {key}, 1
+        self._first, self._loop = key, None
 
     async def open_next(self) -> Upstream | None:
         """The next candidate's socket, within this turn's attempts; None when none opens."""
-        while self.attempts < self.ctx.pool.policy.max_attempts and (queue := self.candidates()):
-            up = await self._try(queue[0])
-            if up is not None or self._final(queue[0]):
-                return up
-        return None
+        return await self._dial(self._turn())
 
     async def open_home(self) -> Upstream | None:
-        """A socket on the client's own credential (for a request that may not leave it)."""
-        plan = make_plan(self.client_auth, self.ctx.pool, self.ctx.health, movable=False)
-        if not plan.candidates or self.attempts >= self.ctx.pool.policy.max_attempts:
-            return None
-        return await self._try(plan.candidates[0])
+        """A socket on the client's own credential (for a request that may not leave it), counted
+        from this turn's attempts. (Such a turn never moves, so nothing dials after it.)"""
+        made = self._loop.n if self._loop is not None else int(self._first is not None)
+        return await self._dial(self._new_loop(True, (), made))
 
-    async def _try(self, cand: Candidate) -> Upstream | None:
-        self.tried.add(cand.key)
-        self.attempts += 1
-        return await self._open(cand)
+    def _turn(self) -> FailoverLoop:
+        """This turn's loop: it goes on from the credential the turn started on (one attempt made)."""
+        if self._loop is None:
+            first = () if self._first is None else (self._first,)
+            self._loop = self._new_loop(False, first, len(first))
+        return self._loop
 
-    def _final(self, cand: Candidate) -> bool:
-        """Stop trying others: a TLS verification failure fails closed (docs/architecture.md#replay-safety); the client's
-        own 401/403 must reach Codex (426 sends it to SSE, where it gets its own answer)."""
-        reason = self.last.reason if self.last else None
-        return reason == TLS_FAILED or (reason == AUTH_REJECTED and cand.is_client)
+    def _new_loop(self, home: bool, tried: tuple[str, ...], n: int) -> FailoverLoop:
+        """A loop over the policy's candidates, or (`home`) over the client's own credential only."""
+        # Closures over plain values, not bound methods: the Dialer keeps its loop, and a cycle
+        # through it would keep a finished session's Dialer until the collector runs.
+        client_auth, ctx, session, sid, movable = self.client_auth, self.ctx, self.session, self.sid, not self.pinned
 
-    async def _open(self, cand: Candidate) -> Upstream | None:
-        """One credential, through the endpoints of its route in order; an endpoint that fails
-        before the upgrade left backs off and the next is tried."""
-        failures = []
-        for ep in self.ctx.pool.routes.get(cand.route) or (None,):
-            if ep is not None and not self.ctx.route_health.claim(ep):
-                failures.append(f"{ep.label}: {self.ctx.route_health.describe(ep)}")
-                continue
-            label = ep.label if ep else "direct"
-            outcome = await self._through(cand, ep, label)
-            if isinstance(outcome, Upstream):
-                return outcome
-            if outcome is None:  # this endpoint is down
-                failures.append(f"{label}: {self.ctx.route_health.describe(ep)}")
-                continue
-            self._rejected(cand, label, outcome)
-            return None
-        message = f"route {cand.route}: no endpoint could be used ({'; '.join(failures)})"
-        self._rejected(cand, cand.route, Rejection(ROUTE_DOWN, 502, {"message": message}))
-        return None
+        def plan() -> Plan:
+            if home:
+                return make_plan(client_auth, ctx.pool, ctx.health, movable=False)
+            return make_plan(client_auth, ctx.pool, ctx.health, movable, ctx.affinity.get(session))
 
-    async def _through(self, cand: Candidate, ep: Endpoint | None, label: str) -> Upstream | Rejection | None:
-        """The upgrade through one endpoint: the socket, a rejection, or None (endpoint down)."""
-        health = self.ctx.route_health
+        def tell(level: int, text: str) -> None:
+            log.log(level, "[%s] %s", sid, text)
+
+        return FailoverLoop(plan, ctx.health, ctx.route_health, ctx.pool, handshake=True, tried=tried, n=n, tell=tell)
+
+    async def _dial(self, loop: FailoverLoop) -> Upstream | None:
+        """Upgrades in the loop's order until one is accepted; None when the loop gives up (nothing
+        left to try, or a failure that must not move: TLS verification, the client's own 401/403)."""
         try:
-            conn = await self._dial(cand, ep)
+            while True:
+                match loop.next():
+                    case Try(cand, ep, _):
+                        label = ep.label if ep else "direct"
+                        outcome = await self._upgrade(cand, ep, label)
+                        if isinstance(outcome, Upstream):
+                            loop.report(SERVED)
+                            return outcome
+                        if loop.report(Rejected(outcome)):  # else only the endpoint failed: the next is tried
+                            self._rejected(cand, label, outcome)
+                    case RouteDown(cand, rejection):
+                        self._rejected(cand, cand.route, rejection)
+                    case _:
+                        return None
+        except BaseException:
+            loop.abandon()  # a probe that never finished must not keep the endpoint claimed
+            raise
+
+    async def _upgrade(self, cand: Candidate, ep: Endpoint | None, label: str) -> Upstream | Rejection:
+        """The upgrade through one endpoint (None: direct): the socket, or why not."""
+        try:
+            conn = await self._connect(cand, ep)
         except ConnectFailed as exc:
-            if ep is not None and exc.kind == PRE_DISPATCH:
-                backoff = health.failed(ep, str(exc))
-                log.warning("[%s] %s failed before dispatch (%s); not dialled again for %ds", self.sid, label, exc, backoff)
-                return None
-            if ep is not None:
-                health.release(ep) if exc.kind == HOST_NETWORK else health.succeeded(ep)
             return Rejection(exc.kind, None, {"message": str(exc)})
         except HandshakeRejected as exc:
-            outcome = self._upgrade_rejected(exc)
+            return self._upgrade_rejected(exc)
         except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
-            outcome = Rejection(HANDSHAKE_FAILED, None, {"message": f"{type(exc).__name__}: {exc}"})
-        except BaseException:
-            if ep is not None:
-                health.release(ep)  # a probe that never finished must not keep the endpoint claimed
-            raise
-        else:
-            outcome = Upstream(conn, cand, label)
-        if ep is not None:
-            health.succeeded(ep)
-        return outcome
+            return Rejection(HANDSHAKE_FAILED, None, {"message": f"{type(exc).__name__}: {exc}"})
+        return Upstream(conn, cand, label)
 
-    async def _dial(self, cand: Candidate, ep: Endpoint | None) -> WsConn:
+    async def _connect(self, cand: Candidate, ep: Endpoint | None) -> WsConn:
         policy = self.ctx.pool.policy
         headers = self.headers.copy()
         if cand.auth is not None:
@@ -203,9 +180,7 @@ class Dialer:
 
     def _rejected(self, cand: Candidate, label: str, rejection: Rejection) -> None:
         self.last = rejection
-        if rejection.reason == AUTH_REJECTED and cand.is_client:
-            pass  # the client's own credential: Codex hears about it itself, on SSE
-        elif rejection.reason not in _NOT_THE_CREDENTIAL:
+        if cools(cand, rejection):
             self.ctx.outcomes.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
                                        rejection.retry_after, self.ctx.pool.policy, f"[{self.sid}] ")
         status = f" HTTP {rejection.status}" if rejection.status else ""

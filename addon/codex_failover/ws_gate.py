@@ -27,7 +27,8 @@ from .classifier import Decision, Verdict
 from .taxonomy import FAILOVER
 from .usage import from_event, from_headers
 from .ws_conn import ABNORMAL, HANDSHAKE_HEADERS, Message, WsConn
-from .ws_dial import Dialer, GateContext, Rejection, Upstream
+from .failover_loop import Rejection
+from .ws_dial import Dialer, GateContext, Upstream, as_frames
 from .ws_turns import Step, Turn, TurnGate
 
 log = logging.getLogger("codex_failover")
@@ -259,7 +260,7 @@ class GateSession:
         busy = Rejection("no_usable_credential", 503, {"type": "service_unavailable_error",
                                                         "code": "no_usable_credential", "message": why})
         self._note(f"turn {turn.n} must stay on the client's credential ({turn.why_pinned}); it cannot serve: 503")
-        for frame in busy.as_frames():
+        for frame in as_frames(busy):
             await self.down.send(frame)
 
     async def _switch(self, old: Upstream, new: Upstream, turn: Turn, note: str) -> None:
@@ -285,7 +286,7 @@ class GateSession:
         last = rejection if up.conn.open or self.dialer.last is None else self.dialer.last
         self._note(f"no other credential can serve turn {self.gate.turn.n if self.gate.turn else 0}: "
                    f"delivering the rejection ({last.reason})")
-        for frame in last.as_frames():
+        for frame in as_frames(last):
             await self.down.send(frame)
         if not up.conn.open:
             self.down.close(1011, "codex-failover: upstream closed")

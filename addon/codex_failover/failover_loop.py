@@ -1,0 +1,400 @@
+"""The failover loop: which credential and route endpoint the next attempt goes to, how long to hold
+the client first, and when to stop. Sans-I/O and shared by both transports: the HTTP path
+(`orchestrator.RequestRun`) and the WebSocket gate's handshakes (`ws_dial.Dialer`). No mitmproxy, no
+asyncio, no I/O; time comes only from the clocks it is given (Health's, RouteHealth's, and its own
+for recovery's retry window).
+
+A shell drives it:
+
+    while True:
+        step = loop.next()
+        Try(candidate, endpoint, n)    send attempt n on `candidate` through `endpoint` (None: direct),
+                                       then loop.report(Served / Rejected / Transient)
+        Wait(seconds, why)             hold the client that long (checking it is still there); ask again
+        RouteDown(candidate, rejection)   no endpoint of the candidate's route could be used: the shell
+                                       records it (nothing cools) and asks again
+        Exhausted, AllCooling, Final, RecoveryExhausted   answer the client; done
+
+What the loop decides:
+- the order: the plan's untried candidates (planned again after every rejection), at most
+  `max_attempts` of them, and `total` (the N of "attempt n/N");
+- the only credential (no pool alternative, or pinned) is retried after 0.5/1/2/4 s, or upstream's
+  hint if longer, for the reasons in RETRY_SAME, as long as that stays within `cooldown_wait`;
+- otherwise, with nothing ready, holding for the first credential that recovers within `cooldown_wait`;
+- each candidate's route endpoints in order (claimed on RouteHealth): a pre-dispatch failure backs the
+  endpoint off and the next one is tried without costing an attempt; host-wide network loss releases it
+  without blame; any other result is the endpoint's success; none usable: a ROUTE_DOWN rejection (502);
+- which failures must not move (`Final`): a TLS verification failure fails closed; a failure after the
+  request may have reached upstream is never replayed (a WebSocket handshake carries no conversation,
+  so there it may move); the client's own credential refused (401/403) is the client's own answer;
+- recovery's retries on the same candidate and endpoint (RetryBudget), and when they run out;
+- the answer's Retry-After: the soonest recovery, capped by `max_retry_after` (none when it is 0);
+- whether a rejection cools its credential (`cools`): never for ROUTE_DOWN, a connection or handshake
+  failure, or the client's own 401/403.
+
+What the shells do: send attempts and classify what comes back, build the `Rejection`, apply rejections
+and successes to Health (outcomes.Outcomes, as `cools` says), sleep while checking the client is still
+there, answer the client, and record attempts (flow comments, history, metrics). The log lines of the
+loop's own decisions (an endpoint backing off, holding for a credential, recovery's retries) come
+through `tell`, in the words the shells used before; each shell logs its answers and RouteDown itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Union
+
+from .config import PoolConfig
+from .health import Health
+from .planner import Candidate, Plan
+from .recovery import RetryBudget
+from .routes import Endpoint, RouteHealth
+from .taxonomy import AUTH_REJECTED, UPSTREAM_5XX, hinted_seconds
+from .transport import (AMBIGUOUS, HANDSHAKE_FAILED, HOST_NETWORK, INCOMPLETE_RESPONSE, PRE_DISPATCH,
+                        RESPONSE_TIMEOUT, ROUTE_DOWN, TLS_FAILED, UPGRADE_REFUSED)
+
+# Rejections worth retrying on the same credential when it is the only one (with backoff).
+RETRY_SAME = frozenset({"overloaded", "slow_down", "server_error_retryable", "closed_before_output", UPSTREAM_5XX})
+SAME_CREDENTIAL_BACKOFF = (0.5, 1.0, 2.0, 4.0)
+# Failures that say nothing about the credential: they never cool it.
+NOT_THE_CREDENTIAL = frozenset({UPGRADE_REFUSED, HANDSHAKE_FAILED, PRE_DISPATCH, HOST_NETWORK, TLS_FAILED, ROUTE_DOWN})
+# The request may have reached upstream: never replayed elsewhere (docs/architecture.md#replay-safety).
+MAY_HAVE_BEEN_SENT = frozenset({AMBIGUOUS, RESPONSE_TIMEOUT, INCOMPLETE_RESPONSE})
+
+# Why a Wait.
+BACKOFF = "backoff before retrying the only credential"
+RECOVERING = "holding for a cooling credential to recover"
+RECOVERY_RETRY = "recovery: retrying the same credential and endpoint"
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why an attempt did not serve: a reason class, upstream's status and error object (or ours),
+    upstream's own messages when the rejection came in-stream on a WebSocket, and its Retry-After."""
+
+    reason: str
+    status: int | None
+    error: dict
+    frames: tuple[tuple[bytes, bool], ...] = ()
+    retry_after: str | None = None
+
+
+# -- what the shell reports after a Try -----------------------------------------------------
+
+@dataclass(frozen=True)
+class Served:
+    """The attempt served: committed, delivered as is, or (a handshake) its socket opened."""
+
+
+SERVED = Served()
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """The attempt did not serve; the loop decides whether that moves on."""
+
+    rejection: Rejection
+
+
+@dataclass(frozen=True)
+class Transient:
+    """Recovery: a transient failure worth retrying on the same candidate and endpoint. `final` is
+    the shell's answer should the retries run out (handed back, unread, in RecoveryExhausted)."""
+
+    why: str
+    final: object = None
+
+
+Result = Union[Served, Rejected, Transient]
+
+
+# -- what the loop answers to next() --------------------------------------------------------
+
+@dataclass(frozen=True)
+class Try:
+    """Send attempt `n` on `candidate` through `endpoint` (None: direct), then report its result."""
+
+    candidate: Candidate
+    endpoint: Endpoint | None
+    n: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Hold the client `seconds`, then ask again."""
+
+    seconds: float
+    why: str  # BACKOFF, RECOVERING or RECOVERY_RETRY
+
+
+@dataclass(frozen=True)
+class RouteDown:
+    """No endpoint of the candidate's route could be used; the credential is not penalised. The
+    shell records it and asks again (it is also the `last` rejection from now on)."""
+
+    candidate: Candidate
+    rejection: Rejection
+
+
+@dataclass(frozen=True)
+class Exhausted:
+    """Every attempt was rejected (or no more may be made): answer with the last rejection."""
+
+    last: Rejection
+    retry_after: int | None  # seconds, or None: no Retry-After
+
+
+@dataclass(frozen=True)
+class AllCooling:
+    """Nothing was dialled: every credential is cooling, out of rotation or expired."""
+
+    states: tuple[tuple[str, str, str | None], ...]  # (credential name, why skipped, health reason)
+    retry_after: int | None
+
+
+@dataclass(frozen=True)
+class Final:
+    """A failure that must not move to anything else: answer with it (TLS verification failed, the
+    request may have reached upstream, or the client's own credential was refused)."""
+
+    rejection: Rejection
+
+
+@dataclass(frozen=True)
+class RecoveryExhausted:
+    """Recovery's retries ran out on `candidate`: answer with the final attempt (`final`, as reported)."""
+
+    candidate: Candidate
+    why: str
+    final: object = None
+
+
+Decision = Union[Try, Wait, RouteDown, Exhausted, AllCooling, Final, RecoveryExhausted]
+
+
+def own_refusal(reason: str, candidate: Candidate) -> bool:
+    """The client's own credential refused (401/403): that answer is the client's, never failed over
+    (on HTTP it is delivered as is; a refused WebSocket upgrade sends Codex to SSE, where it gets it)."""
+    return reason == AUTH_REJECTED and candidate.is_client
+
+
+def cools(candidate: Candidate, rejection: Rejection) -> bool:
+    """Does `rejection` cool (or take out) its credential? Not the client's own 401/403, and not a
+    failure that says nothing about the credential (its route, the network, TLS, the upgrade)."""
+    return not own_refusal(rejection.reason, candidate) and rejection.reason not in NOT_THE_CREDENTIAL
+
+
+def _silent(level: int, text: str) -> None:
+    pass
+
+
+class FailoverLoop:
+    """One request's (or one WebSocket turn's) attempts. `plan()` gives the candidates in policy order
+    (it is asked again after each rejection); `handshake` is a WebSocket upgrade's loop: it never
+    waits (a 426 sends Codex to SSE, which does) and any failure but TLS may move. `tried` and `n`
+    carry on a turn that already used a socket."""
+
+    def __init__(self, plan: Callable[[], Plan], health: Health, route_health: RouteHealth, pool: PoolConfig, *,
+                 handshake: bool = False, tried: Iterable[str] = (), n: int = 0,
+                 tell: Callable[[int, str], None] = _silent, clock: Callable[[], float] = time.monotonic,
+                 rand: Callable[[], float] = random.random):
+        self._replan, self.health, self.route_health, self.pool = plan, health, route_health, pool
+        self.policy = pool.policy
+        self.handshake = handshake
+        self.tried: set[str] = set(tried)
+        self.n = n  # attempts made (an endpoint that failed before dispatch costs none)
+        self.last: Rejection | None = None
+        self._tell, self._clock, self._rand = tell, clock, rand
+        self.plan = plan()
+        everyone = [*self.plan.candidates, *(c for c, _ in self.plan.skipped)]
+        self.only = everyone[0] if len(everyone) == 1 else None  # the one and only credential, if so
+        self.total = self.policy.max_attempts if self.only else min(self.policy.max_attempts, len(self.plan.all_keys))
+        self._stale = False  # plan again before choosing
+        self._cand: Candidate | None = None  # the candidate in hand
+        self._ep: Endpoint | None = None  # its endpoint, claimed, while its attempt is unsettled
+        self._endpoints: list[Endpoint] = []  # its route's endpoints not yet tried
+        self._failures: list[str] = []  # why each of its endpoints could not be used
+        self._walk_on = False  # the endpoint failed before dispatch: the next one is tried
+        self._budget: RetryBudget | None = None  # recovery's, for the candidate and endpoint in hand
+        self._transient: Transient | None = None  # reported, not yet retried
+        self._retry = False  # the recovery wait is over: try the same again
+        self._waited: str | None = None  # the wait just decided (BACKOFF or RECOVERING)
+        self._decided: Decision | None = None  # settled by report(), given by the next next()
+
+    # -- the shell's two calls ----------------------------------------------------------------
+
+    def next(self) -> Decision:
+        if self._decided is not None:
+            decided, self._decided = self._decided, None
+            return decided
+        if self._transient is not None:
+            return self._retry_or_give_up()
+        if self._retry:
+            self._retry = False
+            return Try(self._cand, self._ep, self.n)
+        if self._walk_on:
+            return self._next_endpoint()
+        return self._choose()
+
+    def report(self, result: Result) -> bool:
+        """What the last Try's attempt came to. Returns False only when the result took just its
+        endpoint out (it failed before dispatch: the next endpoint is tried, and nothing of it is
+        the credential's to record); True otherwise."""
+        ep = self._ep
+        if isinstance(result, Transient):
+            self._transient = result  # the endpoint stays claimed for the retry
+            return True
+        if isinstance(result, Served):
+            if ep is not None:
+                self.route_health.succeeded(ep)
+            self._settle()
+            return True
+        rejection = result.rejection
+        if ep is not None and rejection.reason == PRE_DISPATCH:
+            message = str(rejection.error.get("message") or "")
+            backoff = self.route_health.failed(ep, message)
+            self._tell(logging.WARNING, f"{ep.label} failed before dispatch ({message}); "
+                                        f"not dialled again for {int(backoff)}s")
+            # Worded as each transport did: HTTP names the failure, a handshake the backoff too (it
+            # reaches the client either way: the HTTP 502, the WebSocket's 426).
+            why = self.route_health.describe(ep) if self.handshake else message
+            self._failures.append(f"{ep.label}: {why}")
+            self._ep, self._walk_on = None, True
+            return False
+        if ep is not None:
+            if rejection.reason == HOST_NETWORK:
+                self.route_health.release(ep)  # not the route's fault
+            else:
+                self.route_health.succeeded(ep)
+        self._settle(rejection)
+        if self._must_not_move(rejection):
+            self._decided = Final(rejection)
+        return True
+
+    def abandon(self) -> None:
+        """The attempt in flight ended without a verdict (the client left, a bug): its endpoint is
+        released, so an unfinished probe never keeps it claimed."""
+        if self._ep is not None:
+            self.route_health.release(self._ep)
+            self._ep = None
+
+    # -- choosing -----------------------------------------------------------------------------
+
+    def _choose(self) -> Decision:
+        if self._stale:
+            self.plan, self._stale = self._replan(), False
+        waited, self._waited = self._waited, None
+        if waited == BACKOFF:
+            return self._start(self.only)  # its own cooldown notwithstanding
+        if waited == RECOVERING:
+            queue = self._untried(self._replan())
+            return self._start(queue[0]) if queue else self._end()
+        if self.n >= self.policy.max_attempts:
+            return self._end()
+        queue = self._untried(self.plan)
+        return self._start(queue[0]) if queue else self._wait()
+
+    def _untried(self, plan: Plan) -> list[Candidate]:
+        return [c for c in plan.candidates if c.key not in self.tried]
+
+    def _wait(self) -> Decision:
+        """Nothing ready and untried. The only credential is retried after a backoff; otherwise hold
+        for an untried one that recovers within `cooldown_wait`. A handshake never waits."""
+        if self.handshake:
+            return self._end()
+        if self.only is not None and self.last is not None:
+            delay = self._same_credential_delay(self.last)
+            if delay is None:
+                return self._end()
+            self._waited = BACKOFF
+            return Wait(delay, BACKOFF)
+        waits = [w for k in self.plan.all_keys if k not in self.tried and (w := self.health.recovers_in(k)) is not None]
+        if not waits or min(waits) > self.policy.cooldown_wait:
+            return self._end()
+        self._tell(logging.INFO, f"no credential ready; holding {min(waits):.1f}s for the first to recover")
+        self._waited = RECOVERING
+        return Wait(min(waits), RECOVERING)
+
+    def _same_credential_delay(self, last: Rejection) -> float | None:
+        """0.5 s, 1 s, 2 s, 4 s, or longer if upstream said so; None when the rejection is not worth
+        retrying or the delay exceeds `cooldown_wait` (then the client is told instead)."""
+        if last.reason not in RETRY_SAME:
+            return None
+        hinted = hinted_seconds(last.error or {}, last.retry_after, self.health.now()) or 0.0
+        delay = max(SAME_CREDENTIAL_BACKOFF[min(self.n - 1, len(SAME_CREDENTIAL_BACKOFF) - 1)], hinted)
+        return delay if delay <= self.policy.cooldown_wait else None
+
+    def _start(self, cand: Candidate) -> Decision:
+        self.n += 1
+        self.tried.add(cand.key)
+        self._cand = cand
+        self._endpoints = list(self.pool.routes.get(cand.route) or ())
+        self._failures = []
+        if not self._endpoints:
+            self._ep, self._budget = None, None
+            return Try(cand, None, self.n)
+        return self._next_endpoint()
+
+    def _next_endpoint(self) -> Decision:
+        """The candidate's next endpoint that may be dialled; none left: its route is down."""
+        self._walk_on = False
+        while self._endpoints:
+            ep = self._endpoints.pop(0)
+            if self.route_health.claim(ep):
+                self._ep, self._budget = ep, None
+                return Try(self._cand, ep, self.n)
+            self._failures.append(f"{ep.label}: {self.route_health.describe(ep)}")
+        message = f"route {self._cand.route}: no endpoint could be used ({'; '.join(self._failures)})"
+        rejection = Rejection(ROUTE_DOWN, 502, {"message": message})
+        self._settle(rejection)
+        return RouteDown(self._cand, rejection)
+
+    def _settle(self, rejection: Rejection | None = None) -> None:
+        """The candidate in hand is done with (served or rejected): plan again before choosing."""
+        self._ep, self._stale = None, True
+        if rejection is not None:
+            self.last = rejection
+
+    def _must_not_move(self, rejection: Rejection) -> bool:
+        if rejection.reason == TLS_FAILED or own_refusal(rejection.reason, self._cand):
+            return True
+        return not self.handshake and rejection.reason in MAY_HAVE_BEEN_SENT
+
+    # -- recovery -------------------------------------------------------------------------------
+
+    def _retry_or_give_up(self) -> Decision:
+        transient, self._transient = self._transient, None
+        self._budget = self._budget or RetryBudget(self.pool.recovery, self._clock, self._rand)
+        delay = self._budget.next_delay()
+        if delay is None:
+            self._tell(logging.WARNING, f"recovery exhausted on credential {self._cand.name}: {transient.why}")
+            if self._ep is not None:
+                self.route_health.succeeded(self._ep)  # the endpoint carried every retry
+            self._settle()
+            return RecoveryExhausted(self._cand, transient.why, transient.final)
+        self._tell(logging.INFO, f"recovery: {transient.why} on credential {self._cand.name}; "
+                                 f"retry {self._budget.retries} in {delay * 1000:.0f} ms")
+        self._retry = True
+        return Wait(delay, RECOVERY_RETRY)
+
+    # -- the end --------------------------------------------------------------------------------
+
+    def _end(self) -> Exhausted | AllCooling:
+        retry_after = self.retry_after()
+        if self.last is None:
+            states = tuple((c.name, why, self.health.state(c.key).reason) for c, why in self.plan.skipped)
+            return AllCooling(states, retry_after)
+        return Exhausted(self.last, retry_after)
+
+    def retry_after(self) -> int | None:
+        """Seconds for Retry-After: the soonest recovery, capped; None (no header) when the cap is 0.
+        Codex sits through it silently before each of its re-sends (docs/architecture.md#what-codex-does-with-our-answers)."""
+        cap = self.policy.max_retry_after
+        if cap <= 0:
+            return None
+        waits = [w for w in (self.health.recovers_in(k) for k in self.plan.all_keys) if w is not None]
+        soonest = min(waits) if waits else None
+        return max(1, int(min(cap if soonest is None else soonest, cap) + 0.999))
