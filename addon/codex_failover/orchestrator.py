@@ -246,7 +246,7 @@ class RequestRun:
         self._prewarm_next(cand)
         try:
             outcome = await self._drive(attempt, cand)
-        except ClientGone:
+        except (ClientGone, asyncio.CancelledError):  # the run saw it, or the relay's hop closed
             self._record(attempt, cand, "cancelled", "client_gone", None)
             await attempt.cancel()
             raise
