@@ -14,6 +14,8 @@ import pytest
 from mitmproxy.http import Headers
 
 from codex_failover import ws_dial
+from codex_failover.recovery import Slots
+from codex_failover.shared import Shared
 from codex_failover.affinity import Affinity
 from codex_failover.auth import APIKEY, AuthMaterial, auth_from_headers
 from codex_failover.config import Credential, Policy, PoolConfig
@@ -62,8 +64,8 @@ def dialer(monkeypatch, script, creds, routes=None, use_client=False, **policy):
     health = Health(clock)
     pool = PoolConfig(tuple(creds), Policy(use_client_credential=use_client, **policy), routes=parse_routes(routes))
     affinity = Affinity(clock=clock)
-    ctx = ws_dial.GateContext(pool, RULES, health, affinity, Outcomes(health, affinity, UsageBook()),
-                              RouteHealth(clock=clock), SocksBridges(), ssl.create_default_context())
+    ctx = Shared(pool, RULES, health, RouteHealth(clock=clock), affinity, UsageBook(), SocksBridges(), relay=None,
+                 warm=None, attempts={}, notices=set(), recovery_slots=Slots(), upstream_tls=ssl.create_default_context())
     upstream = Scripted(script)
     upstream.clock = clock
     monkeypatch.setattr(ws_dial, "open_upstream", upstream)

@@ -29,8 +29,9 @@ from .codex_request import EndpointMatcher, asks_to_stream, is_websocket_upgrade
 from .config import ConfigError, PoolConfig, load_pool
 from .health import Health
 from .intercept_scope import ALL, MODES as INTERCEPT_MODES, InterceptScope
-from .orchestrator import RELAY_TAG, ClientGone, RequestRun, point_at_relay
-from .outcomes import Outcomes
+from .held_client import RELAY_TAG, point_at_relay
+from .request_run import ClientGone, RequestRun
+from .shared import Shared
 from .recovery import Slots
 from .relay import Relay
 from .routes import RouteHealth
@@ -44,7 +45,6 @@ from .trust import extend_openssl_context
 from .usage import UsageBook
 from .warm_conn import WarmConnections
 from .ws_conn import WsConn
-from .ws_dial import GateContext
 from .ws_gate import WebsocketGate
 from .ws_upstream import tls_context
 
@@ -339,7 +339,7 @@ class FailoverAddon:
         self._refresh_auth_files()
         await self.relay.start()
         try:
-            session, why = await self.ws_gate.open(flow, self._gate_context())
+            session, why = await self.ws_gate.open(flow, self.shared())
         except Exception as exc:  # noqa: BLE001 - a bug must not let the upgrade through ungated
             log.error("codex-failover internal error opening a gated WebSocket: %s\n%s", exc, traceback.format_exc())
             session, why = None, f"codex-failover internal error: {type(exc).__name__}"
@@ -348,14 +348,15 @@ class FailoverAddon:
             return
         point_at_relay(flow, self.relay.port, self.relay.register(session))
 
-    def _gate_context(self) -> GateContext:
+    def shared(self) -> Shared:
+        """What a request or a gated socket shares with everything else (shared.py)."""
         opts = ctx.options
         key = (opts.ssl_insecure, opts.ssl_verify_upstream_trusted_ca, opts.ssl_verify_upstream_trusted_confdir)
         if self._tls is None or self._tls[0] != key:
             self._tls = (key, tls_context(*key))
-        return GateContext(self.pool, self.rules, self.health, self.affinity,
-                           Outcomes(self.health, self.affinity, self.usage), self.route_health, self.bridges,
-                           self._tls[1])
+        return Shared(self.pool, self.rules, self.health, self.route_health, self.affinity, self.usage, self.bridges,
+                      self.relay, self.warm, self.attempts, self._notices, self.recovery_slots, self._tls[1],
+                      self.metrics)
 
     def _refresh_auth_files(self) -> None:
         """At most once a second: reload auth files that changed; a reloaded credential is back in
@@ -377,12 +378,9 @@ class FailoverAddon:
         """Start the held request's run and return: the client flow goes to the relay at once,
         which answers when the run decides (docs/architecture.md#the-relay)."""
         n = next(self._ids)
-        run = RequestRun(flow, self.pool, self.rules, self.health, self.relay, self.attempts,
-                         affinity=self.affinity, rotation=n, notices=self._notices, usage=self.usage,
-                         route_health=self.route_health, bridges=self.bridges, recovery_slots=self.recovery_slots,
-                         body=body, request_id=f"r{n}", metrics=self.metrics, warm=self.warm)
         await self.relay.start()
-        run.hold_at_relay()
+        run = RequestRun(flow, self.shared(), body, f"r{n}", rotation=n)
+        run.hold()
         self._held += 1
         run.task = asyncio.get_running_loop().create_task(self._guarded(run))
         self._tasks.add(run.task)
@@ -391,8 +389,8 @@ class FailoverAddon:
 
     def _release_hold(self, run: RequestRun) -> None:
         self._held -= 1
-        if not run.hop.is_answered:  # the client left, or a bug: the relay hop must end too
-            run.answer_internal_error("the request ended without an answer")
+        if not run.client.answered:  # the client left, or a bug: the relay hop must end too
+            run.client.internal_error("the request ended without an answer")
 
     @staticmethod
     async def _guarded(run: RequestRun) -> str | None:
@@ -404,7 +402,7 @@ class FailoverAddon:
             return "client_gone"
         except Exception as exc:  # noqa: BLE001
             log.error("[%s] codex-failover internal error: %s\n%s", run.request_id, exc, traceback.format_exc())
-            run.answer_internal_error(type(exc).__name__)
+            run.client.internal_error(type(exc).__name__)
             return type(exc).__name__
         return None
 

@@ -1,6 +1,6 @@
 """The failover loop: which credential and route endpoint the next attempt goes to, how long to hold
 the client first, and when to stop. Sans-I/O and shared by both transports: the HTTP path
-(`orchestrator.RequestRun`) and the WebSocket gate's handshakes (`ws_dial.Dialer`). No mitmproxy, no
+(`request_run.RequestRun`) and the WebSocket gate's handshakes (`ws_dial.Dialer`). No mitmproxy, no
 asyncio, no I/O; time comes only from the clocks it is given (Health's, RouteHealth's, and its own
 for recovery's retry window).
 

@@ -16,6 +16,7 @@ from .affinity import Affinity, session_of
 from .auth import auth_from_headers
 from .codex_request import swap_credential
 from .config import PoolConfig
+from .shared import Shared
 from .failover_loop import SERVED, FailoverLoop, Rejected, Rejection, RouteDown, Try, cools
 from .health import Health
 from .outcomes import Outcomes
@@ -51,24 +52,10 @@ class Upstream:
     route: str  # the endpoint's label, or direct
 
 
-@dataclass
-class GateContext:
-    """What every gated socket shares with the rest of the addon."""
-
-    pool: PoolConfig
-    rules: Rules
-    health: Health
-    affinity: Affinity
-    outcomes: Outcomes
-    route_health: RouteHealth
-    bridges: SocksBridges
-    tls: ssl.SSLContext
-
-
 class Dialer:
     """Opens upstream sockets for one client socket; remembers which credentials this turn tried."""
 
-    def __init__(self, sid: str, request, ctx: GateContext, history: deque[str]):
+    def __init__(self, sid: str, request, ctx: Shared, history: deque[str]):
         # `history` is the session's: a plain shared deque, not a callback into the session, so a
         # finished session is freed by reference counting (no cycle to wait for the collector).
         self.sid, self.ctx, self.history = sid, ctx, history
@@ -168,7 +155,7 @@ class Dialer:
         deflate = "permessage-deflate" in self.headers.get("sec-websocket-extensions", "")
         # The upgrade's answer is bounded by connect_timeout too: a silent upstream must reach
         # Codex as a quick 426 (SSE), not after its own handshake timeout and reconnect attempts.
-        return await open_upstream(Target.from_url(url), fields, ep, self.ctx.bridges, self.ctx.tls,
+        return await open_upstream(Target.from_url(url), fields, ep, self.ctx.bridges, self.ctx.upstream_tls,
                                    policy.connect_timeout, policy.connect_timeout, deflate)
 
     def _upgrade_rejected(self, exc: HandshakeRejected) -> Rejection:

@@ -28,7 +28,8 @@ from .taxonomy import FAILOVER
 from .usage import from_event, from_headers
 from .ws_conn import ABNORMAL, HANDSHAKE_HEADERS, Message, WsConn
 from .failover_loop import Rejection
-from .ws_dial import Dialer, GateContext, Upstream, as_frames
+from .shared import Shared
+from .ws_dial import Dialer, Upstream, as_frames
 from .ws_turns import Step, Turn, TurnGate
 
 log = logging.getLogger("codex_failover")
@@ -45,7 +46,7 @@ class WebsocketGate:
         self.sessions: dict[str, GateSession] = {}
         self._ids = itertools.count(1)
 
-    async def open(self, flow: http.HTTPFlow, ctx: GateContext) -> tuple["GateSession | None", str]:
+    async def open(self, flow: http.HTTPFlow, ctx: Shared) -> tuple["GateSession | None", str]:
         """The session for a gated upgrade with its upstream open, or None and why not."""
         sid = f"w{next(self._ids)}"
         session = GateSession(sid, flow, ctx, self)
@@ -63,7 +64,7 @@ class WebsocketGate:
 class GateSession:
     sid: str
     flow: http.HTTPFlow
-    ctx: GateContext
+    ctx: Shared
     owner: WebsocketGate
     up: Upstream | None = None
     down: WsConn | None = None

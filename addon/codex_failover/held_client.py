@@ -1,0 +1,107 @@
+"""The held client's side of one request: its hop to the relay, and every answer it gets.
+
+The client flow is pointed at the loopback relay when the hold starts (docs/architecture.md#the-relay);
+whatever the run decides (the winner's stream, a whole answer, recovery's heartbeat stream) reaches
+the client through `answer`, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from mitmproxy import ctx, http
+from mitmproxy.connection import Server
+from mitmproxy.hooks import UpdateHook
+
+from . import client_answers
+from .attempt import hide_secrets
+from .heartbeat import HEADERS, HeartbeatSink
+from .relay import Relay, RelaySession
+
+RELAY_TAG = "codex_failover.relay"
+
+
+def shown_changed(flow: http.HTTPFlow) -> None:
+    """Tell mitmweb (its view addon) that a live flow's comment or mark changed between hooks."""
+    try:
+        ctx.master.addons.trigger(UpdateHook([flow]))
+    except AttributeError:  # no master (unit tests without taddons)
+        pass
+
+
+def point_at_relay(flow: http.HTTPFlow, port: int, token: str) -> None:
+    """Send the client's flow to the loopback relay; the real request is shown again later."""
+    shown = flow.request.copy()
+    hide_secrets(shown)
+    # Restored for display once the response ends; kept as plain data so the flow can be saved.
+    flow.metadata[RELAY_TAG] = shown.get_state()
+    req = flow.request
+    req.scheme, req.host, req.port = "http", "127.0.0.1", port
+    req.path = f"/r/{token}"
+    for name in ("authorization", "cookie", "chatgpt-account-id"):
+        req.headers.pop(name, None)
+    flow.server_conn = Server(address=("127.0.0.1", port))
+
+
+class HeldClient:
+    """One held client flow: pointed at the relay from the start, answered once."""
+
+    def __init__(self, flow: http.HTTPFlow, relay: Relay, abort, metrics=None):
+        self.flow, self.relay, self.metrics = flow, relay, metrics
+        self.started = time.monotonic()
+        self.decided = asyncio.Event()  # the answer is given (the client has, or will have, its head)
+        self.sink: HeartbeatSink | None = None  # heartbeat mode: the client already has its headers
+        self.hop = RelaySession.held(abort)
+
+    def hold(self) -> None:
+        point_at_relay(self.flow, self.relay.port, self.relay.register(self.hop))
+
+    @property
+    def answered(self) -> bool:
+        return self.hop.is_answered
+
+    def stream(self, status: int, reason: str, headers: list, body) -> None:
+        """The winner: its head now, its body (held bytes, then live chunks) as it comes. In heartbeat
+        mode the head went out already, and the body follows the keepalives."""
+        if self.sink is not None:
+            self.sink.deliver(body)
+        else:
+            self._answer(status, reason, headers, body)
+
+    def respond(self, answer: http.Response) -> None:
+        """A whole response; in heartbeat mode its error, in-stream."""
+        if self.sink is not None:
+            try:
+                error = json.loads(answer.get_content(strict=False) or b"{}").get("error") or {}
+            except ValueError:
+                error = {}
+            self.sink.fail(answer.status_code, error if isinstance(error, dict) else {"message": str(error)})
+            return
+        content = answer.raw_content or b""
+
+        async def body():
+            yield content
+
+        self._answer(answer.status_code, answer.reason, list(answer.headers.fields), body)
+
+    def start_heartbeat(self, interval: float) -> None:
+        """Heartbeat mode: 200 event-stream headers now; keepalives flow until the outcome."""
+        self.sink = HeartbeatSink(interval)
+        self._answer(200, "OK", list(HEADERS), self.sink.body)
+
+    def internal_error(self, failure: str) -> None:
+        """A bug (or the client leaving) ended the run before it answered: a clear status, never a
+        hung client or relay hop."""
+        if self.sink is not None:
+            self.sink.fail(502, {"type": "server_error", "code": "codex_failover_internal_error",
+                                 "message": f"codex-failover internal error: {failure}"})
+        elif not self.answered:
+            self.respond(client_answers.internal_error(failure))
+
+    def _answer(self, status: int, reason: str, headers: list, body) -> None:
+        if not self.decided.is_set() and self.metrics is not None:
+            self.metrics.hold_seconds(time.monotonic() - self.started)
+        self.decided.set()
+        self.hop.answer(status, reason, headers, body)

@@ -1,0 +1,347 @@
+"""The held request's driver: run the attempts the failover loop asks for, and answer the client.
+
+Every decision comes from the pure core (failover_loop: which attempt is next, when to wait, when to
+stop; planner, classifier, taxonomy, health). This module does the I/O around them: it starts each
+attempt (attempt.py, over a warm connection), reads its response head, hands a stream to the SSE
+hold (sse_hold.py), and answers the held client (held_client.py). The attempts come from an injected
+engine (`Shared.warm`), so the driver runs in-process against a scripted one in tests.
+docs/architecture.md, "The path of a model request".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from mitmproxy import http
+from mitmproxy.connection import ConnectionState
+
+from . import client_answers
+from .affinity import session_of
+from .attempt import END, ERROR, Attempt, Item, hide_secrets
+from .auth import auth_from_headers
+from .codex_request import swap_credential
+from .failover_loop import (AllCooling, Exhausted, FailoverLoop, Final, RecoveryExhausted, Rejection, RouteDown, Try,
+                            Wait, cools, own_refusal)
+from .held_client import HeldClient, shown_changed
+from .planner import Candidate, Plan, make_plan
+from .recovery import RECOVERABLE_STATUS
+from .replay_safety import PIN_HEADER, MovePolicy, assess, strip_encrypted_reasoning
+from .routes import Endpoint
+from .run_log import AttemptEnd, RunLog
+from .shared import Shared
+from .sse_hold import SseHold
+from .story import Skipped
+from .taxonomy import FAILOVER, UPSTREAM_5XX, classify_response
+from .transport import (HOST_NETWORK, INCOMPLETE_RESPONSE, PRE_DISPATCH, RESPONSE_TIMEOUT, TLS_FAILED,
+                        classify_connection_error)
+from .usage import Window, from_headers
+from .warm_conn import WarmKey
+
+log = logging.getLogger("codex_failover")
+
+POLL = 0.25  # how often a held request checks that its client is still there
+
+
+class ClientGone(Exception):
+    pass
+
+
+class RequestRun:
+    """One held model request, from the start of the hold to its answer."""
+
+    def __init__(self, flow: http.HTTPFlow, shared: Shared, body, request_id: str, rotation: int = 0):
+        self.flow, self.shared, self.body, self.request_id = flow, shared, body, request_id
+        self.pool, self.rules, self.health = shared.pool, shared.rules, shared.health  # kept for the whole request
+        self.rotation = rotation  # this request's turn in round-robin selection
+        self.task: asyncio.Task | None = None  # this run (the relay's hop cancels it if the client leaves)
+        self.client = HeldClient(flow, shared.relay, self._abort, shared.metrics)
+        self.log = RunLog(request_id, flow, shared.metrics, shown_changed)
+        self.original: http.Request | None = None  # the request as the client sent it (attempts copy it)
+        self.move = MovePolicy(True)
+        self.session: str | None = None  # the Codex session (thread) id, for affinity
+        self.moved_body: bytes | None = None  # see _moved_body
+        self.winner: Attempt | None = None  # the committed attempt, streaming through the relay
+        self.last_plan: Plan | None = None  # for pre-warming the next candidate's connection
+
+    def hold(self) -> None:
+        """Point the client flow at the relay now, before any attempt (docs/architecture.md#the-relay)."""
+        self.original = self.flow.request.copy()  # the flow shows no secret from here on
+        self.client.hold()
+
+    async def run(self) -> None:
+        if self.original is None:
+            self.hold()
+        req = self.original
+        hide_secrets(self.flow.request)
+        self.move = assess(self.body, req.headers, self.pool.policy.encrypted_reasoning)
+        self.log.why_pinned = self.move.why_pinned
+        if not self.move.movable:
+            log.info("[%s] stays on its own credential: %s", self.request_id, self.move.why_pinned)
+            self.log.tell()
+        self.log.client_auth = self.client_auth = auth_from_headers(req.headers)
+        self.session = session_of(req.headers, self.body)
+        loop = FailoverLoop(self._plan, self.health, self.shared.route_health, self.pool, tell=self._tell)
+        self.log.total = loop.total
+        try:
+            await self._follow(loop)
+        except BaseException:
+            loop.abandon()  # an attempt the client left (or a bug) must not keep its endpoint claimed
+            raise
+
+    async def _follow(self, loop: FailoverLoop) -> None:
+        while True:
+            match loop.next():
+                case Try(cand, ep, n):
+                    end = await self._send(cand, n, ep)
+                    loop.report(end.result())
+                    if end.kind in ("committed", "answered"):
+                        return
+                case Wait(seconds, _):
+                    await self._sleep_holding(seconds)  # a client that leaves stops everything here
+                case RouteDown(cand, rejection):
+                    log.warning("[%s] credential %s: %s (the credential is not penalised)", self.request_id,
+                                cand.name, rejection.error["message"])
+                case RecoveryExhausted() as step:
+                    return self._give_up(step)
+                case Final(rejection):
+                    return self._answer(client_answers.upstream_failed(rejection.error.get("message") or rejection.reason,
+                                                                       self.log.history), "upstream failed")
+                case Exhausted(last, retry_after):
+                    answer = client_answers.exhausted(last, self.log.history, retry_after, self.move.why_pinned)
+                    return self._answer(answer, "exhausted")
+                case AllCooling(states, retry_after):
+                    answer = client_answers.all_cooling(list(states), retry_after, self.move.why_pinned)
+                    return self._answer(answer, "every credential cooling or out", " (not dialled)")
+
+    def _tell(self, level: int, text: str) -> None:
+        """A line the failover loop logs about this request."""
+        log.log(level, "[%s] %s", self.request_id, text)
+
+    def _plan(self) -> Plan:
+        shared = self.shared
+        plan = make_plan(self.client_auth, self.pool, self.health, self.move.movable, shared.affinity.get(self.session),
+                         self.rotation)
+        self.last_plan = plan
+        for cand, why in plan.skipped:
+            state = self.health.state(cand.key)
+            self.log.skipped[cand.name] = Skipped(cand.name, why, state.until, state.reason)
+            if why == "expired" and (cand.name, cand.auth.expires_at) not in shared.notices:
+                shared.notices.add((cand.name, cand.auth.expires_at))
+                log.warning("credential %s: its ChatGPT access token expired at %s; it is skipped until refreshed. "
+                            "Refresh it with `codex login` for that account (CODEX_HOME set to the folder of its "
+                            "auth.json); codex-failover never refreshes tokens itself.", cand.name,
+                            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(cand.auth.expires_at)))
+        return plan
+
+    # -- one attempt -----------------------------------------------------------------------
+
+    async def _send(self, cand: Candidate, n: int, ep: Endpoint | None) -> AttemptEnd:
+        """Attempt `n`: the request on `cand`'s credential through `ep` (None: direct), until it is
+        committed, answered, rejected or (recovery) worth retrying."""
+        attempt = self._make_attempt(cand, n)
+        attempt.endpoint = ep
+        self.shared.attempts[attempt.flow.id] = attempt
+        attempt.start(await self._via(ep))
+        self._prewarm_next(cand)
+        try:
+            return await self._read(attempt, cand)
+        except (ClientGone, asyncio.CancelledError):  # the run saw it, or the relay's hop closed
+            self.log.record(attempt, cand, "cancelled", "client_gone", None)
+            await attempt.cancel()
+            raise
+        except BaseException:
+            await attempt.cancel()
+            raise
+
+    def _make_attempt(self, cand: Candidate, n: int) -> Attempt:
+        attempt = Attempt(self.flow, f"{self.request_id}#{n}", n, self.shared.warm)
+        attempt.dial_timeout = self.pool.policy.connect_timeout
+        attempt.flow.request = req = self.original.copy()
+        if cand.base_url:
+            req.url = cand.base_url + "/responses"
+        if cand.auth is not None:
+            swap_credential(req.headers, cand.auth, moved=not cand.is_client)
+        if not cand.is_client and self.move.strip_reasoning:
+            req.content = self._moved_body()
+        req.headers.pop(PIN_HEADER, None)
+        return attempt
+
+    def _moved_body(self) -> bytes:
+        """The body a moved attempt sends (encrypted reasoning stripped): built once per request,
+        after which the parsed body is let go (it is the largest thing a request holds)."""
+        if self.moved_body is None:
+            stripped = strip_encrypted_reasoning(self.body)
+            self.moved_body = json.dumps(stripped, separators=(",", ":"), ensure_ascii=False).encode()
+            self.body = stripped = None
+        return self.moved_body
+
+    async def _via(self, ep: Endpoint | None):
+        """mitmproxy's per-connection upstream proxy for `ep` (SOCKS goes through a local bridge)."""
+        if ep is None:
+            return None
+        if ep.is_socks:
+            return ("http", await self.shared.bridges.address(ep))
+        return (ep.scheme, (ep.host, ep.port))
+
+    def _prewarm_next(self, current: Candidate) -> None:
+        """Dial the connection the next candidate (by the plan) would use, if none is open or
+        underway, so a failover pays no handshake (docs/architecture.md#warm-connections)."""
+        plan = self.last_plan
+        following = [c for c in plan.candidates if c.key != current.key] if plan is not None else []
+        if following:
+            task = asyncio.get_running_loop().create_task(self._prewarm(following[0]))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort: never an error
+
+    async def _prewarm(self, cand: Candidate) -> None:
+        url = http.Request.make("POST", (cand.base_url or self.original.url.rsplit("/", 1)[0]) + "/responses")
+        endpoints = self.pool.routes.get(cand.route) or [None]
+        ep = next((e for e in endpoints if e is None or self.shared.route_health.healthy(e)), None)
+        if ep is None and endpoints != [None]:
+            return
+        via = await self._via(ep)
+        self.shared.warm.prewarm(WarmKey(url.scheme, url.host, url.port, via), ep, self.pool.policy.connect_timeout)
+
+    async def _read(self, attempt: Attempt, cand: Candidate) -> AttemptEnd:
+        """The attempt's response head, then its body: streamed (the SSE hold) or whole."""
+        item = await self._first_item(attempt)
+        if item is None and not attempt.connected:
+            # Never connected: not one request byte left, so it may move (docs/architecture.md#replay-safety).
+            waited = min(self.pool.policy.connect_timeout, self.pool.policy.response_timeout)
+            end = self._connection_failed(attempt, cand, f"timed out connecting after {waited:g}s")
+            await attempt.cancel()
+            return end
+        if item is None:
+            self.log.record(attempt, cand, "failed", RESPONSE_TIMEOUT, None)
+            await attempt.cancel()
+            message = f"no response from upstream within {self.pool.policy.response_timeout:g}s"
+            return AttemptEnd("rejected", Rejection(RESPONSE_TIMEOUT, None, {"message": message}))
+        if item.kind == ERROR:
+            return self._connection_failed(attempt, cand, item.data.decode(errors="replace"))
+        self.note_usage(cand, from_headers(attempt.flow.response.headers, self.health.now()))
+        if attempt.streaming:
+            return await SseHold(self, attempt, cand).run_hold()
+        return await self._whole(attempt, cand)
+
+    async def _first_item(self, attempt: Attempt) -> Item | None:
+        """The response head (or an error); None when the connection was not up within
+        connect_timeout, or no answer came within response_timeout."""
+        policy = self.pool.policy
+        started = time.monotonic()
+        answer_by = started + policy.response_timeout  # each deadline holds on its own
+        item = await self.next_item(attempt, min(started + policy.connect_timeout, answer_by))
+        if item is None and attempt.connected:
+            item = await self.next_item(attempt, answer_by)
+        return item
+
+    def _connection_failed(self, attempt: Attempt, cand: Candidate, message: str) -> AttemptEnd:
+        """Before any response: only a failure proven to precede dispatch may move
+        (docs/architecture.md#replay-safety); the failover loop decides."""
+        kind = classify_connection_error(message, response_started=False)
+        self.log.record(attempt, cand, "failed", kind, None)
+        if kind == TLS_FAILED:
+            log.error("[%s] TLS verification to the upstream failed for credential %s: %s (not retried elsewhere)",
+                      self.request_id, cand.name, message)
+        # Host-wide network loss names the endpoint it came through (a pre-dispatch failure on an
+        # endpoint is the route's: the loop names the endpoint in its route_down message).
+        where = f"{attempt.endpoint.label}: " if attempt.endpoint and kind == HOST_NETWORK else ""
+        return AttemptEnd("rejected", Rejection(kind, 502 if kind in (PRE_DISPATCH, HOST_NETWORK) else None,
+                                                {"message": where + message}))
+
+    async def _whole(self, attempt: Attempt, cand: Candidate) -> AttemptEnd:
+        """A response that is not an event stream: read whole, then classified."""
+        item = await self.next_item(attempt, time.monotonic() + self.pool.policy.response_timeout)
+        if item is None or item.kind != END:
+            self.log.record(attempt, cand, "failed", INCOMPLETE_RESPONSE, None)
+            await attempt.cancel()
+            return AttemptEnd("rejected", Rejection(INCOMPLETE_RESPONSE, None, {"message": "upstream response did not complete"}))
+        resp = attempt.flow.response
+        verdict = classify_response(resp.status_code, resp.get_content(strict=False) or b"", self.rules)
+        if self.pool.recovery.enabled and resp.status_code in RECOVERABLE_STATUS and not self._rejected_by_body(verdict.error):
+            self.log.record(attempt, cand, "recover", f"status_{resp.status_code}", resp.status_code)
+            return AttemptEnd("recover", message=f"HTTP {resp.status_code}", final=resp.copy())
+        if verdict.verdict == FAILOVER and not own_refusal(verdict.reason, cand):
+            rejection = Rejection(verdict.reason, resp.status_code, dict(verdict.error or {}),
+                                  retry_after=resp.headers.get("retry-after"))
+            self.reject(attempt, cand, rejection)
+            return AttemptEnd("rejected", rejection)
+        # Success without a stream, another 4xx, or the client's own 401/403: as is.
+        self.client.respond(resp.copy())
+        self.succeeded(cand)
+        self.log.record(attempt, cand, "deliver", verdict.reason, resp.status_code, ok=True)
+        return AttemptEnd("answered")
+
+    def _rejected_by_body(self, error) -> bool:
+        """Does the error body itself name a rejection (overload, limits)? Those fail over; a bare
+        transient status is recovery's to retry."""
+        error = error or {}
+        return self.rules.rejection_class(error.get("code"), error.get("type"), error.get("message")) is not None
+
+    # -- what an attempt does to the pool ------------------------------------------------------
+
+    def reject(self, attempt: Attempt, cand: Candidate, rejection: Rejection) -> None:
+        if cools(cand, rejection):
+            self.shared.outcomes.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
+                                          rejection.retry_after, self.pool.policy, f"[{self.request_id}] ")
+        self.log.record(attempt, cand, FAILOVER, rejection.reason, rejection.status)
+
+    def note_usage(self, cand: Candidate, windows: list[Window]) -> None:
+        self.shared.outcomes.usage_seen(cand.key, cand.name, windows, self.pool.policy, f"[{self.request_id}] ",
+                                        cand.full_at)
+
+    def succeeded(self, cand: Candidate) -> None:
+        self.shared.outcomes.succeeded(cand.key, self.session)
+
+    # -- answers ------------------------------------------------------------------------------
+
+    def _give_up(self, step: RecoveryExhausted) -> None:
+        """Recovery exhausted: the final attempt's real answer. A stream that never ended is a
+        request-scoped 408 that cools nothing; a final 5xx cools the credential as usual."""
+        final = step.final
+        if isinstance(final, http.Response):
+            if final.status_code >= 500:
+                self.health.cool(step.candidate.key, self.pool.policy.overload_cooldown, UPSTREAM_5XX)
+            self.client.respond(final)
+        elif callable(final):  # a buffered stream that ended in a terminal error: delivered as it came
+            final()
+        else:
+            self.client.respond(client_answers.recovery_exhausted(step.why, self.log.history))
+
+    def _answer(self, answer: http.Response, what: str, note: str = "") -> None:
+        if self.shared.metrics is not None:
+            self.shared.metrics.exhausted(answer.status_code)
+        self.client.respond(answer)
+        self.log.summary(f"{what} -> {answer.status_code}{note}")
+
+    def _abort(self):
+        """The relay's reader left (or the hop ended): stop the run, and a committed stream's attempt."""
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        if self.winner is not None:
+            return self.winner.cancel()
+        return None
+
+    # -- waiting while the client is held --------------------------------------------------
+
+    async def next_item(self, attempt: Attempt, deadline: float | None) -> Item | None:
+        """The attempt's next item; None at `deadline`; ClientGone if the client left."""
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            item = await attempt.next(POLL if left is None else min(POLL, left))
+            if item is not None:
+                return item
+            self._check_client()
+
+    async def _sleep_holding(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            await asyncio.sleep(min(POLL, left))
+            self._check_client()
+
+    def _check_client(self) -> None:
+        if not self.flow.client_conn.state & ConnectionState.CAN_READ:
+            raise ClientGone()

@@ -1,0 +1,89 @@
+"""What one request's attempts did: its history, each attempt's verdict on its flow (mitmweb's
+mark, comment and error), the client flow's comment, the metrics and the log line per attempt.
+Pure: the flows and the attempt are only written to; `shown` tells mitmweb (held_client.shown_changed)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import seen_clients, story
+
+log = logging.getLogger("codex_failover")
+
+
+@dataclass
+class AttemptLog:
+    n: int
+    credential: str
+    verdict: str
+    reason: str
+    elapsed_ms: int
+    status: int | None = None
+
+    route: str = "direct"
+
+    def as_dict(self) -> dict:
+        return {"attempt": self.n, "credential": self.credential, "route": self.route,
+                "verdict": self.verdict, "reason": self.reason, "status": self.status}
+
+
+@dataclass
+class RunLog:
+    request_id: str
+    flow: object  # the client's flow (its comment tells the story)
+    metrics: object | None = None
+    shown: Callable[[object], None] = lambda flow: None
+    history: list[AttemptLog] = field(default_factory=list)
+    skipped: dict = field(default_factory=dict)  # credential name -> story.Skipped, for the flow comment
+    total: int = 0  # attempts planned for this request (for "attempt n/N")
+    why_pinned: str | None = None
+    client_auth: object | None = None  # the client's own credential (its metrics label)
+    started: float = field(default_factory=time.monotonic)
+
+    def record(self, attempt, cand, verdict: str, reason: str, status: int | None, ok: bool = False) -> None:
+        n, total = attempt.n, self.total
+        elapsed = int((time.monotonic() - attempt.started) * 1000)
+        route = attempt.endpoint.label if attempt.endpoint else "direct"
+        entry = AttemptLog(n, cand.name, verdict, reason, elapsed, status, route)
+        self.history.append(entry)
+        attempt.judge(story.mark(verdict, reason, ok), story.attempt_comment(self.request_id, entry, total),
+                      None if ok else story.attempt_error(verdict, reason))
+        if self.metrics is not None:
+            own = cand.is_client and cand.key.startswith("client:") and self.client_auth is not None
+            self.metrics.attempt(seen_clients.label(self.client_auth) if own else cand.name, verdict, reason)
+        self.tell()
+        log.info("[%s] attempt %d/%d credential=%s route=%s verdict=%s reason=%s status=%s elapsed=%dms",
+                 self.request_id, n, total, cand.name, route.replace(" ", "="), verdict, reason, status, elapsed)
+
+    def tell(self, outcome: str | None = None) -> None:
+        """The client flow's comment: a summary line, then each attempt and each credential skipped."""
+        self.flow.comment = story.request_comment(self.history, self.skipped, self.why_pinned, outcome,
+                                                  self.request_id)
+        self.shown(self.flow)
+
+    def summary(self, what: str) -> None:
+        self.tell(what)
+        elapsed = int((time.monotonic() - self.started) * 1000)
+        log.warning("[%s] %s after %d attempt(s), %dms", self.request_id, what, len(self.history), elapsed)
+
+
+@dataclass
+class AttemptEnd:
+    """How one attempt ended, in the attempt's words; `result()` is what the failover loop is told."""
+
+    kind: str  # "committed", "answered", "rejected" (the loop decides if it moves), "recover" (retry the same)
+    rejection: object | None = None  # failover_loop.Rejection
+    message: str = ""
+    final: object = None  # for "recover": how to answer if no retry is left (the run's give-up)
+
+    def result(self):
+        from .failover_loop import SERVED, Rejected, Transient
+
+        if self.kind == "rejected":
+            return Rejected(self.rejection)
+        if self.kind == "recover":
+            return Transient(self.message, self.final)
+        return SERVED

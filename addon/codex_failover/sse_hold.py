@@ -1,0 +1,186 @@
+"""The SSE hold: a streamed attempt's response, held from the client until the bootstrap classifier
+decides (docs/architecture.md#the-hold-a-closed-allow-list), then committed: the held bytes and
+the live rest go to the held client. With recovery on, the committed stream is kept whole first
+(docs/recovery.md)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .attempt import CHUNK, END, Attempt
+from .classifier import FRAMING_ERROR, BootstrapClassifier, Decision, Verdict
+from .failover_loop import Rejection
+from .framer import FramerError, SSEFramer
+from .recovery import NO_TERMINAL, TRANSPORT, TerminalTracker, recoverable_stream_end
+from .relay import UpstreamBroken
+from .run_log import AttemptEnd
+from .usage import from_event
+
+if TYPE_CHECKING:
+    from .planner import Candidate
+    from .request_run import RequestRun
+
+log = logging.getLogger("codex_failover")
+
+
+@dataclass
+class StreamState:
+    """What the hold has of the stream so far."""
+
+    received: bytearray = field(default_factory=bytearray)  # every byte, in order, until committed
+    ended: bool = False  # the whole body arrived
+    error: str | None = None  # the upstream broke (what came is still delivered, then the break)
+
+
+class SseHold:
+    """One streamed attempt: hold, classify, then fail over, buffer (recovery) or commit."""
+
+    def __init__(self, run: "RequestRun", attempt: Attempt, cand: "Candidate"):
+        self.run, self.attempt, self.cand = run, attempt, cand
+        self.state = StreamState()
+        self.framer = SSEFramer()
+        self.tracker = TerminalTracker() if run.pool.recovery.enabled else None
+
+    async def run_hold(self) -> AttemptEnd:
+        run, attempt, state = self.run, self.attempt, self.state
+        clf = BootstrapClassifier(run.rules, timeout=run.pool.policy.bootstrap_timeout)
+        decision: Decision | None = None
+        while decision is None or not decision.final:
+            item = await run.next_item(attempt, clf.deadline)
+            if item is None:
+                decision = clf.tick()
+            elif item.kind == CHUNK:
+                state.received += item.data
+                decision = self._feed(clf, item.data)
+            elif item.kind == END:
+                state.ended = True
+                decision = self._finish(clf)
+            else:  # the upstream broke while we held: deliver what came, then the break
+                state.error = item.data.decode(errors="replace")
+                decision = clf.fail_open("upstream_broken")
+        if decision.verdict is Verdict.FAILOVER:
+            resp = attempt.flow.response
+            rejection = Rejection(decision.reason, resp.status_code, dict(decision.error or {}),
+                                  retry_after=resp.headers.get("retry-after"))
+            run.reject(attempt, self.cand, rejection)
+            await attempt.cancel()
+            return AttemptEnd("rejected", rejection)
+        slots, recovery = run.shared.recovery_slots, run.pool.recovery
+        if recovery.enabled and slots.take(recovery.max_concurrent):
+            try:
+                return await self._buffer_whole(decision)
+            finally:
+                slots.give_back()
+        self.commit(decision)
+        return AttemptEnd("committed")
+
+    async def _buffer_whole(self, decision: Decision) -> AttemptEnd:
+        """Recovery: keep the committed stream until it ends. A complete (or finally failed) one is
+        delivered whole; a transient failure asks for a retry. Past `max_buffer_bytes`, fail open:
+        what is buffered goes out once, in order, and the rest streams live."""
+        run, attempt, state = self.run, self.attempt, self.state
+        limit = run.pool.recovery.max_buffer_bytes
+        if run.pool.recovery.heartbeat and run.client.sink is None:
+            run.client.start_heartbeat(run.pool.recovery.heartbeat)
+            log.info("[%s] recovery: heartbeat every %gs while the response is buffered", run.request_id,
+                     run.pool.recovery.heartbeat)
+        idle = run.pool.policy.response_timeout
+        while not state.ended and state.error is None:
+            if len(state.received) > limit:
+                log.info("[%s] recovery: response over %d bytes; streaming the rest live", run.request_id, limit)
+                self.commit(decision)
+                return AttemptEnd("committed")
+            item = await run.next_item(attempt, time.monotonic() + idle)
+            if item is None:
+                state.error = f"no data for {idle:g}s"
+            elif item.kind == CHUNK:
+                state.received += item.data
+                self._track(item.data)
+            elif item.kind == END:
+                state.ended = True
+                self._track(None)
+            else:
+                state.error = item.data.decode(errors="replace")
+        if state.error is not None:
+            run.log.record(attempt, self.cand, "recover", TRANSPORT, 200)
+            await attempt.cancel()
+            return AttemptEnd("recover", message=f"transport error: {state.error}")
+        why = recoverable_stream_end(self.tracker.terminal, self.tracker.error)
+        if why is None:
+            self.commit(decision)
+            return AttemptEnd("committed")
+        run.log.record(attempt, self.cand, "recover", why, 200)
+        return AttemptEnd("recover", message=why, final=None if why == NO_TERMINAL else lambda: self.commit(decision))
+
+    def commit(self, decision: Decision) -> None:
+        """The winner: what was held, then the live rest, to the client through the relay."""
+        run, attempt, state = self.run, self.attempt, self.state
+        resp = attempt.flow.response
+        held, committed, metrics = bytes(state.received), time.monotonic(), run.shared.metrics
+        state.received = bytearray()
+
+        async def body():
+            yield held
+            if metrics is not None:  # the relay wrote the held bytes (the first output) and drained
+                metrics.first_output_to_client_seconds(time.monotonic() - committed)
+            if state.error is not None:
+                raise UpstreamBroken(state.error)
+            if state.ended:
+                return
+            while True:
+                item = await attempt.next_batch()
+                if item.kind == CHUNK:
+                    yield item.data
+                elif item.kind == END:
+                    return
+                else:
+                    raise UpstreamBroken(item.data.decode(errors="replace"))
+
+        run.winner = attempt
+        run.client.stream(resp.status_code, resp.reason, list(resp.headers.fields), body)
+        run.succeeded(self.cand)
+        run.log.record(attempt, self.cand, decision.verdict.value, decision.reason, resp.status_code, ok=True)
+
+    # -- framing ------------------------------------------------------------------------------
+
+    def _feed(self, clf: BootstrapClassifier, data: bytes) -> Decision:
+        """Classify the events of `data` until a decision; a recovery tracker sees all of them
+        (a chunk may hold the deciding event and the stream's end)."""
+        decision, tracker = clf.tick(), self.tracker
+        try:
+            events = self.framer.feed(data)
+        except FramerError:
+            if tracker is not None:
+                tracker.unframed()
+            return clf.fail_open(FRAMING_ERROR)
+        for event in events:
+            if not decision.final:
+                decision = clf.feed(event)
+                if event.type == "codex.rate_limits":  # parsed already by the classifier
+                    self.run.note_usage(self.cand, from_event(event.payload))
+            if tracker is not None:
+                tracker.see(event)
+        return decision
+
+    def _finish(self, clf: BootstrapClassifier) -> Decision:
+        decision = None
+        for event in self.framer.close():
+            if decision is None or not decision.final:
+                decision = clf.feed(event)
+            if self.tracker is not None:
+                self.tracker.see(event)
+        return decision if decision is not None and decision.final else clf.end()
+
+    def _track(self, data: bytes | None) -> None:
+        """Frame `data` (None: end of stream) only to see how the stream ends."""
+        try:
+            events = self.framer.close() if data is None else self.framer.feed(data)
+        except FramerError:
+            self.framer.take_pending()
+            self.tracker.unframed()
+            return
+        for event in events:
+            self.tracker.see(event)
