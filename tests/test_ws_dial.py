@@ -20,7 +20,6 @@ from codex_failover.affinity import Affinity
 from codex_failover.auth import APIKEY, AuthMaterial, auth_from_headers
 from codex_failover.config import Credential, Policy, PoolConfig
 from codex_failover.health import Health
-from codex_failover.outcomes import Outcomes
 from codex_failover.planner import client_key
 from codex_failover.routes import RouteHealth, parse_routes
 from codex_failover.rules import load_rules
@@ -65,7 +64,7 @@ def dialer(monkeypatch, script, creds, routes=None, use_client=False, **policy):
     pool = PoolConfig(tuple(creds), Policy(use_client_credential=use_client, **policy), routes=parse_routes(routes))
     affinity = Affinity(clock=clock)
     ctx = Shared(pool, RULES, health, RouteHealth(clock=clock), affinity, UsageBook(), SocksBridges(), relay=None,
-                 warm=None, attempts={}, notices=set(), recovery_slots=Slots(), upstream_tls=ssl.create_default_context())
+                 engine=None, attempts={}, notices=set(), recovery_slots=Slots(), upstream_tls=ssl.create_default_context())
     upstream = Scripted(script)
     upstream.clock = clock
     monkeypatch.setattr(ws_dial, "open_upstream", upstream)

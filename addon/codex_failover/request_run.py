@@ -4,7 +4,7 @@ Every decision comes from the pure core (failover_loop: which attempt is next, w
 stop; planner, classifier, taxonomy, health). This module does the I/O around them: it starts each
 attempt (attempt.py, over a warm connection), reads its response head, hands a stream to the SSE
 hold (sse_hold.py), and answers the held client (held_client.py). The attempts come from an injected
-engine (`Shared.warm`), so the driver runs in-process against a scripted one in tests.
+engine (`Shared.engine`), so the driver runs in-process against a scripted one in tests.
 docs/architecture.md, "The path of a model request".
 """
 
@@ -157,7 +157,7 @@ class RequestRun:
             raise
 
     def _make_attempt(self, cand: Candidate, n: int) -> Attempt:
-        attempt = Attempt(self.flow, f"{self.request_id}#{n}", n, self.shared.warm)
+        attempt = self.shared.engine.attempt(self.flow, f"{self.request_id}#{n}", n)
         attempt.dial_timeout = self.pool.policy.connect_timeout
         attempt.flow.request = req = self.original.copy()
         if cand.base_url:
@@ -202,7 +202,7 @@ class RequestRun:
         if ep is None and endpoints != [None]:
             return
         via = await self._via(ep)
-        self.shared.warm.prewarm(WarmKey(url.scheme, url.host, url.port, via), ep, self.pool.policy.connect_timeout)
+        self.shared.engine.prewarm(WarmKey(url.scheme, url.host, url.port, via), ep, self.pool.policy.connect_timeout)
 
     async def _read(self, attempt: Attempt, cand: Candidate) -> AttemptEnd:
         """The attempt's response head, then its body: streamed (the SSE hold) or whole."""

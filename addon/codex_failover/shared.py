@@ -38,7 +38,7 @@ class Shared:
     usage: UsageBook
     bridges: SocksBridges
     relay: Relay
-    warm: "WarmConnections"
+    engine: "WarmConnections"  # the attempt engine (attempts over kept connections; tests inject a scripted one)
     attempts: dict  # attempt flow id -> Attempt, so the addon's hooks can find attempts
     notices: set  # one-time warnings already logged
     recovery_slots: Slots

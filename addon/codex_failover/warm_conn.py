@@ -333,7 +333,8 @@ def as_http11(request) -> None:
 
 
 class WarmConnections:
-    """The kept connections of the whole proxy, keyed by WarmKey; the book decides (warm_book.py)."""
+    """The attempt engine: the kept connections of the whole proxy, keyed by WarmKey (the book
+    decides which one an attempt uses, warm_book.py), and the attempts that go over them."""
 
     def __init__(self, clock=time.monotonic):
         self.book = WarmBook(clock)
@@ -354,6 +355,13 @@ class WarmConnections:
                 return conn
             self._forget(assignment.slot)  # died between uses: never counted against anyone
         raise RuntimeError("no upstream connection could be assigned")  # a bug: the book keeps changing its mind
+
+    def attempt(self, client_flow, label: str, n: int) -> "Attempt":
+        """A new attempt (a copy of `client_flow`) whose connection comes from here. The driver
+        gets its attempts through this one method, so a test can inject a scripted engine."""
+        from .attempt import Attempt  # attempt.py imports this module
+
+        return Attempt(client_flow, label, n, self)
 
     def prewarm(self, key: WarmKey, endpoint=None, dial_timeout: float = 30.0) -> None:
         """Dial one connection for `key` ahead of need if none is open or underway; nothing is sent."""

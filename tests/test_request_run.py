@@ -1,0 +1,235 @@
+"""The held request's driver (request_run.py) in-process, with a scripted attempt engine: each
+attempt plays a script (a response head, SSE chunks, an end or a connection error) instead of
+going upstream. What the client gets is read from its relay hop; what the pool learnt from health."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+from mitmproxy import http
+from mitmproxy.test import tflow
+
+from codex_failover.affinity import Affinity
+from codex_failover.attempt import CHUNK, END, ERROR, HEADERS, Item
+from codex_failover.config import load_pool
+from codex_failover.health import Health
+from codex_failover.recovery import Slots
+from codex_failover.relay import Relay
+from codex_failover.request_run import RequestRun
+from codex_failover.routes import RouteHealth
+from codex_failover.rules import load_rules
+from codex_failover.shared import Shared
+from codex_failover.socks_bridge import SocksBridges
+from codex_failover.usage import UsageBook
+from fake_upstream import Turn
+
+RULES = load_rules(None)
+
+
+def sse_answer(label: str) -> list[bytes]:
+    turn = Turn(label, 3)
+    return turn.handshake() + turn.answer()
+
+
+def sse_overloaded(label: str) -> list[bytes]:
+    turn = Turn(label, 3)
+    return turn.handshake() + [turn.overload_error(), turn.failed("server_is_overloaded", "overloaded")]
+
+
+class ScriptedAttempt:
+    """What the driver uses of attempt.Attempt, playing `script`: ("head", status, headers),
+    ("chunks", [bytes...]), ("end",) or ("error", message)."""
+
+    def __init__(self, client_flow, label, n, script):
+        self.flow, self.n, self.label, self.script = client_flow.copy(), n, label, script
+        self.endpoint, self.started = None, time.monotonic()
+        self.connected = self.streaming = False
+        self.queue: asyncio.Queue[Item] = asyncio.Queue()
+        self.verdict = None
+        self.cancelled = False
+
+    def start(self, via=None) -> None:
+        for step in self.script:
+            if step[0] == "head":
+                _, status, headers = step
+                self.connected = True
+                self.flow.response = http.Response.make(status, b"", headers)
+                self.streaming = "text/event-stream" in headers.get("content-type", "") and status == 200
+                self.queue.put_nowait(Item(HEADERS))
+            elif step[0] == "chunks":
+                for data in step[1]:
+                    self.queue.put_nowait(Item(CHUNK, data))
+            elif step[0] == "body":
+                self.flow.response.content = step[1]
+            elif step[0] == "end":
+                self.queue.put_nowait(Item(END))
+            elif step[0] == "error":
+                self.queue.put_nowait(Item(ERROR, step[1].encode()))
+
+    async def next(self, timeout):
+        try:
+            return await asyncio.wait_for(self.queue.get(), timeout)
+        except TimeoutError:
+            return None
+
+    async def next_batch(self):
+        return await self.queue.get()
+
+    async def cancel(self, timeout: float = 5.0) -> None:
+        self.cancelled = True
+
+    def judge(self, mark, comment, error) -> None:
+        self.verdict = (mark, error)
+
+
+class ScriptedEngine:
+    """The attempt engine of the driver (Shared.engine): the n-th attempt plays scripts[n-1]."""
+
+    def __init__(self, scripts):
+        self.scripts, self.made = scripts, []
+
+    def attempt(self, client_flow, label, n):
+        made = ScriptedAttempt(client_flow, label, n, self.scripts[len(self.made)])
+        self.made.append(made)
+        return made
+
+    def prewarm(self, *args, **kwargs) -> None:
+        pass
+
+
+SSE = {"content-type": "text/event-stream"}
+
+
+def stream(chunks, status=200) -> list:
+    return [("head", status, SSE), ("chunks", chunks), ("end",)]
+
+
+def whole(status: int, body: dict) -> list:
+    return [("head", status, {"content-type": "application/json"}), ("body", json.dumps(body).encode()), ("end",)]
+
+
+POOL = """
+credentials:
+  - name: spare
+    api_key_env: KEY_SPARE
+    base_url: https://api.example/v1
+  - name: second
+    api_key_env: KEY_SECOND
+    base_url: https://api.example/v1
+policy:
+  bootstrap_timeout: 5s
+  max_retry_after: 30s
+"""
+
+
+def shared_for(tmp_path, monkeypatch, engine, pool_text=POOL) -> Shared:
+    monkeypatch.setenv("KEY_SPARE", "sk-spare")
+    monkeypatch.setenv("KEY_SECOND", "sk-second")
+    path = tmp_path / "pool.yaml"
+    path.write_text(pool_text)
+    pool = load_pool(str(path))
+    health = Health()
+    relay = SimpleNamespace(port=1, register=lambda session: session.token)
+    return Shared(pool, RULES, health, RouteHealth(), Affinity(), UsageBook(), SocksBridges(), relay, engine,
+                  attempts={}, notices=set(), recovery_slots=Slots(), upstream_tls=None)
+
+
+def client_flow() -> http.HTTPFlow:
+    flow = tflow.tflow()
+    flow.request = http.Request.make("POST", "https://api.example/v1/responses",
+                                     json.dumps({"stream": True, "input": []}).encode(),
+                                     {"authorization": "Bearer sk-client", "content-type": "application/json"})
+    return flow
+
+
+async def answer_of(run: RequestRun) -> tuple[int, bytes]:
+    """Run the request; then what its relay hop would send: status and the whole body."""
+    await asyncio.wait_for(run.run(), 10)
+    hop = run.client.hop
+    assert hop.is_answered, "the run ended without answering its client"
+    body = b"".join([chunk async for chunk in hop.body()])
+    return hop.status, body
+
+
+def make_run(tmp_path, monkeypatch, scripts, pool_text=POOL):
+    engine = ScriptedEngine(scripts)
+    shared = shared_for(tmp_path, monkeypatch, engine, pool_text)
+    run = RequestRun(client_flow(), shared, {"stream": True, "input": []}, "r1")
+    return run, engine, shared
+
+
+def test_a_healthy_stream_is_committed_with_every_byte(tmp_path, monkeypatch):
+    chunks = sse_answer("sk-client")
+    run, engine, _ = make_run(tmp_path, monkeypatch, [stream(chunks)])
+    status, body = asyncio.run(answer_of(run))
+    assert status == 200
+    assert body == b"".join(chunks), "the client must get the held bytes and the rest, in order"
+    assert len(engine.made) == 1
+
+
+def test_an_in_stream_rejection_fails_over_and_cools_the_credential(tmp_path, monkeypatch):
+    run, engine, shared = make_run(tmp_path, monkeypatch, [stream(sse_overloaded("client")), stream(sse_answer("spare"))])
+    status, body = asyncio.run(answer_of(run))
+    assert status == 200
+    assert b"Hello from spare" in body
+    assert b"overloaded" not in body, "the rejected attempt's bytes must never reach the client"
+    first, second = engine.made
+    assert first.cancelled, "the rejected attempt must be cancelled"
+    assert second.flow.request.headers["authorization"] == "Bearer sk-spare"
+    assert [e.verdict for e in run.log.history] == ["failover", "commit"]
+    cooling = [key for key, *_ in shared.health.entries() if shared.health.state(key).status == "cooling"]
+    assert [k for k in cooling if k.startswith("client:")], f"the client's credential must cool: {cooling}"
+
+
+def test_a_refused_connection_moves_on_without_cooling_anyone(tmp_path, monkeypatch):
+    run, engine, shared = make_run(tmp_path, monkeypatch, [[("error", "Connection refused")], stream(sse_answer("spare"))])
+    status, body = asyncio.run(answer_of(run))
+    assert status == 200
+    assert b"Hello from spare" in body
+    assert [(e.verdict, e.reason) for e in run.log.history] == [("failed", "pre_dispatch"), ("commit", "output")]
+    assert not list(shared.health.entries()), "a pre-dispatch failure cools nothing"
+
+
+def test_an_ambiguous_failure_is_never_sent_again(tmp_path, monkeypatch):
+    run, engine, _ = make_run(tmp_path, monkeypatch, [[("error", "peer closed connection")], stream(sse_answer("spare"))])
+    status, body = asyncio.run(answer_of(run))
+    assert status == 502
+    assert len(engine.made) == 1, "the request may have reached the upstream: it must not move"
+    assert b"peer closed connection" in body
+
+
+def test_every_credential_rejected_answers_with_the_last_rejection_and_retry_after(tmp_path, monkeypatch):
+    scripts = [stream(sse_overloaded(n)) for n in ("client", "spare", "second")]
+    run, engine, _ = make_run(tmp_path, monkeypatch, scripts)
+    status, body = asyncio.run(answer_of(run))
+    assert status == 503
+    assert len(engine.made) == 3
+    error = json.loads(body)["error"]
+    assert error["code"] == "server_is_overloaded", error
+    assert run.client.hop.headers, "the answer carries its headers"
+    assert any(k.lower() == b"retry-after" for k, _ in run.client.hop.headers), run.client.hop.headers
+
+
+UNAUTHORIZED = whole(401, {"error": {"type": "invalid_request_error", "code": "invalid_api_key", "message": "bad key"}})
+
+
+def test_the_clients_own_401_is_its_answer(tmp_path, monkeypatch):
+    run, engine, _ = make_run(tmp_path, monkeypatch, [UNAUTHORIZED], "credentials: []\n")
+    status, body = asyncio.run(answer_of(run))
+    assert status == 401, body[:300]
+    assert json.loads(body)["error"]["code"] == "invalid_api_key"
+    assert len(engine.made) == 1
+
+
+def test_a_pool_credentials_401_fails_over_and_takes_it_out(tmp_path, monkeypatch):
+    scripts = [stream(sse_overloaded("client")), UNAUTHORIZED, stream(sse_answer("second"))]
+    run, engine, shared = make_run(tmp_path, monkeypatch, scripts)
+    status, body = asyncio.run(answer_of(run))
+    assert status == 200, body[:300]
+    assert b"Hello from second" in body
+    assert len(engine.made) == 3
+    assert shared.health.state("spare").status == "out", "a pool credential's 401 takes it out of rotation"
