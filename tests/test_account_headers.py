@@ -70,13 +70,16 @@ def test_swap_credential_on_mitmproxy_headers(moved):
                        (b"openai-organization", b"org-client-2"), (b"OpenAI-Project", b"proj_client"),
                        (b"x-codex-turn-state", b"ts"), (b"session-id", b"s1")])
     swap_credential(headers, KEY_SCOPED, moved)
-    assert headers["authorization"] == "Bearer sk-pool" and headers["session-id"] == "s1"
+    assert headers["authorization"] == "Bearer sk-pool"
+    assert headers["session-id"] == "s1"
     if moved:
         assert headers.get_all("openai-organization") == ["org-pool"]
-        assert headers.get_all("openai-project") == ["proj_pool"] and "x-codex-turn-state" not in headers
+        assert headers.get_all("openai-project") == ["proj_pool"]
+        assert "x-codex-turn-state" not in headers
     else:
         assert headers.get_all("openai-organization") == ["org-client", "org-client-2"]
-        assert headers["openai-project"] == "proj_client" and headers["x-codex-turn-state"] == "ts"
+        assert headers["openai-project"] == "proj_client"
+        assert headers["x-codex-turn-state"] == "ts"
 
 
 def pool(**fields):
@@ -144,7 +147,8 @@ def test_declared_fields_survive_an_auth_file_reload(tmp_path):
     reloaded = replace(cred, auth=read_auth_file(WIRE / "auth" / "auth.apikey.example.json"))
     assert reloaded.auth.account_headers() == {"OpenAI-Organization": "org-a", "OpenAI-Project": "proj_b"}
     plain = Credential("p", KEY_SCOPED, "https://x/v1", "$X")  # the credential is the source of truth
-    assert plain.auth.account_headers() == {} and plain.auth.fingerprint == KEY_SCOPED.fingerprint
+    assert plain.auth.account_headers() == {}
+    assert plain.auth.fingerprint == KEY_SCOPED.fingerprint
 
 
 def test_example_pool_file_documents_organization_and_project():
@@ -152,4 +156,5 @@ def test_example_pool_file_documents_organization_and_project():
     root = Path(__file__).resolve().parents[1]
     for doc in (root / "rules" / "pool.example.yaml", root / "docs" / "pool-file.md"):
         text = doc.read_text()
-        assert "organization:" in text and "project:" in text, doc
+        assert "organization:" in text, doc
+        assert "project:" in text, doc

@@ -16,7 +16,8 @@ def test_session_key_from_headers_then_prompt_cache_key():
     assert session_of({"session-id": "a"}, {"prompt_cache_key": "b"}) == "a"
     assert session_of({"session_id": "old"}, None) == "old"
     assert session_of({}, {"prompt_cache_key": "b"}) == "b"
-    assert session_of({}, {"prompt_cache_key": ""}) is None and session_of({}, None) is None
+    assert session_of({}, {"prompt_cache_key": ""}) is None
+    assert session_of({}, None) is None
 
 
 def test_stickiness_expires_when_idle():
@@ -27,7 +28,8 @@ def test_stickiness_expires_when_idle():
     assert aff.get("s1") == "spare"
     aff.set("s2", "other")
     clock.now += 2
-    assert aff.get("s1") is None and aff.get("s2") == "other"
+    assert aff.get("s1") is None
+    assert aff.get("s2") == "other"
     assert aff.get(None) is None
 
 
@@ -35,7 +37,9 @@ def test_memory_is_bounded_least_recently_used_first():
     aff = Affinity(max_sessions=100, clock=Clock())
     for i in range(10_000):
         aff.set(f"s{i}", "k")
-    assert len(aff) == 100 and aff.get("s9999") == "k" and aff.get("s0") is None
+    assert len(aff) == 100
+    assert aff.get("s9999") == "k"
+    assert aff.get("s0") is None
 
 
 def creds(*specs):

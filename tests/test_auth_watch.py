@@ -23,15 +23,20 @@ def test_changed_file_is_reloaded_and_bad_content_keeps_the_old(tmp_path):
     path.write_text(json.dumps(doc))
     os.utime(path, ns=(1, 2))
     (new,), reloaded, problems = watch.refresh((cred,))
-    assert reloaded == ["work"] and problems == [] and new.auth.token.endswith("x")
+    assert reloaded == ["work"]
+    assert problems == []
+    assert new.auth.token.endswith("x")
 
     path.write_text("{broken")
     os.utime(path, ns=(3, 4))
     (same,), reloaded, problems = watch.refresh((new,))
-    assert same is new and reloaded == [] and "cannot be used" in problems[0]
+    assert same is new
+    assert reloaded == []
+    assert "cannot be used" in problems[0]
     assert doc["tokens"]["access_token"] not in problems[0]
 
     path.write_text(json.dumps({"OPENAI_API_KEY": "sk-x"}))
     os.utime(path, ns=(5, 6))
     (same,), reloaded, problems = watch.refresh((new,))
-    assert same is new and "apikey" in problems[0]
+    assert same is new
+    assert "apikey" in problems[0]

@@ -41,7 +41,8 @@ def test_bench_latency_quick_runs_every_cell(tmp_path):
                            "--rtt", "30", "--json", str(tmp_path / "lat.json"), "--png", str(tmp_path / "lat.png")],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "RTT 30 ms: TCP connect a->b" in proc.stdout and "selects ALPN 'h2'" in proc.stdout
+    assert "RTT 30 ms: TCP connect a->b" in proc.stdout, proc.stdout + proc.stderr
+    assert "selects ALPN 'h2'" in proc.stdout, proc.stdout + proc.stderr
     rows = json.loads((tmp_path / "lat.json").read_text())["rows"]
     assert {(r["client"], r["config"]) for r in rows} == {(c, k) for c in ("h2", "h1")
                                                           for k in ("plain", "healthy", "failover")}

@@ -14,4 +14,5 @@ def test_reduced_chaos_suite_passes():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "chaos.py"), "--reduced"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "FAIL" not in proc.stdout and "passed" in proc.stdout
+    assert "FAIL" not in proc.stdout
+    assert "passed" in proc.stdout, proc.stdout + proc.stderr

@@ -122,7 +122,8 @@ def test_decisions(rules, name, tail, verdict, reason, trigger, chunk):
     d, released, _ = run(rules, data, chunk=chunk)
     assert (d.verdict.value, d.reason, d.trigger) == (verdict, reason, trigger)
     if verdict == "failover":
-        assert released == [] and d.error is not None
+        assert released == []
+        assert d.error is not None
     else:
         assert b"".join(e.raw for e in released) == data  # everything, in order, exactly once
 
@@ -130,7 +131,8 @@ def test_decisions(rules, name, tail, verdict, reason, trigger, chunk):
 @pytest.mark.parametrize("name,beat", HEARTBEATS_AND_EMPTY, ids=[h[0] for h in HEARTBEATS_AND_EMPTY])
 def test_bufferable_events_keep_the_window_open(rules, name, beat):
     d, released, clf = run(rules, HANDSHAKE + beat * 3)
-    assert d.verdict is Verdict.HOLD and released == []
+    assert d.verdict is Verdict.HOLD
+    assert released == []
     d, released, _ = run(rules, HANDSHAKE + beat * 3 + sse(nested_error("server_is_overloaded")))
     assert d.verdict is Verdict.FAILOVER
 
@@ -177,7 +179,8 @@ THREE_LINE = sse({"type": "response.in_progress"})  # event:, data:, blank = 3 f
 def test_frame_budget_boundary(rules, unit, frames_each):
     fits = 48 // frames_each
     d, released, clf = run(rules, unit * fits)
-    assert d.verdict is Verdict.HOLD and clf.held_frames == fits * frames_each
+    assert d.verdict is Verdict.HOLD
+    assert clf.held_frames == fits * frames_each
     d, released, clf = run(rules, unit * (fits + 1))
     assert (d.verdict, d.reason) == (Verdict.COMMIT, "frame_budget")
     assert b"".join(e.raw for e in released) == unit * (fits + 1)  # the tripping frame is delivered
@@ -195,7 +198,8 @@ def test_byte_budget_boundary(rules):
     unit = THREE_LINE
     limit = len(unit) * 4
     d, _, clf = run(rules, unit * 4, max_bytes=limit)
-    assert d.verdict is Verdict.HOLD and clf.held_bytes == limit
+    assert d.verdict is Verdict.HOLD
+    assert clf.held_bytes == limit
     d, released, _ = run(rules, unit * 5, max_bytes=limit)
     assert (d.verdict, d.reason) == (Verdict.COMMIT, "byte_budget")
     assert len(released) == 5
@@ -205,7 +209,8 @@ def test_one_oversized_frame_is_not_admitted(rules):
     big = sse({"type": "response.in_progress", "pad": "x" * 2000})
     d, released, clf = run(rules, big, max_bytes=1000)
     assert (d.verdict, d.reason) == (Verdict.COMMIT, "byte_budget")
-    assert clf.held_bytes == 0 and [e.raw for e in released] == [big]
+    assert clf.held_bytes == 0
+    assert [e.raw for e in released] == [big]
 
 
 def test_budgets_from_rules_file(rules):
@@ -242,7 +247,8 @@ def test_zero_timeout_is_unlimited(rules):
     clock = Clock(100.0)
     clf = BootstrapClassifier(rules, timeout=0, clock=clock)
     clock.now += 10**9
-    assert clf.tick().verdict is Verdict.HOLD and clf.deadline is None
+    assert clf.tick().verdict is Verdict.HOLD
+    assert clf.deadline is None
 
 
 # -- WebSocket messages ---------------------------------------------------------------------
@@ -283,7 +289,8 @@ def test_ws_wrapped_error_status_decides_when_body_does_not(rules):
 
 def test_ws_empty_messages_count_against_the_frame_budget(rules):
     d, clf = ws_run(rules, [""] * 49)
-    assert (d.verdict, d.reason) == (Verdict.COMMIT, "frame_budget") and clf.held_frames == 48
+    assert (d.verdict, d.reason) == (Verdict.COMMIT, "frame_budget")
+    assert clf.held_frames == 48
 
 
 def test_ws_success_sequence_commits(rules):

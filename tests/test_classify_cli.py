@@ -22,7 +22,8 @@ def classify(capsys, *argv):
 
 def test_overload_fixture(capsys):
     code, out, _ = classify(capsys, WIRE / "sse" / "overload_error_then_response_failed.sse")
-    assert code == 0 and list(out) == KEYS
+    assert code == 0
+    assert list(out) == KEYS
     assert out == {"verdict": "failover", "reason": "overloaded", "trigger": "error",
                    "held_frames": 6, "held_bytes": 646, "events": 4}
 
@@ -32,7 +33,8 @@ def test_chunking_does_not_change_the_answer(capsys, chunk):
     path = LIVE / "server_sse_success_full.sse"
     _, whole, _ = classify(capsys, path)
     _, chunked, _ = classify(capsys, "--chunk", chunk, path)
-    assert whole == chunked and whole["verdict"] == "commit"
+    assert whole == chunked
+    assert whole["verdict"] == "commit"
 
 
 def test_input_ending_inside_the_window(capsys, tmp_path):
@@ -53,10 +55,13 @@ def test_custom_rules(capsys, tmp_path):
 
 def test_bad_inputs_exit_2_with_a_message(capsys, tmp_path):
     code, out, err = classify(capsys, tmp_path / "nope.sse")
-    assert code == 2 and out is None and "cannot read" in err
+    assert code == 2, err
+    assert out is None
+    assert "cannot read" in err
     (tmp_path / "r.yaml").write_text("version: 1\n")
     code, _, err = classify(capsys, "--rules", tmp_path / "r.yaml", WIRE / "sse" / "codex_cli_responses_fixture.sse")
-    assert code == 2 and "r.yaml" in err
+    assert code == 2, err
+    assert "r.yaml" in err
     with pytest.raises(SystemExit) as info:
         main(["--timeout", "soon", "x"])
     assert info.value.code == 2

@@ -217,12 +217,14 @@ class CodexRun:
         assert any(f"Hello from {key}" in m for m in messages), context
         assert not [e for e in events if e.get("type") in ("error", "turn.failed")], context
         assert not [e for e in events if e.get("type") == "item.completed" and e["item"].get("type") == "error"], context
-        assert events and events[-1].get("type") == "turn.completed", context
+        assert events, context
+        assert events[-1].get("type") == "turn.completed", context
 
     def assert_loopback_only(self) -> None:
         """Every upstream connection mitmdump opened went to 127.0.0.1."""
         connects = [(r["host"], r["port"]) for r in self.records if r["kind"] == "server_connect"]
-        assert connects and all(host == "127.0.0.1" for host, _ in connects), connects
+        assert connects, connects
+        assert all(host == "127.0.0.1" for host, _ in connects), connects
 
 
 def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] = (), prepare=None,
@@ -300,8 +302,10 @@ def test_real_codex_turn_completes_with_the_spare_when_its_own_key_is_overloaded
 
     # The addon: failover on the overload, commit on the spare; no secret in its log.
     log = codex.proxy_log
-    assert "credential=client" in log and "verdict=failover reason=overloaded" in log, context
-    assert "credential=spare" in log and "verdict=commit" in log, context
+    assert "credential=client" in log, context
+    assert "verdict=failover reason=overloaded" in log, context
+    assert "credential=spare" in log, context
+    assert "verdict=commit" in log, context
     assert "sk-test-" not in log, context
 
     # WebSocket first: the upgrade was answered 426 by the proxy (it never reached the upstream),
@@ -344,7 +348,8 @@ def test_real_codex_over_the_gated_websocket_moves_an_overloaded_first_turn_to_t
     turns = _ws_turns(codex.fake)
     assert turns[:3] == [("sk-test-overload-1", "warmup", 1, False), ("sk-test-overload-1", "overload", 1, True),
                          (SPARE_KEY, "good", 2, False)], context
-    assert "moved to spare" in codex.proxy_log and "sk-test-" not in codex.proxy_log, context
+    assert "moved to spare" in codex.proxy_log, context
+    assert "sk-test-" not in codex.proxy_log, context
     codex.assert_loopback_only()
     with capsys.disabled():
         print(f"\n[codex-cli] gated WebSocket, first turn moved: codex exec took {codex.took:.2f}s; turns {turns}")
@@ -366,7 +371,8 @@ def test_real_codex_reconnects_after_a_rejected_later_turn_and_completes_on_the_
     # (the primary cools) with the full request: no previous_response_id.
     assert "closing the client socket with 1012" in codex.proxy_log, context
     after = turns[3:]
-    assert after and all(cred == SPARE_KEY for cred, *_ in after), context
+    assert after, context
+    assert all(cred == SPARE_KEY for cred, *_ in after), context
     assert not [t for t in after if t[1] == "previous_response_not_found"], context
     codex.assert_loopback_only()
     with capsys.disabled():

@@ -20,7 +20,8 @@ def write(tmp_path, text, name="pool.yaml"):
 
 def test_no_pool_file_means_client_only():
     pool = load_pool(None)
-    assert pool.credentials == () and pool.policy == Policy()
+    assert pool.credentials == ()
+    assert pool.policy == Policy()
 
 
 def test_full_pool(tmp_path):
@@ -82,7 +83,8 @@ def test_broken_pool_files_name_file_field_and_problem(tmp_path, text, needle):
     with pytest.raises(ConfigError) as info:
         load_pool(path, {"K": "sk-secret-value"})
     message = str(info.value)
-    assert str(path) in message and needle in message
+    assert str(path) in message
+    assert needle in message
     assert "sk-secret-value" not in message
 
 
@@ -97,10 +99,12 @@ def test_auth_file_without_credentials(tmp_path):
 
 def test_read_auth_files():
     chatgpt = read_auth_file(AUTH / "auth.chatgpt.example.json")
-    assert chatgpt.kind == CHATGPT and chatgpt.expires_at == 1790864000
+    assert chatgpt.kind == CHATGPT
+    assert chatgpt.expires_at == 1790864000
     assert chatgpt.headers()["ChatGPT-Account-ID"] == "2b1c1a9e-0000-4000-8000-000000000001"
     key = read_auth_file(AUTH / "auth.apikey.example.json")
-    assert key.kind == APIKEY and key.headers() == {"Authorization": "Bearer sk-test-key"}
+    assert key.kind == APIKEY
+    assert key.headers() == {"Authorization": "Bearer sk-test-key"}
     assert "sk-test-key" not in repr(key)
 
 
@@ -114,8 +118,10 @@ def test_account_id_falls_back_to_id_token_claim(tmp_path):
 def test_client_credential_from_headers():
     assert auth_from_headers({"authorization": "Bearer sk-abc"}).kind == APIKEY
     chatgpt = auth_from_headers({"authorization": "Bearer a.b.c", "chatgpt-account-id": "acct"})
-    assert chatgpt.kind == CHATGPT and chatgpt.account_id == "acct"
-    assert auth_from_headers({}) is None and auth_from_headers({"authorization": "Basic x"}) is None
+    assert chatgpt.kind == CHATGPT
+    assert chatgpt.account_id == "acct"
+    assert auth_from_headers({}) is None
+    assert auth_from_headers({"authorization": "Basic x"}) is None
 
 
 def test_example_pool_file_loads(tmp_path):

@@ -162,7 +162,8 @@ def test_error_names_file_field_line_and_never_the_secret(tmp_path, name, doc, a
     message = str(info.value)
     assert message.startswith(f"pool file {path}: "), message
     if field is not None:
-        assert message.startswith(f"pool file {path}: {field}") and "(line " in message, message
+        assert message.startswith(f"pool file {path}: {field}"), message
+        assert "(line " in message, message
     assert needle in message, message
     assert_clean(message, secret)
 
@@ -184,7 +185,8 @@ def test_auth_file_errors_never_quote_a_token(tmp_path, name, doc, auth, field, 
     path = write(tmp_path, doc, auth).parent / "auth.json"
     with pytest.raises(AuthError) as info:
         read_auth_file(path)
-    assert str(path) in str(info.value) and needle in str(info.value)
+    assert str(path) in str(info.value)
+    assert needle in str(info.value)
     assert_clean(str(info.value), secret)
 
 
@@ -221,13 +223,15 @@ def test_looks_like_secret(text, secret):
 def test_percent_encoded_password_still_parses():
     ep = parse_endpoint("corp", 0, f"http://puser:pa%2Fss%23{SECRET}@127.0.0.1:3128")
     assert (ep.host, ep.port, ep.password) == ("127.0.0.1", 3128, f"pa/ss#{SECRET}")
-    assert SECRET not in ep.label and SECRET not in repr(ep)
+    assert SECRET not in ep.label
+    assert SECRET not in repr(ep)
 
 
 def test_route_errors_from_parse_endpoint_alone():
     with pytest.raises(RouteError) as info:
         parse_endpoint("corp", 2, f"http://puser:{SECRET}@proxy:0")
-    assert str(info.value).startswith("routes.corp[2]: ") and SECRET not in str(info.value)
+    assert str(info.value).startswith("routes.corp[2]: ")
+    assert SECRET not in str(info.value)
 
 
 def test_non_secret_values_are_still_echoed(tmp_path):
@@ -244,5 +248,6 @@ def test_scrub_replaces_whole_pieces_only():
     doc = {"routes": {"corp": ["http://user:pass@proxy:3128/path"]}}
     with pytest.raises(ConfigError) as info:
         config.parse_pool(doc, "p.yaml", ENV, None)
-    assert "[user:password@]" in str(info.value) and "(http://***@proxy:3128/path)" in str(info.value)
+    assert "[user:password@]" in str(info.value)
+    assert "(http://***@proxy:3128/path)" in str(info.value)
     assert config._scrub("got 'pass' and password", doc) == "got '***' and password"

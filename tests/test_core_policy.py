@@ -27,17 +27,20 @@ def test_health_cooling_expires_with_the_clock():
     clock = Clock()
     health = Health(clock)
     health.cool("a", 30, "overloaded")
-    assert health.state("a").status == "cooling" and health.recovers_in("a") == 30
+    assert health.state("a").status == "cooling"
+    assert health.recovers_in("a") == 30
     health.cool("a", 10, "overloaded")  # never shortened
     assert health.recovers_in("a") == 30
     clock.now += 30
-    assert health.ready("a") and health.recovers_in("a") == 0
+    assert health.ready("a")
+    assert health.recovers_in("a") == 0
 
 
 def test_health_out_of_rotation_until_restored():
     health = Health(Clock())
     health.take_out("a", "401")
-    assert health.state("a").status == "out" and health.recovers_in("a") is None
+    assert health.state("a").status == "out"
+    assert health.recovers_in("a") is None
     health.restore("a")
     assert health.ready("a")
 
@@ -48,7 +51,8 @@ def test_plan_client_first_then_same_kind_pool():
     pool = PoolConfig((cred("k1"), cred("c1", CHATGPT), cred("k2")), Policy())
     plan = make_plan(AuthMaterial(APIKEY, "client"), pool, Health(Clock()))
     assert [c.name for c in plan.candidates] == ["client", "k1", "k2"]
-    assert plan.candidates[0].is_client and plan.candidates[0].auth is None
+    assert plan.candidates[0].is_client
+    assert plan.candidates[0].auth is None
 
 
 def test_plan_cross_kind_and_without_client():
@@ -65,7 +69,8 @@ def test_plan_skips_cooling_and_out_caps_attempts_and_dedupes_the_client():
     health.take_out("k2", "401")
     plan = make_plan(AuthMaterial(APIKEY, "tok-k0"), pool, health)  # the client's key is pooled as k0
     assert [c.name for c in plan.candidates] == ["k0", "k3", "k4"]
-    assert plan.candidates[0].is_client and plan.candidates[0].auth is None
+    assert plan.candidates[0].is_client
+    assert plan.candidates[0].auth is None
     assert [(c.name, why) for c, why in plan.skipped] == [("k1", "cooling"), ("k2", "out")]
 
 
@@ -130,8 +135,10 @@ def test_cooldowns(reason, error, retry_after, expected):
 
 
 def test_exhausted_status():
-    assert exhausted_status("overloaded") == 503 and exhausted_status("usage_limit") == 429
-    assert exhausted_status("capacity") == 429 and exhausted_status("server_error_retryable") == 503
+    assert exhausted_status("overloaded") == 503
+    assert exhausted_status("usage_limit") == 429
+    assert exhausted_status("capacity") == 429
+    assert exhausted_status("server_error_retryable") == 503
 
 
 @pytest.mark.parametrize(
@@ -165,8 +172,10 @@ def test_endpoint_matcher():
 
 def test_asks_to_stream():
     assert asks_to_stream(parse_body(b'{"stream": true, "input": []}'))
-    assert not asks_to_stream(parse_body(b'{"stream": false}')) and not asks_to_stream(parse_body(b""))
-    assert not asks_to_stream(parse_body(b"[1]")) and parse_body(b"{bad json") is None
+    assert not asks_to_stream(parse_body(b'{"stream": false}'))
+    assert not asks_to_stream(parse_body(b""))
+    assert not asks_to_stream(parse_body(b"[1]"))
+    assert parse_body(b"{bad json") is None
 
 
 def test_swap_credential_replaces_identity_and_drops_turn_state_when_moved():

@@ -94,7 +94,8 @@ def test_request_without_a_credential_is_never_served_from_the_pool(fake, tmp_pa
     try:
         url = f"{fake.base}/v1/responses"
         first = post_responses(proxy.port, url, "sk-test-client-overload", headers={"session-id": "s-1"})
-        assert first.status == 200 and "Hello from sk-test-spare-good" in first.body.decode()
+        assert first.status == 200, first.body[:300]
+        assert "Hello from sk-test-spare-good" in first.body.decode()
         conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
         body = json.dumps({"model": "gpt-fake", "stream": True, "input": []})
         conn.request("POST", url, body=body, headers={"content-type": "application/json", "session-id": "s-1"})
@@ -159,13 +160,17 @@ def _remote_and_local(proxy, fake, ns, net):
                           timeout=30)
     assert done.returncode == 0, done.stderr
     model, bare, status = json.loads(done.stdout)
-    assert model["status"] == 403 and "failover_clients" in model["body"], model
-    assert bare["status"] == 403 and status["status"] == 403
-    assert "spare" not in status["body"] and "sk-test" not in status["body"]
+    assert model["status"] == 403, model
+    assert "failover_clients" in model["body"], model
+    assert bare["status"] == 403
+    assert status["status"] == 403
+    assert "spare" not in status["body"]
+    assert "sk-test" not in status["body"]
     assert fake.model_requests() == [], "nothing may go upstream for a client that is not allowed"
     # The same proxy, from loopback: the spare serves.
     local = post_responses(proxy.port, url, "sk-test-client-overload")
-    assert local.status == 200 and "Hello from sk-test-spare-good" in local.body.decode()
+    assert local.status == 200, local.body[:300]
+    assert "Hello from sk-test-spare-good" in local.body.decode()
     log = proxy.log()
     assert f"listening on {net}.1; the pool and the status page serve loopback only" in log
 
@@ -197,7 +202,8 @@ def test_upstream_tls_trusts_the_system_store(fake, tmp_path, trusted):
         finally:
             proxy.stop()
         if trusted:
-            assert reply.status == 200 and "Hello from sk-test-spare-good" in reply.body.decode()
+            assert reply.status == 200, reply.body[:300]
+            assert "Hello from sk-test-spare-good" in reply.body.decode()
         else:  # fails closed, naming the certificate problem; nothing reached the spare's upstream
             assert reply.status >= 500, reply.body
             assert "certificate" in reply.body.decode().lower()
@@ -242,7 +248,8 @@ def test_bad_pool_file_is_one_line_and_a_nonzero_exit(tmp_path, name, pool, expe
     code, lines = start_and_fail(tmp_path, "--set", f"failover_config={path}")
     assert code != 0
     line = only_line(lines)
-    assert line.startswith(f"codex-failover: pool file {path}") and expect in line, line
+    assert line.startswith(f"codex-failover: pool file {path}"), line
+    assert expect in line, line
     assert SECRET not in "\n".join(lines)
 
 
@@ -250,11 +257,14 @@ def test_bad_rules_and_options_are_one_line(tmp_path):
     rules = tmp_path / "rules.yaml"
     rules.write_text("- [unclosed\n")
     code, lines = start_and_fail(tmp_path, "--set", f"failover_rules={rules}")
-    assert code != 0 and str(rules) in only_line(lines)
+    assert code != 0, lines
+    assert str(rules) in only_line(lines)
     code, lines = start_and_fail(tmp_path, "--set", "failover_clients=10.0.0.0/33")
-    assert code != 0 and "failover_clients: '10.0.0.0/33' is not an IP address or CIDR" in only_line(lines)
+    assert code != 0, lines
+    assert "failover_clients: '10.0.0.0/33' is not an IP address or CIDR" in only_line(lines)
     code, lines = start_and_fail(tmp_path, "--set", "failover_intercept=some")
-    assert code != 0 and "failover_intercept: 'some' is not one of models, all" in only_line(lines)
+    assert code != 0, lines
+    assert "failover_intercept: 'some' is not one of models, all" in only_line(lines)
 
 
 # -- a quiet log --------------------------------------------------------------------------------
@@ -269,7 +279,8 @@ def test_log_is_quiet_by_default_and_verbose_brings_mitmproxy_lines_back(fake, t
     finally:
         proxy.stop()
     log = proxy.log()
-    assert "attempt 1/2 credential=client" in log and "attempt 2/2 credential=spare" in log
+    assert "attempt 1/2 credential=client" in log, log[-2000:]
+    assert "attempt 2/2 credential=spare" in log, log[-2000:]
     chatter = ("[warm 127.0.0.1] server connect", "[replay]: POST", "<< codex-failover: rejected: overloaded", "Streaming response from")
     if verbose:
         assert all(c in log for c in chatter), log

@@ -28,20 +28,25 @@ def test_own_credential_overloaded_spare_serves(fake, start_proxy):
     reply = post_responses(proxy.port, url(fake), "sk-test-client-overload")
     assert reply.status == 200
     kinds = types(reply)
-    assert kinds.count("response.created") == 1 and "error" not in kinds and "response.failed" not in kinds
+    assert kinds.count("response.created") == 1
+    assert "error" not in kinds
+    assert "response.failed" not in kinds
     assert kinds[-1] == "response.completed"
     assert "Hello from sk-test-spare-good" in reply.body.decode()
     served = [r["credential"] for r in fake.model_requests()]
     assert served == ["sk-test-client-overload", "sk-test-spare-good"]
     log = proxy.log()
-    assert "attempt 1/" in log and "verdict=failover reason=overloaded" in log and "verdict=commit" in log
+    assert "attempt 1/" in log, log[-2000:]
+    assert "verdict=failover reason=overloaded" in log, log[-2000:]
+    assert "verdict=commit" in log, log[-2000:]
     assert "sk-test-" not in log  # never a secret in the log
 
 
 def test_three_overloaded_then_one_good(fake, start_proxy):
     proxy = start_proxy(fake, [("a", "sk-test-a-overload"), ("b", "sk-test-b-overload-eof"), ("c", "sk-test-c-good")])
     reply = post_responses(proxy.port, url(fake), "sk-test-client-slow-down")
-    assert reply.status == 200 and types(reply)[-1] == "response.completed"
+    assert reply.status == 200, reply.body[:300]
+    assert types(reply)[-1] == "response.completed"
     assert "Hello from sk-test-c-good" in reply.body.decode()
     assert len(fake.model_requests()) == 4
 
@@ -52,7 +57,8 @@ def test_all_overloaded_gives_503_with_attempts_and_retry_after(fake, start_prox
     assert reply.status == 503
     assert 1 <= int(reply.headers["retry-after"]) <= 3
     error = reply.json()["error"]
-    assert error["code"] == "server_is_overloaded" and error["type"] == "service_unavailable_error"
+    assert error["code"] == "server_is_overloaded"
+    assert error["type"] == "service_unavailable_error"
     assert [a["credential"] for a in error["attempts"]] == ["client", "a", "b"]
     assert all(a["verdict"] == "failover" for a in error["attempts"])
     assert "sk-test" not in reply.body.decode()
@@ -60,7 +66,8 @@ def test_all_overloaded_gives_503_with_attempts_and_retry_after(fake, start_prox
     before = len(fake.model_requests())
     started = time.monotonic()
     again = post_responses(proxy.port, url(fake), "sk-test-client-overload")
-    assert again.status == 503 and time.monotonic() - started < 1.0
+    assert again.status == 503, again.body[:300]
+    assert time.monotonic() - started < 1.0
     assert len(fake.model_requests()) == before
     assert {c["state"] for c in again.json()["error"]["credentials"]} == {"cooling"}
 
@@ -82,21 +89,25 @@ def test_output_before_the_overload_is_delivered_in_stream(fake, start_proxy, sc
     reply = post_responses(proxy.port, url(fake), f"sk-test-client-{scenario}")
     assert reply.status == 200
     kinds = types(reply)
-    assert first_type in kinds and "error" in kinds and "response.failed" in kinds
+    assert first_type in kinds
+    assert "error" in kinds
+    assert "response.failed" in kinds
     assert len(fake.model_requests()) == 1  # no failover
 
 
 def test_invalid_request_passes_through(fake, start_proxy):
     proxy = start_proxy(fake, [("spare", "sk-test-spare-good")])
     reply = post_responses(proxy.port, url(fake), "sk-test-client-invalid")
-    assert reply.status == 400 and reply.json()["error"]["code"] == "invalid_value"
+    assert reply.status == 400, reply.body[:300]
+    assert reply.json()["error"]["code"] == "invalid_value"
     assert len(fake.model_requests()) == 1
 
 
 def test_pooled_credentials_401_never_reaches_the_client(fake, start_proxy):
     proxy = start_proxy(fake, [("broken", "sk-test-broken-unauthorized"), ("good", "sk-test-good-good")])
     reply = post_responses(proxy.port, url(fake), "sk-test-client-overload")
-    assert reply.status == 200 and "Hello from sk-test-good-good" in reply.body.decode()
+    assert reply.status == 200, reply.body[:300]
+    assert "Hello from sk-test-good-good" in reply.body.decode()
     assert "taken out of rotation" in proxy.log()
     # Out of rotation: never dialled again.
     post_responses(proxy.port, url(fake), "sk-test-client2-overload")
@@ -112,7 +123,8 @@ def test_pooled_401_alone_becomes_503_not_401(fake, start_proxy):
 def test_clients_own_401_is_returned_as_is(fake, start_proxy):
     proxy = start_proxy(fake, [("good", "sk-test-good-good")])
     reply = post_responses(proxy.port, url(fake), "sk-test-client-unauthorized")
-    assert reply.status == 401 and len(fake.model_requests()) == 1
+    assert reply.status == 401, reply.body[:300]
+    assert len(fake.model_requests()) == 1
 
 
 def test_client_disconnect_cancels_the_upstream(fake, start_proxy):
@@ -150,7 +162,8 @@ def test_two_clients_concurrently(fake, start_proxy):
     time.sleep(0.3)
     started = time.monotonic()
     fast = post_responses(proxy.port, url(fake), "sk-test-other-good")
-    assert fast.status == 200 and time.monotonic() - started < 2.0
+    assert fast.status == 200, fast.body[:300]
+    assert time.monotonic() - started < 2.0
     thread.join(timeout=10)
 
 
@@ -159,7 +172,8 @@ def test_client_sees_the_first_event_before_upstream_finishes(tmp_path, start_pr
     try:
         proxy = start_proxy(slow, [("spare", "sk-test-spare-good")])
         reply = post_responses(proxy.port, url(slow), "sk-test-client-overload")
-        assert reply.status == 200 and len(reply.chunks) > 5
+        assert reply.status == 200, reply.body[:300]
+        assert len(reply.chunks) > 5
         total = reply.chunks[-1][0]
         assert reply.first_byte_s < total - 0.5  # streamed live, not buffered
     finally:
@@ -169,7 +183,8 @@ def test_client_sees_the_first_event_before_upstream_finishes(tmp_path, start_pr
 def test_non_codex_traffic_untouched(fake, start_proxy):
     proxy = start_proxy(fake, [("spare", "sk-test-spare-good")])
     models = request(proxy.port, "GET", f"{fake.base}/v1/models", headers={"authorization": "Bearer sk-test-client-overload"})
-    assert models.status == 200 and json.loads(models.body)["path"] == "/v1/models"
+    assert models.status == 200, models.body[:300]
+    assert json.loads(models.body)["path"] == "/v1/models"
     # A non-streaming call to /responses is not held either: it goes straight through.
     plain = request(proxy.port, "POST", url(fake), headers={"authorization": "Bearer sk-test-client-invalid",
                                                             "content-type": "application/json"},
@@ -199,7 +214,9 @@ def test_https_through_connect_with_the_proxy_ca(tmp_path):
         reply = post_responses(proxy.port, f"{base}/v1/responses", "sk-test-client-overload", ca=ca)
         assert reply.status == 200
         kinds = types(reply)
-        assert kinds.count("response.created") == 1 and "error" not in kinds and kinds[-1] == "response.completed"
+        assert kinds.count("response.created") == 1
+        assert "error" not in kinds
+        assert kinds[-1] == "response.completed"
         assert "Hello from sk-test-spare-good" in reply.body.decode()
     finally:
         proxy.stop()
@@ -215,7 +232,8 @@ def test_saved_flows_hold_no_pooled_secret(fake, tmp_path):
                          extra=["-w", str(saved)])
     try:
         reply = post_responses(proxy.port, url(fake), "sk-test-client-overload")
-        assert reply.status == 200 and "Hello from sk-test-secret-good" in reply.body.decode()
+        assert reply.status == 200, reply.body[:300]
+        assert "Hello from sk-test-secret-good" in reply.body.decode()
         assert "credential=dead route=direct verdict=failed reason=pre_dispatch" in proxy.log()
         assert "Addon error" not in proxy.log()
     finally:
@@ -230,7 +248,8 @@ def test_saved_flows_hold_no_pooled_secret(fake, tmp_path):
 def test_max_retry_after_zero_sends_no_retry_after(fake, start_proxy):
     proxy = start_proxy(fake, [("a", "sk-test-a-overload")], max_retry_after="0")
     reply = post_responses(proxy.port, url(fake), "sk-test-client-overload")
-    assert reply.status == 503 and "retry-after" not in reply.headers
+    assert reply.status == 503, reply.body[:300]
+    assert "retry-after" not in reply.headers
 
 
 def test_without_a_pool_the_own_credential_is_retried_with_backoff(fake, tmp_path):
@@ -242,7 +261,9 @@ def test_without_a_pool_the_own_credential_is_retried_with_backoff(fake, tmp_pat
         elapsed = time.monotonic() - started
     finally:
         proxy.stop()
-    assert reply.status == 200 and types(reply)[-1] == "response.completed" and "error" not in types(reply)
+    assert reply.status == 200, reply.body[:300]
+    assert types(reply)[-1] == "response.completed"
+    assert "error" not in types(reply)
     assert [r["credential"] for r in fake.model_requests()] == ["sk-test-client-overload-once"] * 2
     assert elapsed >= 0.5  # the first backoff step
 
@@ -253,7 +274,8 @@ def test_holds_for_a_credential_recovering_within_cooldown_wait(fake, start_prox
     assert first.status == 503
     started = time.monotonic()
     second = post_responses(proxy.port, url(fake), "sk-test-client-overload")
-    assert second.status == 200 and "Hello from sk-test-spare-overload-once" in second.body.decode()
+    assert second.status == 200, second.body[:300]
+    assert "Hello from sk-test-spare-overload-once" in second.body.decode()
     assert 0.5 <= time.monotonic() - started < 3.5
 
 
@@ -266,7 +288,8 @@ def test_zstd_request_body_is_recognised_and_moved(fake, start_proxy):
                            {"content-encoding": "zstd", "x-codex-turn-state": "turn-of-client"})
     assert b"Hello from sk-test-spare-good" in conn_reply
     client, spare = fake.model_requests()
-    assert client["turn_state"] == "turn-of-client" and spare["turn_state"] is None  # dropped when moved
+    assert client["turn_state"] == "turn-of-client"
+    assert spare["turn_state"] is None  # dropped when moved
     assert client["body_bytes"] == spare["body_bytes"] == len(body)  # the same zstd bytes, untouched
 
 
@@ -324,7 +347,8 @@ def test_upstream_mode_is_refused_with_an_explanation(tmp_path):
     proc = subprocess.run([MITMDUMP, "--listen-host", "127.0.0.1", "-p", str(free_port()), "--set", f"confdir={tmp_path}",
                            "--mode", "upstream:http://127.0.0.1:9", "-s", str(ROOT / "addon" / "failover.py")],
                           capture_output=True, text=True, timeout=30)
-    assert proc.returncode != 0 and "does not work with --mode upstream" in proc.stdout + proc.stderr
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "does not work with --mode upstream" in proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("encoding", ["identity", "zstd"])
@@ -340,8 +364,10 @@ def test_encrypted_reasoning_is_stripped_when_the_request_moves(fake, start_prox
     proxy = start_proxy(fake, [("spare", "sk-test-spare-good")])
     assert b"Hello from sk-test-spare-good" in _raw_post(proxy.port, url(fake), "sk-test-client-overload", body, headers)
     client, spare = fake.model_requests()
-    assert client["encrypted_reasoning"] == 1 and spare["encrypted_reasoning"] == 0
-    assert spare["body_json"] and spare["input_items"] == client["input_items"]
+    assert client["encrypted_reasoning"] == 1
+    assert spare["encrypted_reasoning"] == 0
+    assert spare["body_json"]
+    assert spare["input_items"] == client["input_items"]
 
 
 def test_previous_response_id_never_moves(fake, start_proxy):
@@ -364,7 +390,8 @@ def test_session_sticks_to_its_credential_and_moves_on_failover(fake, start_prox
         assert reply.status == 200
         return reply.body.decode().split("Hello from ", 1)[1].split(".", 1)[0]
 
-    assert turn("s1") == "sk-test-a-good" and turn("s2") == "sk-test-a-good"
+    assert turn("s1") == "sk-test-a-good"
+    assert turn("s2") == "sk-test-a-good"
     fake.overload_next("sk-test-a-good")
     assert turn("s1") == "sk-test-b-good"  # failover: s1 now lives on b
     time.sleep(1.1)  # a has recovered
@@ -390,7 +417,8 @@ def test_expired_chatgpt_token_is_skipped_and_never_sent(fake, tmp_path):
     try:
         reply = post_responses(proxy.port, url(fake), jwt({"exp": time.time() + 60}),
                                headers={"chatgpt-account-id": "acct-client-overload"})
-        assert reply.status == 200 and "Hello from acct-fresh-good" in reply.body.decode()
+        assert reply.status == 200, reply.body[:300]
+        assert "Hello from acct-fresh-good" in reply.body.decode()
         assert [r["credential"] for r in fake.model_requests()] == ["acct-client-overload", "acct-fresh-good"]
         assert "credential expired: its ChatGPT access token expired" in proxy.log()
     finally:
@@ -407,7 +435,8 @@ def test_auth_file_rewritten_on_disk_brings_its_credential_back(fake, tmp_path):
         path.write_text(json.dumps({"OPENAI_API_KEY": "sk-test-work-good"}))  # the user logged in again
         time.sleep(1.1)  # the addon looks at auth files at most once a second
         reply = post_responses(proxy.port, url(fake), "sk-test-client-overload")
-        assert reply.status == 200 and "Hello from sk-test-work-good" in reply.body.decode()
+        assert reply.status == 200, reply.body[:300]
+        assert "Hello from sk-test-work-good" in reply.body.decode()
         assert "credential work: auth file changed on disk; reloaded, in rotation" in proxy.log()
     finally:
         proxy.stop()
@@ -427,7 +456,8 @@ def test_full_rate_limit_window_cools_the_credential(fake, start_proxy):
     proxy = start_proxy(fake, [("full", "sk-test-full-window-full"), ("other", "sk-test-other-good")],
                         use_client_credential=False)
     first = post_responses(proxy.port, url(fake), "sk-test-client-good")
-    assert first.status == 200 and "Hello from sk-test-full-window-full" in first.body.decode()  # served, then full
+    assert first.status == 200, first.body[:300]
+    assert "Hello from sk-test-full-window-full" in first.body.decode()  # served, then full
     second = post_responses(proxy.port, url(fake), "sk-test-client-good")
     assert "Hello from sk-test-other-good" in second.body.decode()
     assert [r["credential"] for r in fake.model_requests()] == ["sk-test-full-window-full", "sk-test-other-good"]

@@ -46,8 +46,10 @@ def one_clean_response(reply, fake):
 
     assert reply.status == 200
     types = kinds(reply)
-    assert types.count("response.created") == 1 and types[-1] == "response.completed"
-    assert "error" not in types and "response.failed" not in types
+    assert types.count("response.created") == 1
+    assert types[-1] == "response.completed"
+    assert "error" not in types
+    assert "response.failed" not in types
     digest = hashlib.sha256(reply.body).hexdigest()
     assert fake.sent_digests(expect=digest)[-1] == digest
 
@@ -66,14 +68,16 @@ def test_transient_failure_recovers_on_the_same_credential(fake, start, fault):
 def test_final_answers_are_not_retried(fake, start, scenario, status):
     proxy = start()
     reply = call(proxy, fake, f"sk-test-client-{scenario}")
-    assert reply.status == status and len(fake.model_requests()) == 1
+    assert reply.status == status, reply.body[:300]
+    assert len(fake.model_requests()) == 1
 
 
 def test_exhaustion_keeps_the_last_structured_error(fake, start):
     proxy = start(", attempts: 2")
     fake.overload_next(CLIENT, 10, "midstream-server-error")
     reply = call(proxy, fake)
-    assert reply.status == 200 and kinds(reply)[-1] == "response.failed"
+    assert reply.status == 200, reply.body[:300]
+    assert kinds(reply)[-1] == "response.failed"
     assert reply.events()[-1]["response"]["error"]["code"] == "server_error"
     assert kinds(reply).count("response.created") == 1  # only the final attempt's bytes
     assert len(fake.model_requests()) == 3
@@ -83,15 +87,18 @@ def test_exhausted_502_keeps_its_status_and_cools_while_408_cools_nothing(fake, 
     proxy = start(", attempts: 1")
     fake.overload_next(CLIENT, 2, "http-502")
     reply = call(proxy, fake)
-    assert reply.status == 502 and reply.json()["error"]["code"] == "bad_gateway"
+    assert reply.status == 502, reply.body[:300]
+    assert reply.json()["error"]["code"] == "bad_gateway"
     # The only credential now cools: the next request is answered without dialling.
     before = len(fake.model_requests())
-    assert call(proxy, fake).status in (502, 503) and len(fake.model_requests()) == before
+    assert call(proxy, fake).status in (502, 503)
+    assert len(fake.model_requests()) == before
 
     other = start(", attempts: 1")
     fake.overload_next("sk-test-other-good", 2, "cut")
     reply = call(other, fake, "sk-test-other-good")
-    assert reply.status == 408 and reply.json()["error"]["code"] == "stream_incomplete"
+    assert reply.status == 408, reply.body[:300]
+    assert reply.json()["error"]["code"] == "stream_incomplete"
     assert call(other, fake, "sk-test-other-good").status == 200  # nothing cooled
 
 
@@ -172,8 +179,10 @@ def test_heartbeat_keeps_an_idle_client_alive_then_delivers_the_winner(tmp_path)
         reply = post_responses(proxy.port, f"{slow.base}/v1/responses", CLIENT)
         beat = b'event: keepalive\ndata: {"type":"keepalive"}\n\n'
         sent = slow.sent_digests(expect=hashlib.sha256(reply.body.replace(beat, b"")).hexdigest())
-    assert reply.status == 200 and reply.headers.get("x-codex-failover-heartbeat") == "1"
-    assert reply.body.count(beat) >= 2 and reply.first_byte_s < 2.0  # alive while buffering
+    assert reply.status == 200, reply.body[:300]
+    assert reply.headers.get("x-codex-failover-heartbeat") == "1"
+    assert reply.body.count(beat) >= 2
+    assert reply.first_byte_s < 2.0  # alive while buffering
     assert hashlib.sha256(reply.body.replace(beat, b"")).hexdigest() == sent[-1]  # then the winner, in full
 
 def test_heartbeat_mode_delivers_exhaustion_in_stream(fake, start):
@@ -182,7 +191,8 @@ def test_heartbeat_mode_delivers_exhaustion_in_stream(fake, start):
     reply = call(proxy, fake)
     assert reply.status == 200
     last = reply.events()[-1]
-    assert last["type"] == "response.failed" and last["response"]["error"]["status"] == 408
+    assert last["type"] == "response.failed"
+    assert last["response"]["error"]["status"] == 408
     assert len(fake.model_requests()) == 2
 
 

@@ -88,7 +88,9 @@ def test_ws_message_is_the_same_event_type():
 
 def test_lazy_json_and_type():
     ev = frame(b"data: not json\n\n")[0]
-    assert ev.payload is None and ev.type is None and not ev.is_heartbeat
+    assert ev.payload is None
+    assert ev.type is None
+    assert not ev.is_heartbeat
     assert frame(b"data:   \n\n")[0].is_heartbeat
     assert frame(b'data: {"type":"x"}\n\n')[0].type == "x"
     assert frame(b'data: ["a"]\n\n')[0].type is None
@@ -111,7 +113,8 @@ def test_long_block_of_short_lines_is_bounded():
 def test_big_event_within_limits():
     body = b"data: " + b"x" * (2 * 1024 * 1024) + b"\n\n"
     events = frame(body, 1024)
-    assert len(events) == 1 and events[0].raw == body
+    assert len(events) == 1
+    assert events[0].raw == body
 
 
 def test_take_pending_returns_unframed_bytes():

@@ -87,8 +87,10 @@ def assert_stops_with(proc, line):
     out = proc.stdout.splitlines()
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert proc.stderr == line + "\n", proc.stderr
-    assert len(out) <= 1 and all(LOADING.fullmatch(x) for x in out), proc.stdout  # mitmproxy's own line
-    assert "Traceback" not in proc.stdout + proc.stderr and "listening" not in proc.stdout + proc.stderr
+    assert len(out) <= 1, proc.stdout
+    assert all(LOADING.fullmatch(x) for x in out), proc.stdout  # mitmproxy's own line
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "listening" not in proc.stdout + proc.stderr
 
 
 RUN = " (or run scripts/run, which sets up .venv)"
@@ -191,12 +193,14 @@ def installs(calls):
 def test_run_installs_only_the_runtime_dependencies_and_test_adds_test_and_bench(project):
     root = project.root
     calls = project("run", "-p", "9090")
-    assert calls[0] == "venv" and installs(calls) == ""
+    assert calls[0] == "venv"
+    assert installs(calls) == ""
     assert calls[-1] == f"mitmdump --listen-host 127.0.0.1 -p 8080 -s {root}/addon/failover.py -p 9090"
     assert project("run") == [f"mitmdump --listen-host 127.0.0.1 -p 8080 -s {root}/addon/failover.py"]
 
     calls = project("test", "-q")
-    assert installs(calls) == "bench,test" and calls[-1] == "pytest -q"
+    assert installs(calls) == "bench,test"
+    assert calls[-1] == "pytest -q"
     assert (root / ".venv" / ".installed-from").read_text() == (root / "pyproject.toml").read_text().rstrip(
         "\n") + " extras=bench,test"
 
@@ -227,4 +231,5 @@ def test_setup_reads_the_stamp_an_older_setup_wrote(project):
     assert installs(project("setup", "none")) == ""
     stamp = project.root / ".venv" / ".installed-from"
     stamp.write_text((project.root / "pyproject.toml").read_text().rstrip("\n") + " extras=test,bench")
-    assert project("setup") == [] and project("test") == ["pytest "]
+    assert project("setup") == []
+    assert project("test") == ["pytest "]

@@ -156,9 +156,12 @@ def test_the_intercepted_hosts_follow_a_runtime_pool_change(tmp_path):
 
     with taddons.context(addon) as tctx:
         tctx.configure(addon, failover_config=str(first))
-        assert intercepted("gw-a.example.test") and not intercepted("gw-b.example.test")
+        assert intercepted("gw-a.example.test")
+        assert not intercepted("gw-b.example.test")
         tctx.configure(addon, failover_config=str(second))
-        assert intercepted("gw-b.example.test") and not intercepted("gw-a.example.test")
-        assert intercepted("api.openai.com") and not intercepted("pypi.org")
+        assert intercepted("gw-b.example.test")
+        assert not intercepted("gw-a.example.test")
+        assert intercepted("api.openai.com")
+        assert not intercepted("pypi.org")
         tctx.configure(addon, failover_intercept="all")
         assert intercepted("pypi.org")

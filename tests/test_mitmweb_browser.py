@@ -81,7 +81,8 @@ def mitmweb(tmp_path_factory, sync_api):
         web = MitmwebProcess(tmp, text, env)
         try:
             reply = post_responses(web.port, f"{fake.base}/v1/responses", CLIENT_KEY)
-            assert reply.status == 200 and reply.events()[-1]["type"] == "response.completed", reply.body[-500:]
+            assert reply.status == 200, reply.body[-500:]
+            assert reply.events()[-1]["type"] == "response.completed", reply.body[-500:]
             yield web
         finally:
             web.stop()
@@ -236,14 +237,19 @@ def assert_drawn_as_colour_emoji(page, mark: str) -> None:
     marker = row_marked(page, mark).locator("span.marker")
     expect(marker).to_have_text(mark)
     fonts = platform_fonts(page, mark)
-    assert fonts and all("emoji" in f["familyName"].lower() for f in fonts), (
+    assert fonts, (
+        f"{mark} is drawn with {[f['familyName'] for f in fonts]}, not a colour emoji font: "
+        "install one (scripts/setup-system installs fonts-noto-color-emoji)")
+    assert all("emoji" in f["familyName"].lower() for f in fonts), (
         f"{mark} is drawn with {[f['familyName'] for f in fonts]}, not a colour emoji font: "
         "install one (scripts/setup-system installs fonts-noto-color-emoji)")
     png = marker.screenshot()
     counts = page.evaluate(_COUNT_COLOURS, base64.b64encode(png).decode())
     hue = _HUES[mark]
     coloured = counts["red"] + counts["green"] + counts["other"]
-    assert counts[hue] >= _MIN_PIXELS and counts[hue] >= 0.8 * coloured, (
+    assert counts[hue] >= _MIN_PIXELS, (
+        f"{mark} is not drawn as a {hue} emoji (pixels by colour: {counts}): an empty box or a monochrome glyph")
+    assert counts[hue] >= 0.8 * coloured, (
         f"{mark} is not drawn as a {hue} emoji (pixels by colour: {counts}): an empty box or a monochrome glyph")
 
 
@@ -270,7 +276,8 @@ def test_the_losing_attempt_shows_the_rejection_it_received_and_why_it_lost(page
     lines = body_lines(page)
     # Its body is what it received, up to and including the rejection event.
     assert lines[-2] == "event: error", lines
-    assert lines[-1].startswith('data: {"type":"error"') and '"code":"server_is_overloaded"' in lines[-1], lines
+    assert lines[-1].startswith('data: {"type":"error"'), lines
+    assert '"code":"server_is_overloaded"' in lines[-1], lines
     save_screenshot(page, tmp_path)
 
     open_tab(page, "Error")

@@ -13,7 +13,8 @@ def test_defaults_and_a_full_section():
     assert parse_recovery(None, "r") == (RecoveryPolicy(), [])
     policy, notes = parse_recovery({"enabled": True, "attempts": 3, "max_buffer_bytes": "1MiB", "retry_window": "10s",
                                     "max_concurrent": 4, "backoff": {"initial": "100ms", "max": "1s"}, "heartbeat": 0}, "r")
-    assert policy == RecoveryPolicy(True, 3, 1024 * 1024, 10.0, 4, 0.1, 1.0, 0.0) and notes == []
+    assert policy == RecoveryPolicy(True, 3, 1024 * 1024, 10.0, 4, 0.1, 1.0, 0.0)
+    assert notes == []
 
 
 def test_out_of_range_values_are_clamped_and_reported():
@@ -21,7 +22,8 @@ def test_out_of_range_values_are_clamped_and_reported():
                                     "backoff": {"initial": "1ms", "max": "5m"}, "heartbeat": "500ms"}, "r")
     assert (policy.attempts, policy.max_buffer_bytes, policy.retry_window) == (20, 64 * 1024, 600.0)
     assert (policy.backoff_initial, policy.backoff_max, policy.heartbeat) == (0.01, 60.0, 1.0)
-    assert len(notes) == 6 and all("using" in n for n in notes)
+    assert len(notes) == 6
+    assert all("using" in n for n in notes)
 
 
 @pytest.mark.parametrize("doc,needle", [
@@ -47,7 +49,8 @@ def test_window_budget_is_exact_and_backoff_doubles_to_the_cap():
     while (d := budget.next_delay()) is not None:
         delays.append(d)
         clock.now += d
-    assert delays == [0.5, 1.0, 1.0] and clock.now == 2.5  # a 4th would start at 3.5 > the 3 s window
+    assert delays == [0.5, 1.0, 1.0]
+    assert clock.now == 2.5  # a 4th would start at 3.5 > the 3 s window
 
 
 def test_full_jitter():
@@ -78,7 +81,8 @@ def test_terminal_tracker_sees_the_end_of_a_stream():
     for payload in ['{"type":"response.output_text.delta"}', '{"type":"error","error":{"code":"server_error"}}',
                     '{"type":"response.failed","response":{"error":{"code":"server_error","message":"x"}}}']:
         tracker.see(Event.from_ws_message(payload))
-    assert tracker.terminal == "response.failed" and tracker.error["code"] == "server_error"
+    assert tracker.terminal == "response.failed"
+    assert tracker.error["code"] == "server_error"
     tracker.see(Event.from_ws_message('{"type":"response.completed","response":{}}'))
     assert (tracker.terminal, tracker.error) == ("response.completed", None)
     tracker.unframed()

@@ -45,10 +45,12 @@ def test_serves_once_then_403():
 
     first, second, unknown, aborted = run(main())
     head, _, body = first.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200 OK") and b"transfer-encoding: chunked" in head
+    assert head.startswith(b"HTTP/1.1 200 OK")
+    assert b"transfer-encoding: chunked" in head
     assert b"content-length" not in head.lower()  # hop-by-hop headers are replaced
     assert body == b"5\r\nheld \r\n4\r\nlive\r\n0\r\n\r\n"
-    assert second.startswith(b"HTTP/1.1 403") and unknown.startswith(b"HTTP/1.1 403")
+    assert second.startswith(b"HTTP/1.1 403")
+    assert unknown.startswith(b"HTTP/1.1 403")
     assert aborted  # abort is idempotent and always called when a session ends
 
 

@@ -86,8 +86,10 @@ def test_unknown_token_is_refused_before_the_body(quiet):
         return answer, answered, closed
 
     answer, answered, closed = run(main())
-    assert answer.startswith(b"HTTP/1.1 403 ") and b"connection: close" in answer
-    assert answered < 1 and closed < 1.5
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    assert b"connection: close" in answer
+    assert answered < 1
+    assert closed < 1.5
 
 
 def test_a_trickled_body_does_not_keep_a_refused_connection(quiet):
@@ -138,7 +140,8 @@ def test_malformed_requests_get_an_answer_and_a_close(quiet, head, status):
         return data
 
     assert run(main()).startswith(b"HTTP/1.1 " + status + b" ")
-    assert len(quiet()) == 1 and quiet()[0].startswith("relay: ")  # one debug line
+    assert len(quiet()) == 1
+    assert quiet()[0].startswith("relay: ")  # one debug line
 
 
 def test_a_malformed_request_does_not_claim_a_good_token(quiet):
@@ -157,7 +160,8 @@ def test_a_malformed_request_does_not_claim_a_good_token(quiet):
         return refused, served
 
     refused, served = run(main())
-    assert refused.startswith(b"HTTP/1.1 400") and served.startswith(b"HTTP/1.1 200")
+    assert refused.startswith(b"HTTP/1.1 400")
+    assert served.startswith(b"HTTP/1.1 200")
 
 
 def test_an_idle_connection_is_closed_at_the_head_deadline(quiet):
@@ -172,7 +176,8 @@ def test_an_idle_connection_is_closed_at_the_head_deadline(quiet):
         return data, closed
 
     data, closed = run(main())
-    assert data == b"" and 0.25 < closed < 1
+    assert data == b""
+    assert 0.25 < closed < 1
     assert quiet() == ["relay: no request head within 0.3s; closing"]
 
 
@@ -255,7 +260,8 @@ def test_a_body_slower_than_its_deadline_aborts_the_session(quiet):
         return data, closed
 
     data, closed = run(main())
-    assert data == b"" and closed < 1  # the session was claimed: nothing to answer, the stream is off
+    assert data == b""
+    assert closed < 1  # the session was claimed: nothing to answer, the stream is off
 
 
 def test_a_chunked_request_body_is_read_before_streaming(quiet):

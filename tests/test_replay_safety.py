@@ -14,15 +14,18 @@ LIVE_BODY = json.loads((LIVE / "chatgpt_http_post_responses_followup.body.json")
 
 def test_live_codex_follow_up_moves_freely():
     move = assess(LIVE_BODY, {})
-    assert move.movable and not move.strip_reasoning
+    assert move.movable
+    assert not move.strip_reasoning
 
 
 def test_encrypted_reasoning_is_stripped_by_default_and_nothing_else_changes():
     move = assess(BODY, {})
-    assert move.movable and move.strip_reasoning
+    assert move.movable
+    assert move.strip_reasoning
     stripped = strip_encrypted_reasoning(BODY)
     reasoning = [i for i in stripped["input"] if i.get("type") == "reasoning"]
-    assert reasoning and all("encrypted_content" not in i for i in reasoning)
+    assert reasoning
+    assert all("encrypted_content" not in i for i in reasoning)
     assert all(i.get("summary") == o.get("summary") for i, o in zip(reasoning, [i for i in BODY["input"] if i.get("type") == "reasoning"]))
     # Everything but that one field is identical.
     restored = [dict(i, encrypted_content=o["encrypted_content"]) if "encrypted_content" in o else i
@@ -33,7 +36,8 @@ def test_encrypted_reasoning_is_stripped_by_default_and_nothing_else_changes():
 
 def test_pin_policy_keeps_encrypted_reasoning_home():
     move = assess(BODY, {}, "pin")
-    assert not move.movable and "encrypted reasoning" in move.why_pinned
+    assert not move.movable
+    assert "encrypted reasoning" in move.why_pinned
 
 
 @pytest.mark.parametrize(
@@ -45,7 +49,8 @@ def test_pin_policy_keeps_encrypted_reasoning_home():
 )
 def test_state_bound_requests_stay(body, why):
     move = assess(body, {})
-    assert not move.movable and why in move.why_pinned
+    assert not move.movable
+    assert why in move.why_pinned
 
 
 def test_user_pin_header():
@@ -54,5 +59,6 @@ def test_user_pin_header():
 
 
 def test_odd_bodies_do_not_crash():
-    assert assess(None, {}).movable and assess({"input": "text"}, {}).movable
+    assert assess(None, {}).movable
+    assert assess({"input": "text"}, {}).movable
     assert strip_encrypted_reasoning({"input": "text"}) == {"input": "text"}

@@ -15,8 +15,11 @@ def test_parse_routes():
                            "home": "direct"})
     a, b = routes["corp"]
     assert (a.scheme, a.host, a.port, a.username) == ("http", "a", 3128, None)
-    assert (b.username, b.password) == ("u", "p@ss") and "p@ss" not in repr(b) and "p@ss" not in b.label
-    assert routes["tunnel"][0].scheme == "socks5" and routes["tunnel"][0].is_socks
+    assert (b.username, b.password) == ("u", "p@ss")
+    assert "p@ss" not in repr(b)
+    assert "p@ss" not in b.label
+    assert routes["tunnel"][0].scheme == "socks5"
+    assert routes["tunnel"][0].is_socks
     assert routes["home"] is None
     assert parse_endpoint("r", 0, "https://proxy").port == 443
 
@@ -49,11 +52,14 @@ def test_backoff_doubles_to_the_cap_and_one_probe_at_a_time():
     ep = parse_routes({"r": ["http://a:1"]})["r"][0]
     assert health.claim(ep)
     assert [health.failed(ep, "refused") for _ in range(6)] == [30, 60, 120, 240, 300, 300]
-    assert not health.claim(ep) and "backing off 300s" in health.describe(ep)
+    assert not health.claim(ep)
+    assert "backing off 300s" in health.describe(ep)
     clock.now += 300
-    assert health.claim(ep) and not health.claim(ep)  # the first caller probes, others skip
+    assert health.claim(ep)
+    assert not health.claim(ep)  # the first caller probes, others skip
     health.succeeded(ep)
-    assert health.claim(ep) and health.describe(ep) == "up"
+    assert health.claim(ep)
+    assert health.describe(ep) == "up"
 
 
 @pytest.mark.parametrize(

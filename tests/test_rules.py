@@ -48,7 +48,8 @@ def test_invalid_rules_name_the_field(mutate, needle):
     mutate(doc)
     with pytest.raises(RulesError) as info:
         parse_rules(doc, "my.yaml")
-    assert "my.yaml" in str(info.value) and needle in str(info.value)
+    assert "my.yaml" in str(info.value)
+    assert needle in str(info.value)
 
 
 def test_unreadable_and_invalid_yaml_files(tmp_path):

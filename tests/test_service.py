@@ -132,7 +132,8 @@ def test_unit_of_this_clone_runs_its_scripts_run():
     text = service("unit", "--systemd").stdout
     lines = unit_lines(text)
     run, root = str(ROOT / "scripts" / "run").replace("%", "%%"), str(ROOT).replace("%", "%%")
-    assert lines["ExecStart"] in ([run], [f'"{run}"']) and lines["WorkingDirectory"] == [root]
+    assert lines["ExecStart"] in ([run], [f'"{run}"'])
+    assert lines["WorkingDirectory"] == [root]
     assert "# Proxy: 127.0.0.1:8080" in text.splitlines()
 
 
@@ -162,7 +163,8 @@ def test_systemd_analyze_verifies_the_unit(where, clone, tmp_path):
     script = SERVICE if where == "this clone" else clone / "scripts" / "service"
     text = service("unit", "--systemd", "--", *ARGS, *AWKWARD, script=script).stdout
     proc = verify(text, tmp_path)
-    assert proc.returncode == 0 and complaints(proc) == [], proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert complaints(proc) == [], proc.stdout + proc.stderr
 
 
 @NEEDS_ANALYZE
@@ -294,7 +296,8 @@ def test_install_refuses_when_systemctl_user_has_no_bus(clone, fake_env):
     fake_env["FAKE_NO_BUS"] = "1"
     proc = service("install", "--systemd", env=fake_env, script=clone / "scripts" / "service", check=False)
     assert proc.returncode == 1
-    assert proc.stderr.count("\n") == 1 and "loginctl enable-linger tester" in proc.stderr
+    assert proc.stderr.count("\n") == 1
+    assert "loginctl enable-linger tester" in proc.stderr, proc.stdout + proc.stderr
     assert "No medium found" in proc.stderr
     assert calls(fake_env) == []  # not even scripts/setup
     assert not Path(fake_env["XDG_CONFIG_HOME"]).exists()
@@ -306,7 +309,8 @@ def test_dry_run_prints_the_plan_and_changes_nothing(clone, fake_env):
     assert f"would write {unit_path}:" in proc.stdout
     assert "\nRestart=on-failure\n" in proc.stdout
     assert f"would run: systemctl --user enable --now {UNIT}" in proc.stdout
-    assert "would run: " in proc.stdout and "scripts/setup none" in proc.stdout
+    assert "would run: " in proc.stdout, proc.stdout + proc.stderr
+    assert "scripts/setup none" in proc.stdout, proc.stdout + proc.stderr
     assert calls(fake_env) == ["systemctl --user show-environment"]  # the read-only probe only
     assert not unit_path.exists()
 
@@ -318,7 +322,8 @@ def test_status_names_the_file_asks_systemctl_and_checks_the_recorded_port(clone
     proc = service("status", "--systemd", env=fake_env, script=script, check=False)
     assert proc.returncode == 3  # systemctl status's own exit status
     unit_path = Path(fake_env["XDG_CONFIG_HOME"]) / "systemd" / "user" / UNIT
-    assert f"unit file: {unit_path}" in proc.stdout and "fake status output" in proc.stdout
+    assert f"unit file: {unit_path}" in proc.stdout, proc.stdout + proc.stderr
+    assert "fake status output" in proc.stdout, proc.stdout + proc.stderr
     assert "proxy: not answering on http://127.0.0.1:9090" in proc.stdout
     assert f"systemctl --user status {UNIT} --no-pager" in calls(fake_env)
     assert any(c.startswith("curl ") and "-x http://127.0.0.1:9090 http://codex-failover.status/" in c
@@ -332,9 +337,13 @@ def test_an_argument_that_looks_like_a_key_is_refused(command, clone, fake_env):
     key = "sk-proj-abcdefgh12345678"
     proc = service(command, "--systemd", "--", "--set", f"api_key={key}", env=fake_env,
                    script=clone / "scripts" / "service", check=False)
-    assert proc.returncode == 1 and proc.stdout == ""
-    assert "argument 2" in proc.stderr and "API key" in proc.stderr and key not in proc.stderr
-    assert calls(fake_env) == [] and not Path(fake_env["XDG_CONFIG_HOME"]).exists()
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    assert "argument 2" in proc.stderr, proc.stdout + proc.stderr
+    assert "API key" in proc.stderr, proc.stdout + proc.stderr
+    assert key not in proc.stderr
+    assert calls(fake_env) == []
+    assert not Path(fake_env["XDG_CONFIG_HOME"]).exists()
 
 
 def test_paths_that_merely_contain_sk_dash_are_accepted():
@@ -345,13 +354,15 @@ def test_paths_that_merely_contain_sk_dash_are_accepted():
                                   ["unit", "--dry-run"], ["unit", "extra"]])
 def test_usage_errors_print_usage_and_exit_2(argv):
     proc = service(*argv, check=False)
-    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""
     assert "Usage: scripts/service" in proc.stderr
 
 
 def test_help_prints_usage_and_exits_0():
     proc = service("--help")
-    assert proc.stdout.startswith("Usage: scripts/service") and "--dry-run" in proc.stdout
+    assert proc.stdout.startswith("Usage: scripts/service")
+    assert "--dry-run" in proc.stdout, proc.stdout + proc.stderr
     assert service("help").stdout == proc.stdout
 
 

@@ -44,12 +44,15 @@ def test_state_round_trips_across_a_restart_with_a_new_monotonic_clock():
     keeper.affinity.set("thread-1", "spare")
     rows = list(keeper.snapshot().values())
     text = json.dumps([r.value for r in rows]) + " ".join(r.id for r in rows)
-    assert "sk-test" not in text and "u:p" not in text and ":p@" not in text
+    assert "sk-test" not in text
+    assert "u:p" not in text
+    assert ":p@" not in text
 
     wall2, mono2 = Clock(wall.t + 10), Clock(7.0)  # ten seconds later, after a reboot
     _, fresh = world(wall2, mono2)
     assert fresh.start(rows) == 5
-    assert fresh.health.state("spare").status == "cooling" and round(fresh.health.recovers_in("spare")) == 110
+    assert fresh.health.state("spare").status == "cooling"
+    assert round(fresh.health.recovers_in("spare")) == 110
     assert fresh.health.state("client:abc").status == "out"
     assert fresh.usage.windows("spare") == [Window("primary", 42.0, wall.t + 600)]
     assert "backing off 20s more" in fresh.routes.describe(pool.routes["corp"][0])
@@ -62,7 +65,8 @@ def test_a_new_key_under_the_same_name_is_a_new_credential():
     keeper.health.take_out("spare", "HTTP 401")
     rows = list(keeper.snapshot().values())
     _, renewed = world(wall, mono, {"K": "sk-test-secret-2"})
-    assert renewed.start(rows) == 0 and renewed.health.state("spare").status == "ready"
+    assert renewed.start(rows) == 0
+    assert renewed.health.state("spare").status == "ready"
 
 
 def test_changes_are_diffs():
@@ -72,7 +76,8 @@ def test_changes_are_diffs():
     assert keeper.changes() == ([], [])
     keeper.health.cool("spare", 60, "overloaded")
     upserts, deletes = keeper.changes()
-    assert [r.kind for r in upserts] == ["cooling"] and deletes == []
+    assert [r.kind for r in upserts] == ["cooling"]
+    assert deletes == []
     keeper.health.restore("spare")
     assert keeper.changes() == ([], [("cooling", credential_id(keeper_auth(keeper)))])
 

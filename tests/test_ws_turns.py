@@ -54,7 +54,8 @@ def test_turn_decisions(rules, name, tail, verdict, reason):
     assert (decided[0].decision.verdict, decided[0].decision.reason) == (verdict, reason)
     released = [m for s in steps for m in s.release]
     if verdict is Verdict.FAILOVER:
-        assert released == [] and list(decided[0].held) == [msg(m) for m in [CREATED, IN_PROGRESS, *tail]]
+        assert released == []
+        assert list(decided[0].held) == [msg(m) for m in [CREATED, IN_PROGRESS, *tail]]
     else:  # everything, in order, exactly once; the deciding step releases all held so far
         assert released == [msg(m) for m in [CREATED, IN_PROGRESS, *tail]]
         assert len(decided[0].release) == steps.index(decided[0]) + 1
@@ -84,14 +85,16 @@ def test_time_budget_commits_on_tick(rules):
     assert g.tick().decision is None
     clock.now += 5
     step = g.tick()
-    assert step.decision.reason == "timeout" and step.release == (msg(CREATED),)
+    assert step.decision.reason == "timeout"
+    assert step.release == (msg(CREATED),)
 
 
 def test_upstream_closing_inside_the_window_is_a_rejection(rules):
     g = gate(rules)
     g.server_message(*msg(CREATED))
     step = g.upstream_closed()
-    assert step.decision.verdict is Verdict.FAILOVER and step.decision.reason == "closed_before_output"
+    assert step.decision.verdict is Verdict.FAILOVER
+    assert step.decision.reason == "closed_before_output"
     assert gate(rules).upstream_closed().decision.verdict is Verdict.FAILOVER
     assert TurnGate(rules).upstream_closed().decision is None
 
@@ -101,8 +104,10 @@ def test_only_self_contained_turns_move(rules):
     first = g.client_message(*msg(CREATE), {})
     g.server_message(*msg(COMPLETED))
     later = g.client_message(*msg({**CREATE, "previous_response_id": "resp_x"}), {})
-    assert first.movable and first.n == 1
-    assert not later.movable and "previous_response_id" in later.why_pinned
+    assert first.movable
+    assert first.n == 1
+    assert not later.movable
+    assert "previous_response_id" in later.why_pinned
     pinned = TurnGate(rules).client_message(*msg(CREATE), {"x-codex-failover-pin": "true"})
     assert not pinned.movable
 
@@ -111,7 +116,8 @@ def test_a_turn_after_a_warmup_moves_without_the_warmup_id(rules):
     frames = [json.loads(line) for line in (LIVE / "apikey_ws_client_frames.jsonl").read_text().splitlines()]
     g = TurnGate(rules)
     warm = g.client_message(*msg(frames[0]), {})
-    assert warm.movable and warm.warmup
+    assert warm.movable
+    assert warm.warmup
     for m in [{**CREATED, "response": {"id": frames[1]["previous_response_id"]}}, COMPLETED]:
         g.server_message(*msg(m))
     first = g.client_message(*msg(frames[1]), {})
@@ -119,7 +125,9 @@ def test_a_turn_after_a_warmup_moves_without_the_warmup_id(rules):
     assert first.message_for(new_socket=False, foreign=True) == msg(frames[1])  # its warm-up is on this socket
     body, is_text = first.message_for(new_socket=True, foreign=False)
     moved = json.loads(body)
-    assert is_text and "previous_response_id" not in moved and moved["input"] == frames[1]["input"]
+    assert is_text
+    assert "previous_response_id" not in moved
+    assert moved["input"] == frames[1]["input"]
     follow = g.client_message(*msg(frames[2]), {})
     assert not follow.movable
 
@@ -137,7 +145,8 @@ def test_another_accounts_copy_strips_encrypted_reasoning(rules):
     turn = TurnGate(rules).client_message(*msg(body), {})
     for new_socket in (True, False):
         moved = json.loads(turn.message_for(new_socket=new_socket, foreign=True)[0])
-        assert turn.movable and "encrypted_content" not in moved["input"][0]
+        assert turn.movable
+        assert "encrypted_content" not in moved["input"][0]
     assert turn.message_for(new_socket=True, foreign=False) == msg(body)  # the client's own account reads it
     plain = TurnGate(rules).client_message(*msg(CREATE), {})
     assert plain.message_for(new_socket=True, foreign=True) == msg(CREATE)  # unchanged bytes when nothing changes
@@ -146,7 +155,8 @@ def test_another_accounts_copy_strips_encrypted_reasoning(rules):
 def test_a_self_contained_turn_with_a_compaction_item_stays_home(rules):
     body = {**CREATE, "input": [{"type": "compaction", "encrypted_content": "x"}]}
     turn = TurnGate(rules).client_message(*msg(body), {})
-    assert not turn.movable and turn.stays_home
+    assert not turn.movable
+    assert turn.stays_home
     g = TurnGate(rules)
     g.client_message(*msg(CREATE), {})
     g.server_message(*msg(COMPLETED))
@@ -170,7 +180,8 @@ def test_a_create_while_a_turn_is_held_keeps_the_window_and_drops_nothing(rules)
     g = gate(rules)
     g.server_message(*msg(CREATED))
     second = g.client_message(*msg(CREATE), {})
-    assert not second.movable and g.holding
+    assert not second.movable
+    assert g.holding
     step = g.server_message(*msg(DELTA))
     assert step.release == (msg(CREATED), msg(DELTA))
 

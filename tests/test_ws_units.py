@@ -33,5 +33,8 @@ def test_exhaustion_replays_upstreams_own_frames_when_it_sent_some():
 def test_exhaustion_without_frames_is_a_status_bearing_error_frame(reason, status, error, want_status, want_code):
     (content, is_text), = as_frames(Rejection(reason, status, error))
     frame = json.loads(content)
-    assert is_text and frame["type"] == "error" and frame["status"] == want_status
-    assert frame["error"]["code"] == want_code and frame["error"]["message"]
+    assert is_text
+    assert frame["type"] == "error"
+    assert frame["status"] == want_status
+    assert frame["error"]["code"] == want_code
+    assert frame["error"]["message"]
