@@ -9,7 +9,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "addon" / "codex_failover"
 # The shell: the addon's hooks and what drives mitmproxy's replay and flows.
-SHELL = {"addon", "attempt", "client_answers", "held_client", "request_run", "sse_hold", "warm_conn", "ws_gate"}
+SHELL = {"addon", "attempt", "client_answers", "held_client", "request_run", "sse_hold", "tls_scope", "warm_conn", "ws_gate"}
 
 
 def test_only_the_shell_imports_mitmproxy():

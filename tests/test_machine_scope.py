@@ -151,7 +151,7 @@ def test_the_intercepted_hosts_follow_a_runtime_pool_change(tmp_path):
         data = SimpleNamespace(ignore_connection=False, client_hello=SimpleNamespace(sni=host),
                                context=SimpleNamespace(server=SimpleNamespace(address=(host, 443)),
                                                        client=SimpleNamespace(proxy_mode=None)))
-        addon.tls_clienthello(data)
+        addon.tls.tls_clienthello(data)
         return not data.ignore_connection
 
     with taddons.context(addon) as tctx:

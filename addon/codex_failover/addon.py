@@ -7,41 +7,36 @@ import dataclasses
 import itertools
 import json
 import logging
-import sqlite3
 import sys
 import time
 import traceback
-import weakref
-from collections.abc import Sequence
 
-import certifi
-from mitmproxy import command, ctx, exceptions, http, tls
-from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
-from mitmproxy.utils import human
+from mitmproxy import command, ctx, exceptions, http
+from mitmproxy.proxy.mode_specs import ProxyMode
 
-from . import client_answers, quiet_log
+from . import client_answers, quiet_log, status
 from .affinity import Affinity
-from .attempt import ATTEMPT_TAG, Attempt, Capture
+from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
 from .auth import auth_from_headers
 from .auth_watch import AuthWatch
-from .client_access import ClientAccess, ClientAccessError, is_loopback_host, parse_networks
+from .client_access import ClientAccess, is_loopback_host
 from .codex_request import EndpointMatcher, asks_to_stream, is_websocket_upgrade, parse_body
 from .config import ConfigError, PoolConfig, load_pool
 from .health import Health
-from .intercept_scope import ALL, MODES as INTERCEPT_MODES, InterceptScope
-from .held_client import RELAY_TAG, point_at_relay
-from .request_run import ClientGone, RequestRun
+from .intercept_scope import InterceptScope
+from .held_client import RelayHops, point_at_relay
+from .request_run import RequestRun, start_run
 from .shared import Shared
 from .recovery import Slots
 from .relay import Relay
 from .routes import RouteHealth
 from .rules import RulesError, load_rules
-from .metrics import Metrics, parse_address, snapshot_on_loop
+from .metrics import Metrics, snapshot_on_loop
+from .options import add_options, parse_options
 from .seen_clients import SeenClients
 from .socks_bridge import SocksBridges
-from .state_keeper import StateKeeper
-from .state_store import open_store
-from .trust import extend_openssl_context
+from .state_keeper import StateKeeper, close_keeper, open_keeper
+from .tls_scope import TlsScope
 from .usage import UsageBook
 from .warm_conn import WarmConnections
 from .ws_conn import WsConn
@@ -50,9 +45,7 @@ from .ws_upstream import tls_context
 
 log = logging.getLogger("codex_failover")
 
-WEBSOCKET_MODES = ("downgrade", "gate", "passthrough")
 STATUS_HOST = "codex-failover.status"
-
 
 class FailoverAddon:
     def __init__(self) -> None:
@@ -76,40 +69,22 @@ class FailoverAddon:
         self._tasks: set[asyncio.Task] = set()
         self.ws_gate = WebsocketGate()
         self._tls = None  # (options it was built from, upstream TLS context) for gated WebSockets
-        self.scope = InterceptScope()
+        self.quiet = quiet_log.QuietLog()
+        self.tls = TlsScope()  # a nested addon: which TLS connections are decrypted, and upstream trust
+        self.hops = RelayHops(self.quiet)  # nested addons, each for the flows of one kind
+        self.addons = [self.tls, AttemptHooks(self.attempts), self.hops]
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
-        self._trusted: weakref.WeakSet = weakref.WeakSet()  # server TLS contexts given the system store
-        self.quiet = quiet_log.QuietLog()
         self.seen_clients = SeenClients()
         self.max_body = 32 * 1024 * 1024  # failover_max_body
         self.keeper: StateKeeper | None = None  # opened when running (unit tests never touch a store)
-        self._keeper_task: asyncio.Task | None = None
         self.metrics: Metrics | None = None  # counters exist once failover_metrics was set
         self._metrics_server = None
-        self._captures: dict[str, Capture] = {}  # client flow id -> what its relayed stream began with
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def load(self, loader) -> None:
-        loader.add_option("failover_config", str, "", "codex-failover pool file (YAML): spare credentials and policy.")
-        loader.add_option("failover_rules", str, "", "codex-failover rules file (YAML); default: rules/default.yaml.")
-        loader.add_option("failover_websocket", str, "downgrade",
-                          "Codex WebSocket upgrades on model endpoints: downgrade (answer 426, Codex uses SSE), "
-                          "gate (keep the WebSocket; hold and classify every turn, move rejected first turns) "
-                          "or passthrough (untouched, unprotected).")
-        loader.add_option("failover_intercept", str, "models",
-                          "Which HTTPS connections are decrypted: models (only the Codex hosts and the pool's "
-                          "base URLs; everything else is tunnelled untouched) or all (mitmproxy's usual behaviour).")
-        loader.add_option("failover_clients", Sequence[str], [],
-                          "Addresses or CIDRs, besides loopback, that may use the pool and the status page.")
-        loader.add_option("failover_max_body", str, "32m",
-                          "Largest request body the addon holds for failover (k/m/g suffixes); a larger one is "
-                          "passed through untouched, without failover (holding costs a few times its size).")
-        loader.add_option("failover_metrics", str, "",
-                          "Serve Prometheus metrics at HOST:PORT/metrics (e.g. 127.0.0.1:9464); empty: off.")
-        loader.add_option("failover_verbose", bool, False,
-                          "Also log mitmproxy's per-connection lines for the addon's own attempts and relay hops.")
+        add_options(loader)
 
     def configure(self, updated: set[str]) -> None:
         try:
@@ -122,41 +97,20 @@ class FailoverAddon:
             raise SystemExit(2) from None
 
     def _configure(self, updated: set[str]) -> None:
-        if "failover_websocket" in updated and ctx.options.failover_websocket not in WEBSOCKET_MODES:
-            raise exceptions.OptionsError(
-                f"failover_websocket: {ctx.options.failover_websocket!r} is not one of {', '.join(WEBSOCKET_MODES)}")
-        if "failover_intercept" in updated and ctx.options.failover_intercept not in INTERCEPT_MODES:
-            raise exceptions.OptionsError(
-                f"failover_intercept: {ctx.options.failover_intercept!r} is not one of {', '.join(INTERCEPT_MODES)}")
+        try:
+            parsed = parse_options(ctx.options, updated)
+        except ValueError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
         if "failover_clients" in updated:
-            try:
-                self.clients = ClientAccess(parse_networks(ctx.options.failover_clients))
-            except ClientAccessError as exc:
-                raise exceptions.OptionsError(str(exc)) from None
+            self.clients = parsed.clients
         if "failover_verbose" in updated:
             self.quiet.configure(ctx.options)
         if "failover_max_body" in updated:
-            try:
-                self.max_body = human.parse_size(ctx.options.failover_max_body)
-                WsConn.max_message = self.max_body  # the gated WebSocket's limit, both directions
-            except ValueError:
-                raise exceptions.OptionsError(
-                    f"failover_max_body: {ctx.options.failover_max_body!r} is not a size (e.g. 32m)") from None
-        if "failover_metrics" in updated and ctx.options.failover_metrics:
-            try:
-                parse_address(ctx.options.failover_metrics)
-            except ValueError as exc:
-                raise exceptions.OptionsError(str(exc)) from None
+            self.max_body = WsConn.max_message = parsed.max_body  # the gated WebSocket's limit too, both ways
         if "failover_metrics" in updated and self._running:
             self._serve_metrics()
         if "failover_config" in updated or "failover_rules" in updated:
             self._load_files()
-        if "mode" in updated and any(m.startswith("upstream:") for m in ctx.options.mode):
-            # Upstream mode rewrites every replay's `via` and would tunnel the relay hop away from
-            # 127.0.0.1: the addon cannot work under it.
-            raise exceptions.OptionsError(
-                "codex-failover does not work with --mode upstream:… (attempts choose their own upstream and "
-                "the committed stream is relayed over 127.0.0.1). Run in regular mode (the default).")
         if "connection_strategy" in updated or not updated or "failover_config" in updated:
             # Eager connects to the real host at CONNECT time, before an attempt can pick its target.
             if ctx.options.connection_strategy != "lazy":
@@ -169,7 +123,7 @@ class FailoverAddon:
             rules = load_rules(ctx.options.failover_rules or None)
         except (ConfigError, RulesError) as exc:
             raise exceptions.OptionsError(str(exc)) from None
-        self.scope = InterceptScope(pool.gated_base_urls)
+        self.tls.scope = InterceptScope(pool.gated_base_urls)
         self.pool, self.rules = pool, rules  # in-flight requests keep the objects they started with
         self._spawn(self.bridges.close())  # new routes or passwords apply at once (bridges restart on use)
         self.warm.close_all()  # connections through old endpoints or bridges are not used again
@@ -243,48 +197,11 @@ class FailoverAddon:
 
     def _open_state(self) -> None:
         """Open the pool's state store (or keep the open one) and restore what is still in force."""
-        spec = self.pool.state
-        if self.keeper is not None and (self.keeper.spec, self.keeper.namespace) == (spec.store, spec.namespace):
-            self.keeper.bind(self.pool)
-            return
-        self._close_state()
-        try:
-            store = open_store(spec.store, spec.namespace)
-        except (OSError, ValueError, ImportError, sqlite3.Error) as exc:
-            log.warning("codex-failover: pool state store unavailable (%s); keeping state in memory only",
-                        type(exc).__name__)
-            return
-        keeper = StateKeeper(store, self.health, self.usage, self.route_health, self.affinity)
-        keeper.spec, keeper.namespace = spec.store, spec.namespace
-        keeper.bind(self.pool)
-        try:
-            applied = keeper.start(store.load(time.time()))
-        except Exception as exc:  # noqa: BLE001 - sqlite3 or Redis: never keep the proxy from starting
-            log.warning("codex-failover: could not read pool state from %s (%s); starting clean, retrying",
-                        getattr(store, "path", spec.store), type(exc).__name__)
-            applied = 0
-        where = getattr(store, "path", spec.store)
-        log.info("codex-failover: pool state in %s (namespace %s): %d entr%s restored", where, spec.namespace,
-                 applied, "y" if applied == 1 else "ies")
-        self.keeper = keeper
-        try:
-            self._keeper_task = asyncio.get_running_loop().create_task(keeper.run())
-        except RuntimeError:
-            pass
+        self.keeper = open_keeper(self.pool, self.keeper, self.health, self.usage, self.route_health, self.affinity)
 
     def _close_state(self) -> None:
-        """Write what changed since the last flush, then close (at exit, or when the store changes)."""
         keeper, self.keeper = self.keeper, None
-        if keeper is None:
-            return
-        if self._keeper_task is not None:
-            self._keeper_task.cancel()
-            self._keeper_task = None
-        try:
-            keeper.store.write(*keeper.changes())
-        except Exception as exc:  # noqa: BLE001 - never fail a shutdown over state
-            log.warning("codex-failover: could not save pool state at exit (%s)", exc)
-        keeper.store.close()
+        close_keeper(keeper)
 
     def _spawn(self, coro) -> None:
         try:
@@ -379,49 +296,13 @@ class FailoverAddon:
         which answers when the run decides (docs/architecture.md#the-relay)."""
         n = next(self._ids)
         await self.relay.start()
-        run = RequestRun(flow, self.shared(), body, f"r{n}", rotation=n)
-        run.hold()
         self._held += 1
-        run.task = asyncio.get_running_loop().create_task(self._guarded(run))
-        self._tasks.add(run.task)
-        run.task.add_done_callback(self._tasks.discard)
-        run.task.add_done_callback(lambda _: self._release_hold(run))
+        task = start_run(RequestRun(flow, self.shared(), body, f"r{n}", rotation=n), self._release_hold)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _release_hold(self, run: RequestRun) -> None:
         self._held -= 1
-        if not run.client.answered:  # the client left, or a bug: the relay hop must end too
-            run.client.internal_error("the request ended without an answer")
-
-    @staticmethod
-    async def _guarded(run: RequestRun) -> str | None:
-        """Run one request; a bug must fail with a clear status, never hang the client."""
-        try:
-            await run.run()
-        except (ClientGone, asyncio.CancelledError):  # seen by the run, or the relay's hop closed
-            log.info("[%s] client went away while held; attempts cancelled", run.request_id)
-            return "client_gone"
-        except Exception as exc:  # noqa: BLE001
-            log.error("[%s] codex-failover internal error: %s\n%s", run.request_id, exc, traceback.format_exc())
-            run.client.internal_error(type(exc).__name__)
-            return type(exc).__name__
-        return None
-
-    def responseheaders(self, flow: http.HTTPFlow) -> None:
-        attempt = self.attempts.get(flow.id)
-        if attempt is not None:
-            ctype = flow.response.headers.get("content-type", "")
-            attempt.on_responseheaders(200 <= flow.response.status_code < 300 and "text/event-stream" in ctype)
-        elif RELAY_TAG in flow.metadata and flow.response.status_code != 101:
-            flow.response.stream = self._captures[flow.id] = Capture()  # streamed live; the start kept for mitmweb
-            # The relay closes its own one-shot hop; the client keeps its connection for the next request.
-            flow.response.headers.pop("connection", None)
-            self.quiet.relay_client(flow.client_conn.peername)
-
-    async def response(self, flow: http.HTTPFlow) -> None:
-        self._restore_client_request(flow)
-        attempt = self.attempts.pop(flow.id, None)
-        if attempt is not None:
-            await attempt.on_response()
 
     def http_connect_upstream(self, flow: http.HTTPFlow) -> None:
         """Proxy credentials of a route endpoint go to that proxy only, on its CONNECT."""
@@ -430,110 +311,20 @@ class FailoverAddon:
         if authorization is not None:  # an HTTP proxy's credentials, or a SOCKS bridge's secret
             flow.request.headers["Proxy-Authorization"] = authorization
 
-    async def error(self, flow: http.HTTPFlow) -> None:
-        self._restore_client_request(flow)
-        attempt = self.attempts.pop(flow.id, None)
-        if attempt is not None:
-            await attempt.on_error()
-
-    def _restore_client_request(self, flow: http.HTTPFlow) -> None:
-        original = flow.metadata.pop(RELAY_TAG, None)
-        if original is not None:  # show the real request in mitmweb, not the relay hop
-            flow.request = http.Request.from_state(original)
-            self.quiet.relay_client_done(flow.client_conn.peername)
-        capture = self._captures.pop(flow.id, None)
-        if capture is not None and flow.response is not None and flow.response.raw_content is None:
-            capture.keep_on(flow.response)
-
-    def tls_clienthello(self, data: tls.ClientHelloData) -> None:
-        """Scoped interception: only the model endpoints are decrypted; every other TLS connection
-        is tunnelled as it is. A user's --allow-hosts decides alone; --ignore-hosts acted earlier."""
-        if data.ignore_connection or ctx.options.failover_intercept == ALL or ctx.options.allow_hosts:
-            return
-        if isinstance(data.context.client.proxy_mode, ReverseMode):
-            return  # the operator named the one target
-        address = data.context.server.address
-        if not self.scope.intercepts(data.client_hello.sni, address[0] if address else None):
-            data.ignore_connection = True
-
-    def tls_start_server(self, tls_start: tls.TlsData) -> None:
-        """Upstream verification trusts certifi and the machine's store, plus mitmproxy's CA options.
-        Scripts run before mitmproxy's TlsConfig, which leaves a connection an addon has set up
-        alone: so TlsConfig builds it now (its cached context), and each context is extended once."""
-        if tls_start.ssl_conn is None and not tls_start.is_dtls:
-            tlsconfig = ctx.master.addons.get("tlsconfig")
-            if tlsconfig is not None:
-                tlsconfig.tls_start_server(tls_start)
-        conn = tls_start.ssl_conn
-        if conn is None or ctx.options.ssl_insecure:
-            return
-        context = conn.get_context()
-        if context in self._trusted:
-            return
-        if ctx.options.ssl_verify_upstream_trusted_ca or ctx.options.ssl_verify_upstream_trusted_confdir:
-            extend_openssl_context(context, (certifi.where(), None))  # mitmproxy loads certifi only without them
-        extend_openssl_context(context)
-        self._trusted.add(context)
-
     # -- commands --------------------------------------------------------------------------
 
     def status_report(self) -> dict:
         """Pool health and in-flight counters, as data (no secrets)."""
-        now = self.health.now()
-        creds = []
-        for cred in self.pool.credentials:
-            state = self.health.state(cred.name)
-            entry = {"name": cred.name, "kind": cred.kind, "base_url": cred.base_url, "route": cred.route,
-                     "state": state.status, "reason": state.reason, "usage": self.usage.describe(cred.name),
-                     "usage_windows": [{"window": w.name, "used_percent": w.used_percent, "resets_at": w.resets_at}
-                                       for w in self.usage.windows(cred.name)]}
-            if state.status == "cooling":
-                entry["cooling_for_s"] = round(state.until - now, 1)
-            if cred.auth.expires_at is not None and cred.auth.expires_at <= now:
-                entry["state"], entry["reason"] = "expired", "run `codex login` for this account"
-            creds.append(entry)
-        seen = {key: (name, kind, round(ago)) for key, name, kind, ago in self.seen_clients.recent()}
-        # Plus clients' credentials not seen here but cooling or out (learnt from a shared store).
-        others = [key for key, *_ in self.health.entries() if key.startswith("client:") and key not in seen]
-        clients = []
-        for key in [*seen, *others]:
-            name, kind, ago = seen.get(key, (f"key #{key[7:15]}", None, None))
-            state = self.health.state(key)
-            entry = {"label": name, "kind": kind, "seen_s_ago": ago, "state": state.status, "reason": state.reason}
-            if state.status == "cooling":
-                entry["cooling_for_s"] = round(state.until - now, 1)
-            clients.append(entry)
-        routes = [{"endpoint": ep.label, "state": self.route_health.describe(ep),
-                   **({"bridge_port": port} if (port := self.bridges.port(ep)) else {})}
-                  for endpoints in self.pool.routes.values() for ep in endpoints or ()]
-        return {"pool": self.pool.source, "credentials": creds, "clients": clients, "routes": routes,
-                "held_requests": self._held, "attempts_in_flight": len(self.attempts), "relay_port": self.relay.port,
-                "upstream_connections": self.warm.stats(), "upstream_dials": self.warm.dials,
-                "relay_unclaimed": self.relay.pending, "relay_streaming": self.relay.streaming,
-                "recovery_buffering": self.recovery_slots.used, "websockets": self.ws_gate.report()}
+        counters = {"held_requests": self._held, "attempts_in_flight": len(self.attempts), "relay_port": self.relay.port,
+                    "upstream_connections": self.warm.stats(), "upstream_dials": self.warm.dials,
+                    "relay_unclaimed": self.relay.pending, "relay_streaming": self.relay.streaming,
+                    "recovery_buffering": self.recovery_slots.used, "websockets": self.ws_gate.report()}
+        return status.build(self.pool, self.health, self.usage, self.seen_clients, self.route_health, self.bridges,
+                            counters)
 
     @command.command("failover.status")
     def status(self) -> str:
         """Each credential's state: ready, cooling until when and why, or out of rotation."""
-        report = self.status_report()
-        lines = [f"codex-failover pool: {report['pool'] or '(no file: client credential only)'}"]
-        for c in report["credentials"]:
-            text = c["state"]
-            if c["state"] == "cooling":
-                text += f" for {c['cooling_for_s']:.0f}s more ({c['reason']})"
-            elif c["state"] in ("out", "expired"):
-                text += f": {c['reason']}"
-            lines.append(f"  {c['name']:<20} {c['kind']:<8} {c['base_url']:<45} {text}; {c['usage']}")
-        for c in report["clients"]:
-            text = c["state"] + (f" for {c['cooling_for_s']:.0f}s more ({c['reason']})" if c["state"] == "cooling"
-                                 else f": {c['reason']}" if c["reason"] else "")
-            seen = f"seen {c['seen_s_ago']}s ago" if c["seen_s_ago"] is not None else "not seen here"
-            lines.append(f"  client {c['label']:<13} {c['kind'] or '-':<8} {seen}: {text}")
-        lines += [f"  route {r['endpoint']:<40} {r['state']}" for r in report["routes"]]
-        lines += [f"  websocket {w['id']:<6} on {w['credential']} via {w['route']}: {w['turns']} turn(s), {w['moves']} move(s)"
-                  f"{', holding a turn' if w['holding'] else ''}, open {w['open_s']:.0f}s" for w in report["websockets"]]
-        lines.append(f"  held requests: {report['held_requests']}, attempts in flight: {report['attempts_in_flight']}, "
-                     f"relay: {report['relay_streaming']} streaming, {report['relay_unclaimed']} unclaimed")
-        text = "\n".join(lines)
+        text = status.render(self.status_report())
         log.info(text)
         return text

@@ -278,3 +278,26 @@ class Attempt:
     @property
     def done(self) -> bool:
         return self._task is not None and self._task.done()
+
+
+class AttemptHooks:
+    """A nested addon of FailoverAddon: an attempt flow's response hooks feed its Attempt."""
+
+    def __init__(self, attempts: dict[str, Attempt]):
+        self.attempts = attempts  # attempt flow id -> Attempt (the driver adds them)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        attempt = self.attempts.get(flow.id)
+        if attempt is not None:
+            ctype = flow.response.headers.get("content-type", "")
+            attempt.on_responseheaders(200 <= flow.response.status_code < 300 and "text/event-stream" in ctype)
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        attempt = self.attempts.pop(flow.id, None)
+        if attempt is not None:
+            await attempt.on_response()
+
+    async def error(self, flow: http.HTTPFlow) -> None:
+        attempt = self.attempts.pop(flow.id, None)
+        if attempt is not None:
+            await attempt.on_error()

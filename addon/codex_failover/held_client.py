@@ -16,7 +16,7 @@ from mitmproxy.connection import Server
 from mitmproxy.hooks import UpdateHook
 
 from . import client_answers
-from .attempt import hide_secrets
+from .attempt import Capture, hide_secrets
 from .heartbeat import HEADERS, HeartbeatSink
 from .relay import Relay, RelaySession
 
@@ -105,3 +105,34 @@ class HeldClient:
             self.metrics.hold_seconds(time.monotonic() - self.started)
         self.decided.set()
         self.hop.answer(status, reason, headers, body)
+
+
+class RelayHops:
+    """A nested addon of FailoverAddon: a held client flow's hop to the relay is streamed live (its
+    start kept for mitmweb), and the real (redacted) request is shown again once it ends."""
+
+    def __init__(self, quiet):
+        self.quiet = quiet  # quiet_log.QuietLog: the hop's connection lines at debug level
+        self.captures: dict[str, Capture] = {}  # client flow id -> what its relayed stream began with
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        if RELAY_TAG in flow.metadata and flow.response.status_code != 101:
+            flow.response.stream = self.captures[flow.id] = Capture()
+            # The relay closes its own one-shot hop; the client keeps its connection for the next request.
+            flow.response.headers.pop("connection", None)
+            self.quiet.relay_client(flow.client_conn.peername)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self._restore(flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._restore(flow)
+
+    def _restore(self, flow: http.HTTPFlow) -> None:
+        original = flow.metadata.pop(RELAY_TAG, None)
+        if original is not None:  # show the real request in mitmweb, not the relay hop
+            flow.request = http.Request.from_state(original)
+            self.quiet.relay_client_done(flow.client_conn.peername)
+        capture = self.captures.pop(flow.id, None)
+        if capture is not None and flow.response is not None and flow.response.raw_content is None:
+            capture.keep_on(flow.response)

@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import time
+import traceback
 
 from mitmproxy import http
 from mitmproxy.connection import ConnectionState
@@ -62,7 +63,6 @@ class RequestRun:
         self.original: http.Request | None = None  # the request as the client sent it (attempts copy it)
         self.move = MovePolicy(True)
         self.session: str | None = None  # the Codex session (thread) id, for affinity
-        self.moved_body: bytes | None = None  # see _moved_body
         self.winner: Attempt | None = None  # the committed attempt, streaming through the relay
         self.last_plan: Plan | None = None  # for pre-warming the next candidate's connection
 
@@ -83,6 +83,8 @@ class RequestRun:
             self.log.tell()
         self.log.client_auth = self.client_auth = auth_from_headers(req.headers)
         self.session = session_of(req.headers, self.body)
+        self.maker = AttemptMaker(self, req)
+        self.body = None  # the maker has it (for a moved copy), and lets it go once built
         loop = FailoverLoop(self._plan, self.health, self.shared.route_health, self.pool, tell=self._tell)
         self.log.total = loop.total
         try:
@@ -141,11 +143,11 @@ class RequestRun:
     async def _send(self, cand: Candidate, n: int, ep: Endpoint | None) -> AttemptEnd:
         """Attempt `n`: the request on `cand`'s credential through `ep` (None: direct), until it is
         committed, answered, rejected or (recovery) worth retrying."""
-        attempt = self._make_attempt(cand, n)
+        attempt = self.maker.make(cand, n)
         attempt.endpoint = ep
         self.shared.attempts[attempt.flow.id] = attempt
-        attempt.start(await self._via(ep))
-        self._prewarm_next(cand)
+        attempt.start(await self.maker.via(ep))
+        self.maker.prewarm_next(self.last_plan, cand)
         try:
             return await self._read(attempt, cand)
         except (ClientGone, asyncio.CancelledError):  # the run saw it, or the relay's hop closed
@@ -155,54 +157,6 @@ class RequestRun:
         except BaseException:
             await attempt.cancel()
             raise
-
-    def _make_attempt(self, cand: Candidate, n: int) -> Attempt:
-        attempt = self.shared.engine.attempt(self.flow, f"{self.request_id}#{n}", n)
-        attempt.dial_timeout = self.pool.policy.connect_timeout
-        attempt.flow.request = req = self.original.copy()
-        if cand.base_url:
-            req.url = cand.base_url + "/responses"
-        if cand.auth is not None:
-            swap_credential(req.headers, cand.auth, moved=not cand.is_client)
-        if not cand.is_client and self.move.strip_reasoning:
-            req.content = self._moved_body()
-        req.headers.pop(PIN_HEADER, None)
-        return attempt
-
-    def _moved_body(self) -> bytes:
-        """The body a moved attempt sends (encrypted reasoning stripped): built once per request,
-        after which the parsed body is let go (it is the largest thing a request holds)."""
-        if self.moved_body is None:
-            stripped = strip_encrypted_reasoning(self.body)
-            self.moved_body = json.dumps(stripped, separators=(",", ":"), ensure_ascii=False).encode()
-            self.body = stripped = None
-        return self.moved_body
-
-    async def _via(self, ep: Endpoint | None):
-        """mitmproxy's per-connection upstream proxy for `ep` (SOCKS goes through a local bridge)."""
-        if ep is None:
-            return None
-        if ep.is_socks:
-            return ("http", await self.shared.bridges.address(ep))
-        return (ep.scheme, (ep.host, ep.port))
-
-    def _prewarm_next(self, current: Candidate) -> None:
-        """Dial the connection the next candidate (by the plan) would use, if none is open or
-        underway, so a failover pays no handshake (docs/architecture.md#warm-connections)."""
-        plan = self.last_plan
-        following = [c for c in plan.candidates if c.key != current.key] if plan is not None else []
-        if following:
-            task = asyncio.get_running_loop().create_task(self._prewarm(following[0]))
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort: never an error
-
-    async def _prewarm(self, cand: Candidate) -> None:
-        url = http.Request.make("POST", (cand.base_url or self.original.url.rsplit("/", 1)[0]) + "/responses")
-        endpoints = self.pool.routes.get(cand.route) or [None]
-        ep = next((e for e in endpoints if e is None or self.shared.route_health.healthy(e)), None)
-        if ep is None and endpoints != [None]:
-            return
-        via = await self._via(ep)
-        self.shared.engine.prewarm(WarmKey(url.scheme, url.host, url.port, via), ep, self.pool.policy.connect_timeout)
 
     async def _read(self, attempt: Attempt, cand: Candidate) -> AttemptEnd:
         """The attempt's response head, then its body: streamed (the SSE hold) or whole."""
@@ -345,3 +299,90 @@ class RequestRun:
     def _check_client(self) -> None:
         if not self.flow.client_conn.state & ConnectionState.CAN_READ:
             raise ClientGone()
+
+
+def start_run(run: RequestRun, on_done) -> asyncio.Task:
+    """Point the held client at the relay and run the request in the background; `on_done(run)`
+    once it ended. Whatever happens, the client gets an answer or its hop closes: never a hang."""
+    run.hold()
+    run.task = asyncio.get_running_loop().create_task(_guarded(run))
+
+    def ended(_task) -> None:
+        if not run.client.answered:  # the client left, or a bug: the relay hop must end too
+            run.client.internal_error("the request ended without an answer")
+        on_done(run)
+
+    run.task.add_done_callback(ended)
+    return run.task
+
+
+async def _guarded(run: RequestRun) -> str | None:
+    """Run one request; a bug must fail with a clear status, never hang the client."""
+    try:
+        await run.run()
+    except (ClientGone, asyncio.CancelledError):  # seen by the run, or the relay's hop closed
+        log.info("[%s] client went away while held; attempts cancelled", run.request_id)
+        return "client_gone"
+    except Exception as exc:  # noqa: BLE001
+        log.error("[%s] codex-failover internal error: %s\n%s", run.request_id, exc, traceback.format_exc())
+        run.client.internal_error(type(exc).__name__)
+        return type(exc).__name__
+    return None
+
+
+class AttemptMaker:
+    """Builds each attempt of one request: the client's request with the candidate's credential,
+    base URL and (moved) body, and the way to its upstream; dials the next candidate's connection
+    ahead of need (docs/architecture.md#warm-connections)."""
+
+    def __init__(self, run: RequestRun, original: http.Request):
+        self.run, self.original, self.shared, self.pool = run, original, run.shared, run.pool
+        self.body, self.move = run.body, run.move
+        self.moved_body: bytes | None = None
+
+    def make(self, cand: Candidate, n: int) -> Attempt:
+        attempt = self.shared.engine.attempt(self.run.flow, f"{self.run.request_id}#{n}", n)
+        attempt.dial_timeout = self.pool.policy.connect_timeout
+        attempt.flow.request = req = self.original.copy()
+        if cand.base_url:
+            req.url = cand.base_url + "/responses"
+        if cand.auth is not None:
+            swap_credential(req.headers, cand.auth, moved=not cand.is_client)
+        if not cand.is_client and self.move.strip_reasoning:
+            req.content = self._moved_body()
+        req.headers.pop(PIN_HEADER, None)
+        return attempt
+
+    def _moved_body(self) -> bytes:
+        """The body a moved attempt sends (encrypted reasoning stripped): built once per request,
+        after which the parsed body is let go (it is the largest thing a request holds)."""
+        if self.moved_body is None:
+            stripped = strip_encrypted_reasoning(self.body)
+            self.moved_body = json.dumps(stripped, separators=(",", ":"), ensure_ascii=False).encode()
+            self.body = stripped = None
+        return self.moved_body
+
+    async def via(self, ep: Endpoint | None):
+        """mitmproxy's per-connection upstream proxy for `ep` (SOCKS goes through a local bridge)."""
+        if ep is None:
+            return None
+        if ep.is_socks:
+            return ("http", await self.shared.bridges.address(ep))
+        return (ep.scheme, (ep.host, ep.port))
+
+    def prewarm_next(self, plan: Plan | None, current: Candidate) -> None:
+        """Dial the connection the next candidate (by the plan) would use, if none is open or
+        underway, so a failover pays no handshake."""
+        following = [c for c in plan.candidates if c.key != current.key] if plan is not None else []
+        if following:
+            task = asyncio.get_running_loop().create_task(self._prewarm(following[0]))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort: never an error
+
+    async def _prewarm(self, cand: Candidate) -> None:
+        url = http.Request.make("POST", (cand.base_url or self.original.url.rsplit("/", 1)[0]) + "/responses")
+        endpoints = self.pool.routes.get(cand.route) or [None]
+        ep = next((e for e in endpoints if e is None or self.shared.route_health.healthy(e)), None)
+        if ep is None and endpoints != [None]:
+            return
+        via = await self.via(ep)
+        self.shared.engine.prewarm(WarmKey(url.scheme, url.host, url.port, via), ep, self.pool.policy.connect_timeout)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import sqlite3
 import logging
 import time
 from typing import Callable
@@ -23,7 +24,7 @@ from .auth import CHATGPT, AuthMaterial, jwt_claims
 from .config import PoolConfig
 from .health import COOLING, OUT, Health
 from .routes import Endpoint, RouteHealth
-from .state_store import Row, Store
+from .state_store import Row, Store, open_store
 from .usage import UsageBook, Window
 
 log = logging.getLogger("codex_failover")
@@ -71,6 +72,8 @@ class StateKeeper:
         self._down_until = 0.0  # on the monotonic clock: the store is not tried before this
         self._retry = 0.0  # the current retry delay while the store fails
         self._refreshed = 0.0  # monotonic time of the last read of a shared store
+        self.spec, self.namespace = "", ""  # the store it was opened for (open_keeper)
+        self.task: asyncio.Task | None = None  # its flush loop (`run`)
 
     # -- mapping ---------------------------------------------------------------------------
 
@@ -212,3 +215,52 @@ class StateKeeper:
         if self._retry:
             log.warning("codex-failover: pool state store is back; sharing again")
             self._retry = 0.0
+
+
+def open_keeper(pool: PoolConfig, current: StateKeeper | None, health: Health, usage: UsageBook,
+                route_health: RouteHealth, affinity: Affinity) -> StateKeeper | None:
+    """The keeper for `pool`'s state store: the current one if the store is the same, else a new
+    one, with what is still in force restored and its flush task running. None (state in memory
+    only) when the store cannot be opened: the proxy always starts."""
+    spec = pool.state
+    if current is not None and (current.spec, current.namespace) == (spec.store, spec.namespace):
+        current.bind(pool)
+        return current
+    close_keeper(current)
+    try:
+        store = open_store(spec.store, spec.namespace)
+    except (OSError, ValueError, ImportError, sqlite3.Error) as exc:
+        log.warning("codex-failover: pool state store unavailable (%s); keeping state in memory only",
+                    type(exc).__name__)
+        return None
+    keeper = StateKeeper(store, health, usage, route_health, affinity)
+    keeper.spec, keeper.namespace = spec.store, spec.namespace
+    keeper.bind(pool)
+    try:
+        applied = keeper.start(store.load(time.time()))
+    except Exception as exc:  # noqa: BLE001 - sqlite3 or Redis: never keep the proxy from starting
+        log.warning("codex-failover: could not read pool state from %s (%s); starting clean, retrying",
+                    getattr(store, "path", spec.store), type(exc).__name__)
+        applied = 0
+    where = getattr(store, "path", spec.store)
+    log.info("codex-failover: pool state in %s (namespace %s): %d entr%s restored", where, spec.namespace,
+             applied, "y" if applied == 1 else "ies")
+    try:
+        keeper.task = asyncio.get_running_loop().create_task(keeper.run())
+    except RuntimeError:  # no event loop (a configure outside it): flushed at close
+        pass
+    return keeper
+
+
+def close_keeper(keeper: StateKeeper | None) -> None:
+    """Write what changed since the last flush, then close (at exit, or when the store changes)."""
+    if keeper is None:
+        return
+    if keeper.task is not None:
+        keeper.task.cancel()
+        keeper.task = None
+    try:
+        keeper.store.write(*keeper.changes())
+    except Exception as exc:  # noqa: BLE001 - never fail a shutdown over state
+        log.warning("codex-failover: could not save pool state at exit (%s)", exc)
+    keeper.store.close()

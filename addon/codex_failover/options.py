@@ -1,0 +1,67 @@
+"""The addon's mitmproxy options (`--set failover_...`); docs/options.md explains each one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .client_access import ClientAccess, ClientAccessError, parse_networks
+from .intercept_scope import MODES as INTERCEPT_MODES
+from .metrics import parse_address
+from .units import parse_size
+
+WEBSOCKET_MODES = ("downgrade", "gate", "passthrough")
+
+
+def add_options(loader) -> None:
+    loader.add_option("failover_config", str, "", "codex-failover pool file (YAML): spare credentials and policy.")
+    loader.add_option("failover_rules", str, "", "codex-failover rules file (YAML); default: rules/default.yaml.")
+    loader.add_option("failover_websocket", str, "downgrade",
+                      "Codex WebSocket upgrades on model endpoints: downgrade (answer 426, Codex uses SSE), "
+                      "gate (keep the WebSocket; hold and classify every turn, move rejected first turns) "
+                      "or passthrough (untouched, unprotected).")
+    loader.add_option("failover_intercept", str, "models",
+                      "Which HTTPS connections are decrypted: models (only the Codex hosts and the pool's "
+                      "base URLs; everything else is tunnelled untouched) or all (mitmproxy's usual behaviour).")
+    loader.add_option("failover_clients", Sequence[str], [],
+                      "Addresses or CIDRs, besides loopback, that may use the pool and the status page.")
+    loader.add_option("failover_max_body", str, "32m",
+                      "Largest request body the addon holds for failover (k/m/g suffixes); a larger one is "
+                      "passed through untouched, without failover (holding costs a few times its size).")
+    loader.add_option("failover_metrics", str, "",
+                      "Serve Prometheus metrics at HOST:PORT/metrics (e.g. 127.0.0.1:9464); empty: off.")
+    loader.add_option("failover_verbose", bool, False,
+                      "Also log mitmproxy's per-connection lines for the addon's own attempts and relay hops.")
+
+
+@dataclass
+class Parsed:
+    clients: ClientAccess | None = None
+    max_body: int | None = None
+
+
+def parse_options(options, updated: set[str]) -> Parsed:
+    """Check and parse the options that changed; ValueError with the line to show otherwise."""
+    parsed = Parsed()
+    if "failover_websocket" in updated and options.failover_websocket not in WEBSOCKET_MODES:
+        raise ValueError(f"failover_websocket: {options.failover_websocket!r} is not one of {', '.join(WEBSOCKET_MODES)}")
+    if "failover_intercept" in updated and options.failover_intercept not in INTERCEPT_MODES:
+        raise ValueError(f"failover_intercept: {options.failover_intercept!r} is not one of {', '.join(INTERCEPT_MODES)}")
+    if "failover_clients" in updated:
+        try:
+            parsed.clients = ClientAccess(parse_networks(options.failover_clients))
+        except ClientAccessError as exc:
+            raise ValueError(str(exc)) from None
+    if "failover_max_body" in updated:
+        try:
+            parsed.max_body = parse_size(options.failover_max_body)
+        except ValueError:
+            raise ValueError(f"failover_max_body: {options.failover_max_body!r} is not a size (e.g. 32m)") from None
+    if "failover_metrics" in updated and options.failover_metrics:
+        parse_address(options.failover_metrics)
+    if "mode" in updated and any(m.startswith("upstream:") for m in options.mode):
+        # Upstream mode rewrites every attempt's `via` and would tunnel the relay hop away from
+        # 127.0.0.1: the addon cannot work under it.
+        raise ValueError("codex-failover does not work with --mode upstream:… (attempts choose their own upstream and "
+                         "the committed stream is relayed over 127.0.0.1). Run in regular mode (the default).")
+    return parsed

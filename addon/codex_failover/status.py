@@ -1,0 +1,60 @@
+"""The `failover.status` command and the status page: pool health and in-flight counters, as data
+(no secrets), and as the lines the command prints. Pure: the addon hands over its parts."""
+
+from __future__ import annotations
+
+
+def build(pool, health, usage, seen_clients, route_health, bridges, counters: dict) -> dict:
+    """The report: every credential, the clients' own credentials (by label), every route endpoint,
+    then `counters` (held requests, attempts, relay, connections, WebSockets)."""
+    now = health.now()
+    creds = []
+    for cred in pool.credentials:
+        state = health.state(cred.name)
+        entry = {"name": cred.name, "kind": cred.kind, "base_url": cred.base_url, "route": cred.route,
+                 "state": state.status, "reason": state.reason, "usage": usage.describe(cred.name),
+                 "usage_windows": [{"window": w.name, "used_percent": w.used_percent, "resets_at": w.resets_at}
+                                   for w in usage.windows(cred.name)]}
+        if state.status == "cooling":
+            entry["cooling_for_s"] = round(state.until - now, 1)
+        if cred.auth.expires_at is not None and cred.auth.expires_at <= now:
+            entry["state"], entry["reason"] = "expired", "run `codex login` for this account"
+        creds.append(entry)
+    seen = {key: (name, kind, round(ago)) for key, name, kind, ago in seen_clients.recent()}
+    # Plus clients' credentials not seen here but cooling or out (learnt from a shared store).
+    others = [key for key, *_ in health.entries() if key.startswith("client:") and key not in seen]
+    clients = []
+    for key in [*seen, *others]:
+        name, kind, ago = seen.get(key, (f"key #{key[7:15]}", None, None))
+        state = health.state(key)
+        entry = {"label": name, "kind": kind, "seen_s_ago": ago, "state": state.status, "reason": state.reason}
+        if state.status == "cooling":
+            entry["cooling_for_s"] = round(state.until - now, 1)
+        clients.append(entry)
+    routes = [{"endpoint": ep.label, "state": route_health.describe(ep),
+               **({"bridge_port": port} if (port := bridges.port(ep)) else {})}
+              for endpoints in pool.routes.values() for ep in endpoints or ()]
+    return {"pool": pool.source, "credentials": creds, "clients": clients, "routes": routes, **counters}
+
+
+def render(report: dict) -> str:
+    """The command's text: one line per credential, client credential, route and WebSocket."""
+    lines = [f"codex-failover pool: {report['pool'] or '(no file: client credential only)'}"]
+    for c in report["credentials"]:
+        text = c["state"]
+        if c["state"] == "cooling":
+            text += f" for {c['cooling_for_s']:.0f}s more ({c['reason']})"
+        elif c["state"] in ("out", "expired"):
+            text += f": {c['reason']}"
+        lines.append(f"  {c['name']:<20} {c['kind']:<8} {c['base_url']:<45} {text}; {c['usage']}")
+    for c in report["clients"]:
+        text = c["state"] + (f" for {c['cooling_for_s']:.0f}s more ({c['reason']})" if c["state"] == "cooling"
+                             else f": {c['reason']}" if c["reason"] else "")
+        seen = f"seen {c['seen_s_ago']}s ago" if c["seen_s_ago"] is not None else "not seen here"
+        lines.append(f"  client {c['label']:<13} {c['kind'] or '-':<8} {seen}: {text}")
+    lines += [f"  route {r['endpoint']:<40} {r['state']}" for r in report["routes"]]
+    lines += [f"  websocket {w['id']:<6} on {w['credential']} via {w['route']}: {w['turns']} turn(s), {w['moves']} move(s)"
+              f"{', holding a turn' if w['holding'] else ''}, open {w['open_s']:.0f}s" for w in report["websockets"]]
+    lines.append(f"  held requests: {report['held_requests']}, attempts in flight: {report['attempts_in_flight']}, "
+                 f"relay: {report['relay_streaming']} streaming, {report['relay_unclaimed']} unclaimed")
+    return "\n".join(lines)
