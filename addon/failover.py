@@ -15,7 +15,7 @@ import sys
 # The runtime dependencies exactly as pyproject.toml lists them (tests/test_install.py keeps the two
 # in step): the module each one provides -> its requirement.
 REQUIREMENTS = {
-    "mitmproxy": "mitmproxy==12.3.1",  # exact: the attempt engine drives mitmproxy's ReplayHandler
+    "mitmproxy": "mitmproxy==12.3.1",  # exact: the attempt engine drives mitmproxy's ConnectionHandler and HttpLayer
     "yaml": "PyYAML>=6.0",
     "python_socks.async_.asyncio": "python-socks[asyncio]>=2.4",
     "wsproto": "wsproto>=1.2",
@@ -97,6 +97,6 @@ if _problem is not None:  # one line, no traceback, and mitmproxy stops with a n
 if _here not in sys.path:  # works without installing the package, too
     sys.path.insert(0, _here)
 
-from codex_failover.addon import FailoverAddon  # noqa: E402
+from codex_failover.mitm.addon import FailoverAddon  # noqa: E402
 
 addons = [FailoverAddon()]

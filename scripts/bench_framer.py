@@ -9,7 +9,7 @@ Workloads:
   W3  one single 2 MiB event (one data line) fed in 1 KiB chunks
 
 Implementations:
-  ours    codex_failover.framer.SSEFramer (feed/close, events counted, not parsed)
+  ours    codex_failover.core.framer.SSEFramer (feed/close, events counted, not parsed)
   naive   keeps a bytes buffer; every chunk is joined onto it and the whole buffer re-split
           on blank lines (LF only), so a long event is rescanned once per chunk: quadratic in
           the event size (W3), but only ~event-size work per chunk on W2, so it is not skipped
@@ -34,7 +34,7 @@ from typing import Callable
 
 from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 
-from codex_failover.framer import SSEFramer
+from codex_failover.core.framer import SSEFramer
 
 KiB = 1024
 MiB = 1024 * KiB

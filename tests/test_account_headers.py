@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 from mitmproxy.http import Headers
 
-from codex_failover.auth import APIKEY, CHATGPT, AuthMaterial, read_auth_file
-from codex_failover.codex_request import swap_credential
+from codex_failover.core.auth import APIKEY, CHATGPT, AuthMaterial, read_auth_file
+from codex_failover.core.codex_request import swap_credential
 from codex_failover.config import ConfigError, Credential, parse_pool
 
 from conftest import WIRE

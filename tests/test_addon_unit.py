@@ -1,7 +1,7 @@
 """The addon object without a running proxy: status report, option validation."""
 
-from codex_failover.addon import FailoverAddon
-from codex_failover.auth import APIKEY, AuthMaterial
+from codex_failover.mitm.addon import FailoverAddon
+from codex_failover.core.auth import APIKEY, AuthMaterial
 from codex_failover.config import Credential, PoolConfig
 
 

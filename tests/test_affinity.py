@@ -2,11 +2,11 @@
 
 from dataclasses import replace
 
-from codex_failover.affinity import Affinity, session_of
-from codex_failover.auth import APIKEY, CHATGPT, AuthMaterial
+from codex_failover.core.affinity import Affinity, session_of
+from codex_failover.core.auth import APIKEY, CHATGPT, AuthMaterial
 from codex_failover.config import Credential, Policy, PoolConfig
-from codex_failover.health import Health
-from codex_failover.planner import make_plan
+from codex_failover.core.health import Health
+from codex_failover.core.planner import make_plan
 
 from conftest import Clock
 

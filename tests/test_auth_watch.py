@@ -3,7 +3,7 @@
 import json
 import os
 
-from codex_failover.auth import read_auth_file
+from codex_failover.core.auth import read_auth_file
 from codex_failover.auth_watch import AuthWatch
 from codex_failover.config import Credential
 

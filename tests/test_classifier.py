@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codex_failover.classifier import BootstrapClassifier, Verdict
-from codex_failover.framer import Event, SSEFramer
+from codex_failover.core.classifier import BootstrapClassifier, Verdict
+from codex_failover.core.framer import Event, SSEFramer
 
 from conftest import Clock, LIVE, WIRE
 

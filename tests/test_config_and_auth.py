@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from codex_failover.auth import APIKEY, CHATGPT, AuthError, auth_from_headers, read_auth_file
+from codex_failover.core.auth import APIKEY, CHATGPT, AuthError, auth_from_headers, read_auth_file
 from codex_failover.config import ConfigError, Policy, load_pool
 
 from conftest import WIRE

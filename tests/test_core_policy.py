@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-from codex_failover.auth import APIKEY, CHATGPT, AuthMaterial
-from codex_failover.codex_request import EndpointMatcher, asks_to_stream, parse_body, swap_credential
+from codex_failover.core.auth import APIKEY, CHATGPT, AuthMaterial
+from codex_failover.core.codex_request import EndpointMatcher, asks_to_stream, parse_body, swap_credential
 from codex_failover.config import Credential, Policy, PoolConfig
-from codex_failover.health import Health
-from codex_failover.planner import make_plan
-from codex_failover.taxonomy import classify_response, cooldown_seconds, exhausted_status, retry_after_seconds
-from codex_failover.transport import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH, TLS_FAILED, classify_connection_error
+from codex_failover.core.health import Health
+from codex_failover.core.planner import make_plan
+from codex_failover.core.taxonomy import classify_response, cooldown_seconds, exhausted_status, retry_after_seconds
+from codex_failover.core.transport import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH, TLS_FAILED, classify_connection_error
 
 from conftest import Clock, WIRE
 

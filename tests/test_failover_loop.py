@@ -11,21 +11,21 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from codex_failover.affinity import Affinity
-from codex_failover.auth import APIKEY, AuthMaterial
+from codex_failover.core.affinity import Affinity
+from codex_failover.core.auth import APIKEY, AuthMaterial
 from codex_failover.config import Credential, Policy, PoolConfig
-from codex_failover.failover_loop import (BACKOFF, RECOVERING, RECOVERY_RETRY, SERVED, AllCooling, Exhausted,
+from codex_failover.core.failover_loop import (BACKOFF, RECOVERING, RECOVERY_RETRY, SERVED, AllCooling, Exhausted,
                                           FailoverLoop, Final, RecoveryExhausted, Rejected, Rejection, RouteDown,
                                           Served, Transient, Try, Wait, cools, own_refusal)
-from codex_failover.health import Health
-from codex_failover.outcomes import Outcomes
-from codex_failover.planner import Candidate, make_plan
-from codex_failover.recovery import RecoveryPolicy
-from codex_failover.routes import RouteHealth, parse_routes
-from codex_failover.taxonomy import AUTH_REJECTED
-from codex_failover.transport import (AMBIGUOUS, HANDSHAKE_FAILED, HOST_NETWORK, INCOMPLETE_RESPONSE, PRE_DISPATCH,
+from codex_failover.core.health import Health
+from codex_failover.core.pool_feedback import PoolFeedback
+from codex_failover.core.planner import Candidate, make_plan
+from codex_failover.core.recovery import RecoveryPolicy
+from codex_failover.core.routes import RouteHealth, parse_routes
+from codex_failover.core.taxonomy import AUTH_REJECTED
+from codex_failover.core.transport import (AMBIGUOUS, HANDSHAKE_FAILED, HOST_NETWORK, INCOMPLETE_RESPONSE, PRE_DISPATCH,
                                       RESPONSE_TIMEOUT, ROUTE_DOWN, TLS_FAILED, UPGRADE_REFUSED)
-from codex_failover.usage import UsageBook
+from codex_failover.core.usage import UsageBook
 
 from conftest import Clock
 
@@ -56,7 +56,7 @@ class World:
         self.pool = PoolConfig(tuple(creds), Policy(use_client_credential=use_client, **policy),
                                routes=parse_routes(routes), recovery=recovery or RecoveryPolicy())
         self.movable = movable
-        self.outcomes = Outcomes(self.health, Affinity(clock=self.clock), UsageBook())
+        self.feedback = PoolFeedback(self.health, Affinity(clock=self.clock), UsageBook())
         self.told: list[str] = []
 
     def plan(self):
@@ -120,7 +120,7 @@ def drive(world: World, loop: FailoverLoop, script: dict[str, list]) -> tuple[li
                 stands = loop.report(result)
                 if isinstance(result, Rejected) and stands and cools(cand, result.rejection):
                     r = result.rejection
-                    world.outcomes.rejected(cand.key, cand.name, r.reason, r.status, r.error, r.retry_after,
+                    world.feedback.rejected(cand.key, cand.name, r.reason, r.status, r.error, r.retry_after,
                                             world.pool.policy)
                 if isinstance(result, Served):
                     return steps, SERVED

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codex_failover.framer import Event, FramerError, SSEFramer
+from codex_failover.core.framer import Event, FramerError, SSEFramer
 
 from conftest import LIVE, WIRE
 

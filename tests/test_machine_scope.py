@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from codex_failover.client_access import ClientAccess, ClientAccessError, is_loopback_host, parse_networks
+from codex_failover.core.client_access import ClientAccess, ClientAccessError, is_loopback_host, parse_networks
 from codex_failover.config import parse_pool
-from codex_failover.health import Health
-from codex_failover.intercept_scope import InterceptScope
-from codex_failover.planner import make_plan
-from codex_failover.auth import auth_from_document
-from codex_failover.trust import SYSTEM_BUNDLES, system_locations
+from codex_failover.core.health import Health
+from codex_failover.core.intercept_scope import InterceptScope
+from codex_failover.core.planner import make_plan
+from codex_failover.core.auth import auth_from_document
+from codex_failover.net.trust import SYSTEM_BUNDLES, system_locations
 
 
 @pytest.mark.parametrize("address, extra, allowed", [
@@ -97,7 +97,7 @@ def test_gated_websocket_tls_trusts_the_system_store(tmp_path, monkeypatch):
 
     from harness import make_test_pki
 
-    from codex_failover.ws_upstream import tls_context
+    from codex_failover.ws.upstream import tls_context
 
     ca, server_pem = make_test_pki(tmp_path)
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -140,7 +140,7 @@ def test_the_intercepted_hosts_follow_a_runtime_pool_change(tmp_path):
 
     from mitmproxy.test import taddons
 
-    from codex_failover.addon import FailoverAddon
+    from codex_failover.mitm.addon import FailoverAddon
 
     first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
     first.write_text("base_urls: [https://gw-a.example.test/v1]\n")

@@ -13,11 +13,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from codex_failover.auth import APIKEY, CHATGPT, AuthMaterial
+from codex_failover.core.auth import APIKEY, CHATGPT, AuthMaterial
 from codex_failover.metrics import (FIRST_OUTPUT_BUCKETS, HIDDEN, HOLD_BUCKETS, Metrics, label, parse_address,
                                     route_state, snapshot_on_loop)
-from codex_failover.routes import RouteHealth, parse_endpoint
-from codex_failover.seen_clients import label as client_label
+from codex_failover.core.routes import RouteHealth, parse_endpoint
+from codex_failover.core.seen_clients import label as client_label
 
 from conftest import Clock
 

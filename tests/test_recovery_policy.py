@@ -3,7 +3,7 @@ which stream endings are recoverable."""
 
 import pytest
 
-from codex_failover.recovery import (NO_TERMINAL, RecoveryConfigError, RecoveryPolicy, RetryBudget,
+from codex_failover.core.recovery import (NO_TERMINAL, RecoveryConfigError, RecoveryPolicy, RetryBudget,
                                      parse_recovery, recoverable_stream_end)
 
 from conftest import Clock
@@ -74,8 +74,8 @@ def test_recoverable_stream_endings(terminal, error, expected):
 
 
 def test_terminal_tracker_sees_the_end_of_a_stream():
-    from codex_failover.framer import Event
-    from codex_failover.recovery import TerminalTracker
+    from codex_failover.core.framer import Event
+    from codex_failover.core.recovery import TerminalTracker
 
     tracker = TerminalTracker()
     for payload in ['{"type":"response.output_text.delta"}', '{"type":"error","error":{"code":"server_error"}}',

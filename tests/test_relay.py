@@ -3,7 +3,7 @@
 import asyncio
 
 
-from codex_failover.relay import Relay, RelaySession, UpstreamBroken
+from codex_failover.net.relay import Relay, RelaySession, UpstreamBroken
 
 
 def run(coro):

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from codex_failover.relay import Relay, RelaySession
+from codex_failover.net.relay import Relay, RelaySession
 
 
 def run(coro):

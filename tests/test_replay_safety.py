@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from codex_failover.replay_safety import PIN_HEADER, assess, strip_encrypted_reasoning
+from codex_failover.core.replay_safety import PIN_HEADER, assess, strip_encrypted_reasoning
 
 from conftest import LIVE, WIRE
 

@@ -3,8 +3,8 @@
 import pytest
 
 from codex_failover.config import ConfigError, parse_pool
-from codex_failover.routes import RouteError, RouteHealth, parse_endpoint, parse_routes
-from codex_failover.transport import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH, TLS_FAILED, classify_connection_error
+from codex_failover.core.routes import RouteError, RouteHealth, parse_endpoint, parse_routes
+from codex_failover.core.transport import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH, TLS_FAILED, classify_connection_error
 
 from conftest import Clock
 
@@ -83,8 +83,8 @@ def test_connection_failure_classes(message, expected):
 
 
 def test_a_socks_endpoint_at_an_ipv6_literal_is_dialled_in_brackets():
-    from codex_failover.routes import parse_endpoint
-    from codex_failover.socks_bridge import _proxy_url
+    from codex_failover.core.routes import parse_endpoint
+    from codex_failover.net.socks_bridge import _proxy_url
 
     ep = parse_endpoint("tunnel", 0, "socks5://u:p@[::1]:1080")
     assert _proxy_url(ep) == "socks5://u:p@[::1]:1080"

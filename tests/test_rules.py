@@ -1,7 +1,7 @@
 import pytest
 import yaml
 
-from codex_failover.rules import DEFAULT_RULES_PATH, RulesError, load_rules, parse_rules
+from codex_failover.core.rules import DEFAULT_RULES_PATH, RulesError, load_rules, parse_rules
 
 
 def default_doc():

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 
-from codex_failover.affinity import Affinity
+from codex_failover.core.affinity import Affinity
 from codex_failover.config import parse_pool
-from codex_failover.health import Health
-from codex_failover.routes import RouteHealth
+from codex_failover.core.health import Health
+from codex_failover.core.routes import RouteHealth
 from codex_failover.state_keeper import StateKeeper, credential_id
 from codex_failover.state_store import Row, SqliteStore, default_sqlite_path
-from codex_failover.usage import UsageBook, Window
+from codex_failover.core.usage import UsageBook, Window
 
 POOL = {"credentials": [{"name": "spare", "api_key_env": "K", "route": "corp"}],
         "routes": {"corp": ["http://u:p@proxy.test:3128"]}}
@@ -115,7 +115,7 @@ def jwt(claims: dict) -> str:
 
 
 def test_members_of_one_chatgpt_workspace_get_distinct_ids():
-    from codex_failover.auth import CHATGPT, AuthMaterial
+    from codex_failover.core.auth import CHATGPT, AuthMaterial
 
     def member(user):
         token = jwt({"sub": user, "https://api.openai.com/auth": {"chatgpt_user_id": user}})
@@ -138,7 +138,7 @@ def test_a_row_of_another_shape_is_skipped_alone():
 
 
 def test_endpoint_ids_leave_the_password_out():
-    from codex_failover.routes import parse_endpoint
+    from codex_failover.core.routes import parse_endpoint
     from codex_failover.state_keeper import endpoint_id
 
     a = parse_endpoint("corp", 0, "http://u:one@proxy.test:3128")

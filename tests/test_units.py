@@ -1,6 +1,6 @@
 import pytest
 
-from codex_failover.units import parse_duration, parse_size
+from codex_failover.core.units import parse_duration, parse_size
 
 DURATIONS = [
     ("20s", 20.0), ("500ms", 0.5), ("1h30m", 5400.0), ("1h", 3600.0), ("2m", 120.0), ("1m30s", 90.0),

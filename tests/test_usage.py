@@ -2,7 +2,7 @@
 
 import json
 
-from codex_failover.usage import UsageBook, Window, from_event, from_headers
+from codex_failover.core.usage import UsageBook, Window, from_event, from_headers
 
 from conftest import WIRE
 
@@ -38,7 +38,7 @@ def test_full_window_reports_until_when():
 
 
 def test_a_window_at_max_usage_percent_counts_as_full():
-    from codex_failover.usage import UsageBook, Window
+    from codex_failover.core.usage import UsageBook, Window
 
     book = UsageBook()
     assert book.record("k", [Window("primary", 80.0, 1000.0)]) is None

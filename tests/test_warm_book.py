@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from codex_failover.warm_book import CLOSED, OPEN, Await, Dial, Use, WarmBook
+from codex_failover.core.warm_book import CLOSED, OPEN, Await, Dial, Use, WarmBook
 
 K = ("https", "api.example", 443, None)
 OTHER = ("https", "other.example", 443, None)

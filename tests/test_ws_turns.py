@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codex_failover.classifier import Verdict
-from codex_failover.ws_turns import TurnGate, parse_create
+from codex_failover.core.classifier import Verdict
+from codex_failover.core.ws_turns import TurnGate, parse_create
 
 from conftest import Clock, LIVE, WIRE
 

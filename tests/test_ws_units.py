@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from codex_failover.failover_loop import Rejection
-from codex_failover.ws_dial import as_frames
-from codex_failover.ws_upstream import Target
+from codex_failover.core.failover_loop import Rejection
+from codex_failover.ws.dial import as_frames
+from codex_failover.ws.upstream import Target
 
 
 @pytest.mark.parametrize("url, secure, host, port, path, authority", [

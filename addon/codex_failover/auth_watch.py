@@ -9,7 +9,7 @@ import os
 from dataclasses import replace
 from typing import Callable
 
-from .auth import AuthError, AuthMaterial, read_auth_file
+from .core.auth import AuthError, AuthMaterial, read_auth_file
 from .config import Credential
 
 Stamp = tuple[int, int]  # (mtime_ns, size)

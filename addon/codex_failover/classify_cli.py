@@ -12,10 +12,10 @@ import argparse
 import json
 import sys
 
-from .classifier import FRAMING_ERROR, BootstrapClassifier, Decision
-from .framer import FramerError, SSEFramer
-from .rules import RulesError, load_rules
-from .units import parse_duration
+from .core.classifier import FRAMING_ERROR, BootstrapClassifier, Decision
+from .core.framer import FramerError, SSEFramer
+from .core.rules import RulesError, load_rules
+from .core.units import parse_duration
 
 
 class _FrozenClock:

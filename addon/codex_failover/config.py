@@ -18,10 +18,10 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from .auth import APIKEY, CHATGPT, AuthError, AuthMaterial, auth_from_document, read_auth_file
-from .recovery import RecoveryConfigError, RecoveryPolicy, parse_recovery
-from .routes import DIRECT, RouteError, looks_like_secret, parse_routes, redact_url
-from .units import parse_duration
+from .core.auth import APIKEY, CHATGPT, AuthError, AuthMaterial, auth_from_document, read_auth_file
+from .core.recovery import RecoveryConfigError, RecoveryPolicy, parse_recovery
+from .core.routes import DIRECT, RouteError, looks_like_secret, parse_routes, redact_url
+from .core.units import parse_duration
 from .yaml_file import read_yaml
 
 DEFAULT_BASE_URL = {

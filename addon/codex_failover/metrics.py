@@ -30,8 +30,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .routes import looks_like_secret
-from .usage import finite_number
+from .core.routes import looks_like_secret
+from .core.usage import finite_number
 
 log = logging.getLogger("codex_failover")
 

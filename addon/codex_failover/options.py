@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .client_access import ClientAccess, ClientAccessError, parse_networks
-from .intercept_scope import MODES as INTERCEPT_MODES
+from .core.client_access import ClientAccess, ClientAccessError, parse_networks
+from .core.intercept_scope import MODES as INTERCEPT_MODES
 from .metrics import parse_address
-from .units import parse_size
+from .core.units import parse_size
 
 WEBSOCKET_MODES = ("downgrade", "gate", "passthrough")
 

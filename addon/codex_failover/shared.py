@@ -12,20 +12,20 @@ import ssl
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .affinity import Affinity
+from .core.affinity import Affinity
 from .config import PoolConfig
-from .health import Health
+from .core.health import Health
 from .metrics import Metrics
-from .outcomes import Outcomes
-from .recovery import Slots
-from .relay import Relay
-from .routes import RouteHealth
-from .rules import Rules
-from .socks_bridge import SocksBridges
-from .usage import UsageBook
+from .core.pool_feedback import PoolFeedback
+from .core.recovery import Slots
+from .net.relay import Relay
+from .core.routes import RouteHealth
+from .core.rules import Rules
+from .net.socks_bridge import SocksBridges
+from .core.usage import UsageBook
 
 if TYPE_CHECKING:
-    from .warm_conn import WarmConnections
+    from .mitm.warm_conn import WarmConnections
 
 
 @dataclass(frozen=True)
@@ -46,5 +46,5 @@ class Shared:
     metrics: Metrics | None = None  # Prometheus counters (failover_metrics), if on
 
     @property
-    def outcomes(self) -> Outcomes:
-        return Outcomes(self.health, self.affinity, self.usage)
+    def feedback(self) -> PoolFeedback:
+        return PoolFeedback(self.health, self.affinity, self.usage)

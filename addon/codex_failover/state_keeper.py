@@ -19,13 +19,13 @@ import logging
 import time
 from typing import Callable
 
-from .affinity import Affinity
-from .auth import CHATGPT, AuthMaterial, jwt_claims
+from .core.affinity import Affinity
+from .core.auth import CHATGPT, AuthMaterial, jwt_claims
 from .config import PoolConfig
-from .health import COOLING, OUT, Health
-from .routes import Endpoint, RouteHealth
+from .core.health import COOLING, OUT, Health
+from .core.routes import Endpoint, RouteHealth
 from .state_store import Row, Store, open_store
-from .usage import UsageBook, Window
+from .core.usage import UsageBook, Window
 
 log = logging.getLogger("codex_failover")
 FLUSH = 0.2  # seconds between writes of what changed

@@ -128,7 +128,7 @@ class RedisStore:
     @property
     def path(self) -> str:
         """Where, for the log: the URL without its password."""
-        from .routes import redact_url
+        from .core.routes import redact_url
 
         return redact_url(self.url)
 

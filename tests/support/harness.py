@@ -20,7 +20,7 @@ from typing import Callable
 
 from collections import deque
 
-from codex_failover.socks_bridge import pipe_both
+from codex_failover.net.socks_bridge import pipe_both
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
 from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Ping, Pong, RejectConnection, RejectData,

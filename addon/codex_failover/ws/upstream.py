@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import certifi
 from urllib.parse import urlsplit
 
-from .routes import Endpoint
-from .socks_bridge import SocksBridges
-from .transport import PRE_DISPATCH, classify_connection_error
-from .trust import add_system_trust
-from .ws_conn import WsConn
+from ..core.routes import Endpoint
+from ..net.socks_bridge import SocksBridges
+from ..core.transport import PRE_DISPATCH, classify_connection_error
+from ..net.trust import add_system_trust
+from .conn import WsConn
 
 
 class ConnectFailed(Exception):

@@ -35,7 +35,7 @@ from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import HTTPMode, HttpStream
 
 from .quiet_log import replay_level
-from .warm_book import CLOSED, OPEN, Dial, Slot, WarmBook
+from ..core.warm_book import CLOSED, OPEN, Dial, Slot, WarmBook
 
 if TYPE_CHECKING:
     from .attempt import Attempt

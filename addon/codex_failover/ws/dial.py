@@ -12,23 +12,23 @@ import ssl
 from collections import deque
 from dataclasses import dataclass
 
-from .affinity import Affinity, session_of
-from .auth import auth_from_headers
-from .codex_request import swap_credential
-from .config import PoolConfig
-from .shared import Shared
-from .failover_loop import SERVED, FailoverLoop, Rejected, Rejection, RouteDown, Try, cools
-from .health import Health
-from .outcomes import Outcomes
-from .planner import Candidate, Plan, make_plan
-from .replay_safety import PIN_HEADER, assess
-from .routes import Endpoint, RouteHealth
-from .rules import Rules
-from .socks_bridge import SocksBridges
-from .taxonomy import FAILOVER, classify_response, error_object, exhausted_status
-from .transport import HANDSHAKE_FAILED, UPGRADE_REFUSED
-from .ws_conn import HANDSHAKE_HEADERS, HandshakeRejected, Message, WsConn
-from .ws_upstream import ConnectFailed, Target, open_upstream
+from ..core.affinity import Affinity, session_of
+from ..core.auth import auth_from_headers
+from ..core.codex_request import swap_credential
+from ..config import PoolConfig
+from ..shared import Shared
+from ..core.failover_loop import SERVED, FailoverLoop, Rejected, Rejection, RouteDown, Try, cools
+from ..core.health import Health
+from ..core.pool_feedback import PoolFeedback
+from ..core.planner import Candidate, Plan, make_plan
+from ..core.replay_safety import PIN_HEADER, assess
+from ..core.routes import Endpoint, RouteHealth
+from ..core.rules import Rules
+from ..net.socks_bridge import SocksBridges
+from ..core.taxonomy import FAILOVER, classify_response, error_object, exhausted_status
+from ..core.transport import HANDSHAKE_FAILED, UPGRADE_REFUSED
+from .conn import HANDSHAKE_HEADERS, HandshakeRejected, Message, WsConn
+from .upstream import ConnectFailed, Target, open_upstream
 
 log = logging.getLogger("codex_failover")
 
@@ -168,7 +168,7 @@ class Dialer:
     def _rejected(self, cand: Candidate, label: str, rejection: Rejection) -> None:
         self.last = rejection
         if cools(cand, rejection):
-            self.ctx.outcomes.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
+            self.ctx.feedback.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
                                        rejection.retry_after, self.ctx.pool.policy, f"[{self.sid}] ")
         status = f" HTTP {rejection.status}" if rejection.status else ""
         detail = str(rejection.error.get("message") or "")[:200]

@@ -7,7 +7,7 @@ import json
 
 from mitmproxy import http
 
-from .taxonomy import AUTH_REJECTED, exhausted_status
+from ..core.taxonomy import AUTH_REJECTED, exhausted_status
 
 # Error type and code by rejection class, when upstream's own error object has none.
 _DEFAULTS = {

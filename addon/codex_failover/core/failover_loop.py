@@ -33,7 +33,7 @@ What the loop decides:
   failure, or the client's own 401/403.
 
 What the shells do: send attempts and classify what comes back, build the `Rejection`, apply rejections
-and successes to Health (outcomes.Outcomes, as `cools` says), sleep while checking the client is still
+and successes to Health (pool_feedback.PoolFeedback, as `cools` says), sleep while checking the client is still
 there, answer the client, and record attempts (flow comments, history, metrics). The log lines of the
 loop's own decisions (an endpoint backing off, holding for a credential, recovery's retries) come
 through `tell`, in the words the shells used before; each shell logs its answers and RouteDown itself.
@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Union
 
-from .config import PoolConfig
+from ..config import PoolConfig
 from .health import Health
 from .planner import Candidate, Plan
 from .recovery import RetryBudget

@@ -20,25 +20,25 @@ from mitmproxy import http
 from mitmproxy.connection import ConnectionState
 
 from . import client_answers
-from .affinity import session_of
+from ..core.affinity import session_of
 from .attempt import END, ERROR, Attempt, Item, hide_secrets
-from .auth import auth_from_headers
-from .codex_request import swap_credential
-from .failover_loop import (AllCooling, Exhausted, FailoverLoop, Final, RecoveryExhausted, Rejection, RouteDown, Try,
+from ..core.auth import auth_from_headers
+from ..core.codex_request import swap_credential
+from ..core.failover_loop import (AllCooling, Exhausted, FailoverLoop, Final, RecoveryExhausted, Rejection, RouteDown, Try,
                             Wait, cools, own_refusal)
 from .held_client import HeldClient, shown_changed
-from .planner import Candidate, Plan, make_plan
-from .recovery import RECOVERABLE_STATUS
-from .replay_safety import PIN_HEADER, MovePolicy, assess, strip_encrypted_reasoning
-from .routes import Endpoint
-from .run_log import AttemptEnd, RunLog
-from .shared import Shared
+from ..core.planner import Candidate, Plan, make_plan
+from ..core.recovery import RECOVERABLE_STATUS
+from ..core.replay_safety import PIN_HEADER, MovePolicy, assess, strip_encrypted_reasoning
+from ..core.routes import Endpoint
+from ..core.run_log import AttemptEnd, RunLog
+from ..shared import Shared
 from .sse_hold import SseHold
-from .story import Skipped
-from .taxonomy import FAILOVER, UPSTREAM_5XX, classify_response
-from .transport import (HOST_NETWORK, INCOMPLETE_RESPONSE, PRE_DISPATCH, RESPONSE_TIMEOUT, TLS_FAILED,
+from ..core.story import Skipped
+from ..core.taxonomy import FAILOVER, UPSTREAM_5XX, classify_response
+from ..core.transport import (HOST_NETWORK, INCOMPLETE_RESPONSE, PRE_DISPATCH, RESPONSE_TIMEOUT, TLS_FAILED,
                         classify_connection_error)
-from .usage import Window, from_headers
+from ..core.usage import Window, from_headers
 from .warm_conn import WarmKey
 
 log = logging.getLogger("codex_failover")
@@ -237,16 +237,16 @@ class RequestRun:
 
     def reject(self, attempt: Attempt, cand: Candidate, rejection: Rejection) -> None:
         if cools(cand, rejection):
-            self.shared.outcomes.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
+            self.shared.feedback.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
                                           rejection.retry_after, self.pool.policy, f"[{self.request_id}] ")
         self.log.record(attempt, cand, FAILOVER, rejection.reason, rejection.status)
 
     def note_usage(self, cand: Candidate, windows: list[Window]) -> None:
-        self.shared.outcomes.usage_seen(cand.key, cand.name, windows, self.pool.policy, f"[{self.request_id}] ",
+        self.shared.feedback.usage_seen(cand.key, cand.name, windows, self.pool.policy, f"[{self.request_id}] ",
                                         cand.full_at)
 
     def succeeded(self, cand: Candidate) -> None:
-        self.shared.outcomes.succeeded(cand.key, self.session)
+        self.shared.feedback.succeeded(cand.key, self.session)
 
     # -- answers ------------------------------------------------------------------------------
 

@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 
 from mitmproxy import http
 
-from .classifier import Decision, Verdict
-from .taxonomy import FAILOVER
-from .usage import from_event, from_headers
-from .ws_conn import ABNORMAL, HANDSHAKE_HEADERS, Message, WsConn
-from .failover_loop import Rejection
-from .shared import Shared
-from .ws_dial import Dialer, Upstream, as_frames
-from .ws_turns import Step, Turn, TurnGate
+from ..core.classifier import Decision, Verdict
+from ..core.taxonomy import FAILOVER
+from ..core.usage import from_event, from_headers
+from .conn import ABNORMAL, HANDSHAKE_HEADERS, Message, WsConn
+from ..core.failover_loop import Rejection
+from ..shared import Shared
+from .dial import Dialer, Upstream, as_frames
+from ..core.ws_turns import Step, Turn, TurnGate
 
 log = logging.getLogger("codex_failover")
 
@@ -187,7 +187,7 @@ class GateSession:
                 payload = json.loads(message[0])
             except ValueError:
                 return
-            self.ctx.outcomes.usage_seen(up.cand.key, up.cand.name, from_event(payload), self.ctx.pool.policy,
+            self.ctx.feedback.usage_seen(up.cand.key, up.cand.name, from_event(payload), self.ctx.pool.policy,
                                          f"[{self.sid}] ", up.cand.full_at)
 
     def _upstream_ended(self, up: Upstream) -> None:
@@ -200,15 +200,15 @@ class GateSession:
     async def _decided(self, up: Upstream, step: Step) -> None:
         decision, turn = step.decision, self.gate.turn
         if decision.verdict is not Verdict.FAILOVER:
-            self.ctx.outcomes.succeeded(up.cand.key, self.dialer.session)
+            self.ctx.feedback.succeeded(up.cand.key, self.dialer.session)
             self._attempt_line(up, turn, decision.verdict.value, decision.reason)
             return
         rejection = _rejection(decision, step)
         self.dialer.last = rejection
         windows = from_headers(_wrapped_headers(step), self.ctx.health.now())
-        self.ctx.outcomes.usage_seen(up.cand.key, up.cand.name, windows, self.ctx.pool.policy, f"[{self.sid}] ",
+        self.ctx.feedback.usage_seen(up.cand.key, up.cand.name, windows, self.ctx.pool.policy, f"[{self.sid}] ",
                                      up.cand.full_at)
-        self.ctx.outcomes.rejected(up.cand.key, up.cand.name, rejection.reason, rejection.status, rejection.error,
+        self.ctx.feedback.rejected(up.cand.key, up.cand.name, rejection.reason, rejection.status, rejection.error,
                                    rejection.retry_after, self.ctx.pool.policy, f"[{self.sid}] ")
         self._attempt_line(up, turn, FAILOVER, rejection.reason)
         if turn is not None and turn.movable:

@@ -14,34 +14,38 @@ import traceback
 from mitmproxy import command, ctx, exceptions, http
 from mitmproxy.proxy.mode_specs import ProxyMode
 
-from . import client_answers, quiet_log, status
-from .affinity import Affinity
+from . import client_answers
+
+from . import quiet_log
+
+from ..core import status
+from ..core.affinity import Affinity
 from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
-from .auth import auth_from_headers
-from .auth_watch import AuthWatch
-from .client_access import ClientAccess, is_loopback_host
-from .codex_request import EndpointMatcher, asks_to_stream, is_websocket_upgrade, parse_body
-from .config import ConfigError, PoolConfig, load_pool
-from .health import Health
-from .intercept_scope import InterceptScope
+from ..core.auth import auth_from_headers
+from ..auth_watch import AuthWatch
+from ..core.client_access import ClientAccess, is_loopback_host
+from ..core.codex_request import EndpointMatcher, asks_to_stream, is_websocket_upgrade, parse_body
+from ..config import ConfigError, PoolConfig, load_pool
+from ..core.health import Health
+from ..core.intercept_scope import InterceptScope
 from .held_client import RelayHops, point_at_relay
 from .request_run import RequestRun, start_run
-from .shared import Shared
-from .recovery import Slots
-from .relay import Relay
-from .routes import RouteHealth
-from .rules import RulesError, load_rules
-from .metrics import Metrics, snapshot_on_loop
-from .options import add_options, parse_options
-from .seen_clients import SeenClients
-from .socks_bridge import SocksBridges
-from .state_keeper import StateKeeper, close_keeper, open_keeper
+from ..shared import Shared
+from ..core.recovery import Slots
+from ..net.relay import Relay
+from ..core.routes import RouteHealth
+from ..core.rules import RulesError, load_rules
+from ..metrics import Metrics, snapshot_on_loop
+from ..options import add_options, parse_options
+from ..core.seen_clients import SeenClients
+from ..net.socks_bridge import SocksBridges
+from ..state_keeper import StateKeeper, close_keeper, open_keeper
 from .tls_scope import TlsScope
-from .usage import UsageBook
+from ..core.usage import UsageBook
 from .warm_conn import WarmConnections
-from .ws_conn import WsConn
-from .ws_gate import WebsocketGate
-from .ws_upstream import tls_context
+from ..ws.conn import WsConn
+from ..ws.gate import WebsocketGate
+from ..ws.upstream import tls_context
 
 log = logging.getLogger("codex_failover")
 

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .units import parse_size
-from .yaml_file import read_yaml
+from ..yaml_file import read_yaml
 
-DEFAULT_RULES_PATH = Path(__file__).resolve().parents[2] / "rules" / "default.yaml"
+DEFAULT_RULES_PATH = Path(__file__).resolve().parents[3] / "rules" / "default.yaml"
 
 KNOWN_ITEM_TYPES = frozenset({"message", "reasoning", "function_call", "custom_tool_call"})
 KNOWN_PART_TYPES = frozenset({"output_text", "summary_text", "text", "reasoning_text", "refusal"})

@@ -18,7 +18,7 @@ from mitmproxy.hooks import UpdateHook
 from . import client_answers
 from .attempt import Capture, hide_secrets
 from .heartbeat import HEADERS, HeartbeatSink
-from .relay import Relay, RelaySession
+from ..net.relay import Relay, RelaySession
 
 RELAY_TAG = "codex_failover.relay"
 

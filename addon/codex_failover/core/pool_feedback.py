@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 
 from .affinity import Affinity
-from .config import Policy
+from ..config import Policy
 from .health import Health
 from .taxonomy import AUTH_REJECTED, cooldown_seconds
 from .usage import UsageBook, Window
@@ -18,7 +18,7 @@ USAGE_WINDOW_FULL = "usage_window_full"
 
 
 @dataclass
-class Outcomes:
+class PoolFeedback:
     health: Health
     affinity: Affinity
     usage: UsageBook

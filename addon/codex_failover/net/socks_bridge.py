@@ -24,7 +24,7 @@ from urllib.parse import quote
 from python_socks import ProxyError, ProxyTimeoutError
 from python_socks.async_.asyncio import Proxy
 
-from .routes import Endpoint
+from ..core.routes import Endpoint
 
 log = logging.getLogger("codex_failover")
 CONNECT_TIMEOUT = 10.0

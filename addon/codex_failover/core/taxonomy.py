@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from .config import Policy
+from ..config import Policy
 from .rules import Rules
 
 FAILOVER = "failover"
@@ -31,7 +31,7 @@ _TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECAS
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ResponseVerdict:
     verdict: str  # COMMIT (stream it), FAILOVER, DELIVER (answer the client with it as is)
     reason: str
     error: Mapping | None = None
@@ -53,20 +53,20 @@ def error_object(body: bytes) -> dict:
     return {k: doc[k] for k in ("code", "type", "message") if k in doc}
 
 
-def classify_response(status: int, body: bytes, rules: Rules) -> Outcome:
+def classify_response(status: int, body: bytes, rules: Rules) -> ResponseVerdict:
     """A synchronous answer (headers and complete body known, not an event stream)."""
     if 200 <= status < 300:
-        return Outcome(COMMIT, OK)
+        return ResponseVerdict(COMMIT, OK)
     error = error_object(body)
     error.setdefault("status", status)
     if status in (401, 403):
-        return Outcome(FAILOVER, AUTH_REJECTED, error)
+        return ResponseVerdict(FAILOVER, AUTH_REJECTED, error)
     klass = rules.rejection_class(error.get("code"), error.get("type"), error.get("message"), status)
     if klass:
-        return Outcome(FAILOVER, klass, error)
+        return ResponseVerdict(FAILOVER, klass, error)
     if status >= 500:
-        return Outcome(FAILOVER, UPSTREAM_5XX, error)
-    return Outcome(DELIVER, CLIENT_ERROR, error)
+        return ResponseVerdict(FAILOVER, UPSTREAM_5XX, error)
+    return ResponseVerdict(DELIVER, CLIENT_ERROR, error)
 
 
 def retry_after_seconds(value: str | None, now: float) -> float | None:

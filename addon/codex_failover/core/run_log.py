@@ -9,9 +9,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import seen_clients, story
+from . import seen_clients
+
+from . import story
 
 log = logging.getLogger("codex_failover")
+WHY = "docs/decisions.md#decisions-and-reason-classes"  # what each verdict= and reason= means
+_explained = False  # the first attempt that did not serve says once where the reasons are explained
 
 
 @dataclass
@@ -57,6 +61,11 @@ class RunLog:
         self.tell()
         log.info("[%s] attempt %d/%d credential=%s route=%s verdict=%s reason=%s status=%s elapsed=%dms",
                  self.request_id, n, total, cand.name, route.replace(" ", "="), verdict, reason, status, elapsed)
+        global _explained
+        if not ok and not _explained:
+            _explained = True
+            log.info("[%s] (why an attempt failed over, and what each verdict= and reason= means: %s)",
+                     self.request_id, WHY)
 
     def tell(self, outcome: str | None = None) -> None:
         """The client flow's comment: a summary line, then each attempt and each credential skipped."""

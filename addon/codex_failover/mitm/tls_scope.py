@@ -10,8 +10,8 @@ import certifi
 from mitmproxy import ctx, tls
 from mitmproxy.proxy.mode_specs import ReverseMode
 
-from .intercept_scope import ALL, InterceptScope
-from .trust import extend_openssl_context
+from ..core.intercept_scope import ALL, InterceptScope
+from ..net.trust import extend_openssl_context
 
 
 class TlsScope:

@@ -11,16 +11,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .attempt import CHUNK, END, Attempt
-from .classifier import FRAMING_ERROR, BootstrapClassifier, Decision, Verdict
-from .failover_loop import Rejection
-from .framer import FramerError, SSEFramer
-from .recovery import NO_TERMINAL, TRANSPORT, TerminalTracker, recoverable_stream_end
-from .relay import UpstreamBroken
-from .run_log import AttemptEnd
-from .usage import from_event
+from ..core.classifier import FRAMING_ERROR, BootstrapClassifier, Decision, Verdict
+from ..core.failover_loop import Rejection
+from ..core.framer import FramerError, SSEFramer
+from ..core.recovery import NO_TERMINAL, TRANSPORT, TerminalTracker, recoverable_stream_end
+from ..net.relay import UpstreamBroken
+from ..core.run_log import AttemptEnd
+from ..core.usage import from_event
 
 if TYPE_CHECKING:
-    from .planner import Candidate
+    from ..core.planner import Candidate
     from .request_run import RequestRun
 
 log = logging.getLogger("codex_failover")

@@ -1,0 +1,1 @@
+"""codex_failover.core: see docs/architecture.md#layout."""

@@ -1,0 +1,1 @@
+"""codex_failover.mitm: see docs/architecture.md#layout."""

@@ -1,0 +1,1 @@
+"""codex_failover.net: see docs/architecture.md#layout."""

@@ -1,0 +1,1 @@
+"""codex_failover.ws: see docs/architecture.md#layout."""
