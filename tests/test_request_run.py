@@ -44,8 +44,9 @@ class ScriptedAttempt:
     """What the driver uses of attempt.Attempt, playing `script`: ("head", status, headers),
     ("chunks", [bytes...]), ("end",) or ("error", message)."""
 
-    def __init__(self, client_flow, label, n, script):
+    def __init__(self, client_flow, request, label, n, script):
         self.flow, self.n, self.label, self.script = client_flow.copy(), n, label, script
+        self.flow.request = request
         self.endpoint, self.started = None, time.monotonic()
         self.connected = self.streaming = False
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
@@ -92,8 +93,8 @@ class ScriptedEngine:
     def __init__(self, scripts):
         self.scripts, self.made = scripts, []
 
-    def attempt(self, client_flow, label, n):
-        made = ScriptedAttempt(client_flow, label, n, self.scripts[len(self.made)])
+    def attempt(self, client_flow, request, label, n):
+        made = ScriptedAttempt(client_flow, request, label, n, self.scripts[len(self.made)])
         self.made.append(made)
         return made
 

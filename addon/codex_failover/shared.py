@@ -25,7 +25,7 @@ from .net.socks_bridge import SocksBridges
 from .core.usage import UsageBook
 
 if TYPE_CHECKING:
-    from .mitm.warm_conn import WarmConnections
+    from .mitm.engine import WarmConnections
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from ..net.socks_bridge import SocksBridges
 from ..state_keeper import StateKeeper, close_keeper, open_keeper
 from .tls_scope import TlsScope
 from ..core.usage import UsageBook
-from .warm_conn import WarmConnections
+from .engine import WarmConnections
 from ..ws.conn import WsConn
 from ..ws.gate import WebsocketGate
 from ..ws.upstream import tls_context

@@ -23,7 +23,8 @@ from mitmproxy import ctx, flow as mitmflow, http
 from mitmproxy.connection import Server
 from mitmproxy.proxy.layers import http as http_layers
 
-from .warm_conn import WarmConnection, WarmConnections, WarmKey
+from .engine import WarmConnections
+from .warm_conn import WarmConnection, WarmKey, run_hook
 
 ATTEMPT_TAG = "codex_failover.attempt"
 CAPTURE_LIMIT = 64 * 1024  # opening bytes kept on the attempt flow for mitmweb
@@ -80,12 +81,12 @@ class Item:
 class Attempt:
     """One replayed copy of the client's request, streaming into an asyncio queue."""
 
-    def __init__(self, client_flow: http.HTTPFlow, label: str, n: int, warm: WarmConnections):
+    def __init__(self, client_flow: http.HTTPFlow, request: http.Request, label: str, n: int, warm: WarmConnections):
         self.warm = warm  # the engine: where the attempt's connection comes from
-        self.flow = client_flow.copy()
-        # The client flow may already be answered by the relay (heartbeat mode): an attempt starts clean.
-        self.flow.response, self.flow.error = None, None
-        self.flow.metadata.clear()
+        # A new flow for `request`, on the client's connection (shown as its client in mitmweb); not a
+        # copy of the client flow, which would copy its connections and certificates each time.
+        self.flow = http.HTTPFlow(client_flow.client_conn, Server(address=(request.host, request.port)))
+        self.flow.request = request
         self.flow.is_replay = "request"
         self.flow.metadata[ATTEMPT_TAG] = label
         self.n = n
@@ -104,6 +105,7 @@ class Attempt:
         self.dial_timeout = 30.0  # a dial for it that hangs is stopped after this (the policy's connect_timeout)
         self._task: asyncio.Task | None = None
         self._wire: dict[str, list[str]] = {}  # secret headers' real values, for the wire only
+        self._armed = self._redacted = False  # the real values are on the flow now / placeholders went on once
         self.sent = False  # the request head was written: the real values are never needed again
         self.judged = asyncio.Event()  # the run has put its verdict on the flow
         self.verdict_error: str | None = None  # the flow's error once it ends, for a loser
@@ -134,11 +136,10 @@ class Attempt:
 
     async def _end_unsent(self, message: str) -> None:
         """The hooks mitmproxy runs for a request whose connection failed, in its order."""
-        hooks = ctx.master.addons
-        await hooks.handle_lifecycle(http_layers.HttpRequestHeadersHook(self.flow))
-        await hooks.handle_lifecycle(http_layers.HttpRequestHook(self.flow))
+        await run_hook(http_layers.HttpRequestHeadersHook(self.flow))
+        await run_hook(http_layers.HttpRequestHook(self.flow))
         self.flow.error = mitmflow.Error(message)
-        await hooks.handle_lifecycle(http_layers.HttpErrorHook(self.flow))
+        await run_hook(http_layers.HttpErrorHook(self.flow))
 
     # -- called from the addon's hooks for this attempt's flow (synchronous) ---------------
 
@@ -153,9 +154,12 @@ class Attempt:
         """The real values on the flow, for one synchronous step of the protocol layers only."""
         for name, values in self._wire.items():
             self.flow.request.headers.set_all(name, values)
+        self._armed = True
 
     def redact(self) -> None:
-        hide_secrets(self.flow.request)
+        if self._armed or not self._redacted:
+            hide_secrets(self.flow.request)
+            self._armed, self._redacted = False, True
 
     def judge(self, mark: str, comment: str, error: str | None) -> None:
         """The run's verdict on this attempt, shown in mitmweb and saved with the flow."""

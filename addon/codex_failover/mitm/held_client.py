@@ -16,7 +16,8 @@ from mitmproxy.connection import Server
 from mitmproxy.hooks import UpdateHook
 
 from . import client_answers
-from .attempt import Capture, hide_secrets
+from .attempt import PLACEHOLDER, SECRET_HEADERS, Capture
+from .warm_conn import update_listened
 from .heartbeat import HEADERS, HeartbeatSink
 from ..net.relay import Relay, RelaySession
 
@@ -24,19 +25,22 @@ RELAY_TAG = "codex_failover.relay"
 
 
 def shown_changed(flow: http.HTTPFlow) -> None:
-    """Tell mitmweb (its view addon) that a live flow's comment or mark changed between hooks."""
+    """Tell mitmweb (its view addon) that a live flow's comment or mark changed between hooks;
+    nothing to do when no addon listens (mitmdump)."""
     try:
-        ctx.master.addons.trigger(UpdateHook([flow]))
+        if update_listened():
+            ctx.master.addons.trigger(UpdateHook([flow]))
     except AttributeError:  # no master (unit tests without taddons)
         pass
 
 
 def point_at_relay(flow: http.HTTPFlow, port: int, token: str) -> None:
     """Send the client's flow to the loopback relay; the real request is shown again later."""
-    shown = flow.request.copy()
-    hide_secrets(shown)
     # Restored for display once the response ends; kept as plain data so the flow can be saved.
-    flow.metadata[RELAY_TAG] = shown.get_state()
+    state = flow.request.get_state()
+    state["headers"] = tuple((k, PLACEHOLDER.encode() if k.decode("latin-1").lower() in SECRET_HEADERS else v)
+                             for k, v in state["headers"])
+    flow.metadata[RELAY_TAG] = state
     req = flow.request
     req.scheme, req.host, req.port = "http", "127.0.0.1", port
     req.path = f"/r/{token}"

@@ -15,6 +15,7 @@ import json
 import logging
 import time
 import traceback
+from urllib.parse import urlsplit
 
 from mitmproxy import http
 from mitmproxy.connection import ConnectionState
@@ -341,9 +342,7 @@ class AttemptMaker:
         self.moved_body: bytes | None = None
 
     def make(self, cand: Candidate, n: int) -> Attempt:
-        attempt = self.shared.engine.attempt(self.run.flow, f"{self.run.request_id}#{n}", n)
-        attempt.dial_timeout = self.pool.policy.connect_timeout
-        attempt.flow.request = req = self.original.copy()
+        req = self.original.copy()
         if cand.base_url:
             req.url = cand.base_url + "/responses"
         if cand.auth is not None:
@@ -351,6 +350,8 @@ class AttemptMaker:
         if not cand.is_client and self.move.strip_reasoning:
             req.content = self._moved_body()
         req.headers.pop(PIN_HEADER, None)
+        attempt = self.shared.engine.attempt(self.run.flow, req, f"{self.run.request_id}#{n}", n)
+        attempt.dial_timeout = self.pool.policy.connect_timeout
         return attempt
 
     def _moved_body(self) -> bytes:
@@ -379,10 +380,14 @@ class AttemptMaker:
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort: never an error
 
     async def _prewarm(self, cand: Candidate) -> None:
-        url = http.Request.make("POST", (cand.base_url or self.original.url.rsplit("/", 1)[0]) + "/responses")
+        if cand.base_url:
+            parts = urlsplit(cand.base_url)
+            scheme, host, port = parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+        else:
+            scheme, host, port = self.original.scheme, self.original.host, self.original.port
         endpoints = self.pool.routes.get(cand.route) or [None]
         ep = next((e for e in endpoints if e is None or self.shared.route_health.healthy(e)), None)
         if ep is None and endpoints != [None]:
             return
         via = await self.via(ep)
-        self.shared.engine.prewarm(WarmKey(url.scheme, url.host, url.port, via), ep, self.pool.policy.connect_timeout)
+        self.shared.engine.prewarm(WarmKey(scheme, host, port, via), ep, self.pool.policy.connect_timeout)
