@@ -55,7 +55,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # harness, fake upstream
 
-from harness import ROOT, FakeUpstreamProcess, ProxyProcess, pool_yaml
+from harness import ROOT, FakeUpstreamProcess, ProxyProcess, med, pct, pool_yaml
 
 CONFIGS = {
     "a": "plain mitmdump, streaming",
@@ -406,17 +406,6 @@ def run_once(pace: Pace, config: str, proxy: ProxyProcess, fake: FakeUpstreamPro
 
 
 # -- reporting --------------------------------------------------------------------------------
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
-
-
-def med(values: list[float]) -> float:
-    return statistics.median(values) if values else math.nan
-
 
 def mp(values: list[float]) -> str:
     return f"{med(values):6.1f}/{pct(values, 0.95):6.1f}" if values else f"{'-':>13}"

@@ -75,7 +75,7 @@ import h2.events
 import h2.exceptions
 
 from delay_link import DelayLink, available
-from harness import MITMDUMP, PYTHON, ROOT, make_test_pki, pool_yaml
+from harness import MITMDUMP, PYTHON, ROOT, make_test_pki, med, pct, pool_yaml
 
 HOST = "upstream.bench.test"
 CONFIGS = {"plain": "plain mitmdump, streaming", "healthy": "addon, healthy",
@@ -547,17 +547,6 @@ def front_view(front_log: Path, samples: list[Sample]) -> dict[tuple[float, int]
 
 
 # -- reporting --------------------------------------------------------------------------------
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
-
-
-def med(values: list[float]) -> float:
-    return statistics.median(values) if values else math.nan
-
 
 def values(samples: list[Sample], name: str) -> list[float]:
     return [getattr(s, name) for s in samples if s.ok and getattr(s, name) is not None]

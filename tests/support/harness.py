@@ -7,10 +7,12 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import math
 import os
 import signal
 import socket
 import ssl
+import statistics
 import subprocess
 import sys
 import time
@@ -43,6 +45,18 @@ def wait_until(predicate, timeout: float = 10.0, what: str = "the condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(0.02)
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile (nearest rank) of `values`; NaN when there are none (benchmarks' tables)."""
+    if not values:
+        return math.nan
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
 
 
 def served_by(reply) -> str | None:
