@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -50,6 +51,7 @@ from ..ws.upstream import tls_context
 log = logging.getLogger("codex_failover")
 
 STATUS_HOST = "codex-failover.status"
+DISPATCH_FIRST = 0.5  # seconds the request hook waits for the first attempt to leave (see _hold)
 
 class FailoverAddon:
     def __init__(self) -> None:
@@ -301,9 +303,14 @@ class FailoverAddon:
         n = next(self._ids)
         await self.relay.start()
         self._held += 1
-        task = start_run(RequestRun(flow, self.shared(), body, f"r{n}", rotation=n), self._release_hold)
+        run = RequestRun(flow, self.shared(), body, f"r{n}", rotation=n)
+        task = start_run(run, self._release_hold)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # Let the first attempt's request leave before mitmproxy opens the relay hop and forwards the
+        # request there: the hop has until the first output to be ready, the upstream is waiting now.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(run.dispatched.wait(), DISPATCH_FIRST)
 
     def _release_hold(self, run: RequestRun) -> None:
         self._held -= 1

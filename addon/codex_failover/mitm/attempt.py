@@ -107,6 +107,7 @@ class Attempt:
         self._wire: dict[str, list[str]] = {}  # secret headers' real values, for the wire only
         self._armed = self._redacted = False  # the real values are on the flow now / placeholders went on once
         self.sent = False  # the request head was written: the real values are never needed again
+        self.on_sent = None  # called once the head was written (the driver's `dispatched`)
         self.judged = asyncio.Event()  # the run has put its verdict on the flow
         self.verdict_error: str | None = None  # the flow's error once it ends, for a loser
         self.finished = False  # the whole response arrived
@@ -149,6 +150,12 @@ class Attempt:
             if name in headers:
                 self._wire[name] = headers.get_all(name)
         self.redact()
+
+    def mark_sent(self) -> None:
+        """From the connection's layers (synchronous): the request head was written."""
+        self.sent = self.connected = True
+        if self.on_sent is not None:
+            self.on_sent()
 
     def arm(self) -> None:
         """The real values on the flow, for one synchronous step of the protocol layers only."""

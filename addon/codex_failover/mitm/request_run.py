@@ -66,6 +66,7 @@ class RequestRun:
         self.session: str | None = None  # the Codex session (thread) id, for affinity
         self.winner: Attempt | None = None  # the committed attempt, streaming through the relay
         self.last_plan: Plan | None = None  # for pre-warming the next candidate's connection
+        self.dispatched = asyncio.Event()  # the first attempt's head was written, or the run ended
 
     def hold(self) -> None:
         """Point the client flow at the relay now, before any attempt (docs/architecture.md#the-relay)."""
@@ -145,6 +146,7 @@ class RequestRun:
         """Attempt `n`: the request on `cand`'s credential through `ep` (None: direct), until it is
         committed, answered, rejected or (recovery) worth retrying."""
         attempt = self.maker.make(cand, n)
+        attempt.on_sent = self.dispatched.set
         attempt.endpoint = ep
         self.shared.attempts[attempt.flow.id] = attempt
         attempt.start(await self.maker.via(ep))
@@ -309,6 +311,7 @@ def start_run(run: RequestRun, on_done) -> asyncio.Task:
     run.task = asyncio.get_running_loop().create_task(_guarded(run))
 
     def ended(_task) -> None:
+        run.dispatched.set()
         if not run.client.answered:  # the client left, or a bug: the relay hop must end too
             run.client.internal_error("the request ended without an answer")
         on_done(run)

@@ -169,7 +169,8 @@ class _KeptHttpLayer(http_layers.HttpLayer):
             produced = list(super().event_to_child(child, event))
         finally:
             for attempt in unsent:
-                attempt.sent = attempt.connected = self.owner.head_written(attempt)
+                if self.owner.head_written(attempt):
+                    attempt.mark_sent()
                 attempt.redact()
         yield from produced
 
