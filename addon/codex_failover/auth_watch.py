@@ -5,6 +5,7 @@ I/O is injected (`stat`, `read`), so the rule itself is tested without touching 
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import replace
 from typing import Callable
@@ -21,6 +22,9 @@ def _stamp(path: str, stat: Callable) -> Stamp | None:
     except OSError:
         return None
     return (st.st_mtime_ns, st.st_size)
+
+
+log = logging.getLogger("codex_failover")
 
 
 class AuthWatch:
@@ -56,3 +60,16 @@ class AuthWatch:
             out.append(replace(cred, auth=auth))
             reloaded.append(cred.name)
         return tuple(out), reloaded, problems
+
+    def refresh_pool(self, pool, health):
+        """`pool` with its changed auth files reloaded (the same object when none changed); a reloaded
+        credential is back in rotation (a 401 that took it out was fixed by a new `codex login`)."""
+        creds, reloaded, problems = self.refresh(pool.credentials)
+        for line in problems:
+            log.warning(line)
+        if not reloaded:
+            return pool
+        for name in reloaded:
+            health.restore(name)
+            log.info("credential %s: auth file changed on disk; reloaded, in rotation", name)
+        return replace(pool, credentials=creds)

@@ -20,24 +20,20 @@ import concurrent.futures
 import ipaddress
 import logging
 import re
-import socket
-import socketserver
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterable, Iterator
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .core.routes import looks_like_secret
+from .net.metrics_listener import MetricsServer
 from .core.usage import finite_number
 
 log = logging.getLogger("codex_failover")
 
 OPTION = "failover_metrics"
 PREFIX = "codex_failover_"
-PATH = "/metrics"
 
 # Verdicts an attempt ends with (the `verdict` label of codex_failover_attempts_total).
 VERDICTS = ("commit", "deliver", "failover", "failed", "cancelled", "recover")
@@ -51,8 +47,6 @@ FIRST_OUTPUT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.0
 
 HIDDEN = "(not shown)"
 SNAPSHOT_TIMEOUT = 2.0  # longest a scrape waits for the event loop to build the status report
-REQUEST_TIMEOUT = 10.0  # a scrape connection's socket timeout: idle connections do not pile up
-_POLL = 0.1  # the server loop's shutdown check: stop() returns within about this long
 
 _FAILED = re.compile(r"failed (\d+)x")
 
@@ -248,117 +242,6 @@ def snapshot_on_loop(loop: asyncio.AbstractEventLoop, snapshot: Callable[[], dic
     return call
 
 
-# --- the listener -------------------------------------------------------------------------------
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, host: str, port: int, registry: CollectorRegistry,
-                 allows: Callable[[str], bool] | None = None) -> None:
-        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.registry = registry
-        self.allows = allows  # which peers may scrape (the pool's failover_clients rule); None: anyone
-        self.loopback = ipaddress.ip_address(host).is_loopback
-        super().__init__((host, port), _Handler)
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind would look the host's name up (socket.getfqdn): a DNS query, unneeded
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
-
-
-def _host_allowed(host_header: str | None) -> bool:
-    """Loopback only: no Host (HTTP/1.0), an IP literal, or `localhost`; a DNS name that resolves
-    here is how a web page would reach the listener (DNS rebinding)."""
-    if not host_header:
-        return True
-    host = host_header.strip()
-    if host.startswith("["):
-        host = host[1:host.find("]")] if "]" in host else host
-    elif host.count(":") == 1:
-        host = host.partition(":")[0]
-    if host.lower() == "localhost":
-        return True
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    timeout = REQUEST_TIMEOUT
-    server_version = "codex-failover-metrics"
-    sys_version = ""
-
-    def do_GET(self) -> None:  # noqa: N802 - the http.server naming
-        if self.server.allows is not None and not self.server.allows(self.client_address[0]):
-            return self._answer(403, b"forbidden: this proxy's metrics are for its own machine (failover_clients)\n")
-        if self.server.loopback and not _host_allowed(self.headers.get("Host")):
-            return self._answer(403, b"forbidden\n")
-        if self.path.partition("?")[0] != PATH:
-            return self._answer(404, b"not found: this listener serves GET /metrics only\n")
-        try:
-            body = generate_latest(self.server.registry)
-        except Exception:  # noqa: BLE001 - one failed scrape, not a dead listener
-            log.error("codex-failover internal error rendering the metrics", exc_info=True)
-            return self._answer(500, b"internal error\n")
-        self._answer(200, body, CONTENT_TYPE_LATEST)
-
-    def _not_allowed(self) -> None:
-        self._answer(405, b"method not allowed: this listener serves GET /metrics only\n", allow=True)
-
-    do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed
-
-    def _answer(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8",
-                allow: bool = False) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        if allow:
-            self.send_header("Allow", "GET")
-        if status != 200:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the http.server signature
-        log.debug("metrics: %s %s", self.address_string(), format % args)
-
-
-class MetricsServer:
-    """A running listener: `host`, `port` (the bound one, also for port 0), `url`, and `stop()`."""
-
-    def __init__(self, host: str, port: int, registry: CollectorRegistry,
-                 allows: Callable[[str], bool] | None = None) -> None:
-        self._server = _Server(host, port, registry, allows)
-        self.host = host
-        self.port: int = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": _POLL},
-                                        name="codex-failover-metrics", daemon=True)
-        self._thread.start()
-        self._stopped = False
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}{PATH}"
-
-    def stop(self) -> None:
-        """Stop serving and close the socket; idempotent. Returns within about 0.1 s."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-
 # --- what the addon calls -----------------------------------------------------------------------
 
 
@@ -420,3 +303,26 @@ class Metrics:
             record()
         except Exception as exc:  # noqa: BLE001 - metrics never break a request
             log.debug("metrics: not recorded: %r", exc)
+
+
+class MetricsListener:
+    """The addon's /metrics listener over option changes: serve on an address, move, or stop."""
+
+    def __init__(self) -> None:
+        self.server: MetricsServer | None = None
+
+    def serve(self, metrics: "Metrics | None", address: str, allows: Callable[[str], bool]) -> None:
+        self.stop()
+        if not address or metrics is None:
+            return
+        try:
+            self.server = metrics.serve(address, allows)
+        except OSError as exc:
+            log.warning("codex-failover: cannot serve metrics on %s: %s", address, exc)
+            return
+        log.info("codex-failover: Prometheus metrics at %s", self.server.url)
+
+    def stop(self) -> None:
+        server, self.server = self.server, None
+        if server is not None:
+            server.stop()

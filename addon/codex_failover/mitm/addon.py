@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import json
 import logging
@@ -36,7 +35,7 @@ from ..core.recovery import Slots
 from ..net.relay import Relay
 from ..core.routes import RouteHealth
 from ..core.rules import RulesError, load_rules
-from ..metrics import Metrics, snapshot_on_loop
+from ..metrics import Metrics, MetricsListener, snapshot_on_loop
 from ..options import add_options, parse_options
 from ..core.seen_clients import SeenClients
 from ..net.socks_bridge import SocksBridges
@@ -85,7 +84,7 @@ class FailoverAddon:
         self.max_body = 32 * 1024 * 1024  # failover_max_body
         self.keeper: StateKeeper | None = None  # opened when running (unit tests never touch a store)
         self.metrics: Metrics | None = None  # counters exist once failover_metrics was set
-        self._metrics_server = None
+        self.listener = MetricsListener()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -174,7 +173,7 @@ class FailoverAddon:
         for attempt in self.attempts.values():
             attempt.redact()
         self._close_state()
-        self._stop_metrics()
+        self.listener.stop()
         self.quiet.uninstall()
         self._spawn(self.relay.close())
         self._spawn(self.bridges.close())
@@ -182,24 +181,10 @@ class FailoverAddon:
 
     def _serve_metrics(self) -> None:
         """(Re)start the /metrics listener for the current failover_metrics (or stop it)."""
-        self._stop_metrics()
-        address = ctx.options.failover_metrics
-        if not address:
-            return
-        if self.metrics is None:
+        if ctx.options.failover_metrics and self.metrics is None:
             self.metrics = Metrics(snapshot_on_loop(asyncio.get_running_loop(), self.status_report))
-        try:
-            # The same rule as the pool and the status page (read at each scrape: options may change).
-            self._metrics_server = self.metrics.serve(address, lambda peer: self.clients.allows(peer))
-        except OSError as exc:
-            log.warning("codex-failover: cannot serve metrics on %s: %s", address, exc)
-            return
-        log.info("codex-failover: Prometheus metrics at %s", self._metrics_server.url)
-
-    def _stop_metrics(self) -> None:
-        server, self._metrics_server = self._metrics_server, None
-        if server is not None:
-            server.stop()
+        # The same rule as the pool and the status page (read at each scrape: options may change).
+        self.listener.serve(self.metrics, ctx.options.failover_metrics, lambda peer: self.clients.allows(peer))
 
     def _open_state(self) -> None:
         """Open the pool's state store (or keep the open one) and restore what is still in force."""
@@ -282,20 +267,11 @@ class FailoverAddon:
                       self.metrics)
 
     def _refresh_auth_files(self) -> None:
-        """At most once a second: reload auth files that changed; a reloaded credential is back in
-        rotation (a 401 that took it out was fixed by a new `codex login`)."""
+        """At most once a second: reload auth files that changed (auth_watch.py)."""
         now = time.monotonic()
-        if now - self._auth_checked < 1.0:
-            return
-        self._auth_checked = now
-        creds, reloaded, problems = self.auth_watch.refresh(self.pool.credentials)
-        for line in problems:
-            log.warning(line)
-        if reloaded:
-            self.pool = dataclasses.replace(self.pool, credentials=creds)
-            for name in reloaded:
-                self.health.restore(name)
-                log.info("credential %s: auth file changed on disk; reloaded, in rotation", name)
+        if now - self._auth_checked >= 1.0:
+            self._auth_checked = now
+            self.pool = self.auth_watch.refresh_pool(self.pool, self.health)
 
     async def _hold(self, flow: http.HTTPFlow, body: dict) -> None:
         """Start the held request's run and return: the client flow goes to the relay at once,
