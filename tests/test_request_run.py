@@ -14,7 +14,7 @@ from mitmproxy import http
 from mitmproxy.test import tflow
 
 from codex_failover.core.affinity import Affinity
-from codex_failover.mitm.attempt import CHUNK, END, ERROR, HEADERS, Item
+from codex_failover.mitm.attempt import CHUNK, END, ERROR, HEAD, Item
 from codex_failover.config import load_pool
 from codex_failover.core.health import Health
 from codex_failover.core.recovery import Slots
@@ -60,7 +60,7 @@ class ScriptedAttempt:
                 self.connected = True
                 self.flow.response = http.Response.make(status, b"", headers)
                 self.streaming = "text/event-stream" in headers.get("content-type", "") and status == 200
-                self.queue.put_nowait(Item(HEADERS))
+                self.queue.put_nowait(Item(HEAD))
             elif step[0] == "chunks":
                 for data in step[1]:
                     self.queue.put_nowait(Item(CHUNK, data))

@@ -24,14 +24,14 @@ ACCOUNT_SCOPED = ("openai-organization", "openai-project", TURN_STATE)
 
 
 @dataclass(frozen=True)
-class Endpoint:
+class ModelEndpoint:
     scheme: str
     host: str
     port: int
     path: str  # the base URL's path + /responses
 
     @classmethod
-    def from_base_url(cls, base_url: str) -> "Endpoint":
+    def from_base_url(cls, base_url: str) -> "ModelEndpoint":
         parts = urlsplit(base_url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         return cls(parts.scheme, (parts.hostname or "").lower(), port, parts.path.rstrip("/") + RESPONSES)
@@ -41,7 +41,7 @@ class EndpointMatcher:
     """Is (host, port, path) a model endpoint? A set lookup: cheap for all other traffic."""
 
     def __init__(self, base_urls: Iterable[str] = ()):
-        endpoints = {Endpoint.from_base_url(u) for u in (*KNOWN_BASE_URLS, *base_urls)}
+        endpoints = {ModelEndpoint.from_base_url(u) for u in (*KNOWN_BASE_URLS, *base_urls)}
         self._keys = {(e.host, e.port, e.path) for e in endpoints}
 
     def matches(self, host: str, port: int, path: str) -> bool:

@@ -42,7 +42,7 @@ QUEUE_HIGH = 1024 * 1024
 QUEUE_LOW = 256 * 1024
 
 # Queue items
-HEADERS = "headers"  # the response head arrived (flow.response has status and headers)
+HEAD = "head"  # the response head arrived (flow.response has status and headers)
 CHUNK = "chunk"
 END = "end"  # the body ended (streamed) or the complete response is in flow.response
 ERROR = "error"  # the attempt failed; flow.error.msg says why
@@ -194,7 +194,7 @@ class Attempt:
         self.streaming = stream
         if stream:
             self.flow.response.stream = self._on_chunk
-        self.queue.put_nowait(Item(HEADERS))
+        self.queue.put_nowait(Item(HEAD))
 
     def _on_chunk(self, data: bytes) -> bytes:
         if data:

@@ -15,7 +15,7 @@ import json
 from typing import AsyncIterator, Callable
 
 HEARTBEAT = b'event: keepalive\ndata: {"type":"keepalive"}\n\n'
-HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+STREAM_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
            (b"x-codex-failover-heartbeat", b"1")]
 
 

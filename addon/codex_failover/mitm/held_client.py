@@ -18,7 +18,7 @@ from mitmproxy.hooks import UpdateHook
 from . import client_answers
 from .attempt import PLACEHOLDER, SECRET_HEADERS, Capture
 from .warm_conn import update_listened
-from .heartbeat import HEADERS, HeartbeatSink
+from .heartbeat import STREAM_HEADERS, HeartbeatSink
 from ..net.relay import Relay, RelaySession
 
 RELAY_TAG = "codex_failover.relay"
@@ -93,7 +93,7 @@ class HeldClient:
     def start_heartbeat(self, interval: float) -> None:
         """Heartbeat mode: 200 event-stream headers now; keepalives flow until the outcome."""
         self.sink = HeartbeatSink(interval)
-        self._answer(200, "OK", list(HEADERS), self.sink.body)
+        self._answer(200, "OK", list(STREAM_HEADERS), self.sink.body)
 
     def internal_error(self, failure: str) -> None:
         """A bug (or the client leaving) ended the run before it answered: a clear status, never a
