@@ -44,8 +44,11 @@ def point_at_relay(flow: http.HTTPFlow, port: int, token: str) -> None:
     req = flow.request
     req.scheme, req.host, req.port = "http", "127.0.0.1", port
     req.path = f"/r/{token}"
-    for name in ("authorization", "cookie", "chatgpt-account-id"):
+    for name in ("authorization", "cookie", "chatgpt-account-id", "content-encoding", "transfer-encoding"):
         req.headers.pop(name, None)
+    # The relay never reads the body (the attempts carry it): the hop forwards none.
+    req.raw_content = b""
+    req.headers["content-length"] = "0"
     flow.server_conn = Server(address=("127.0.0.1", port))
 
 
