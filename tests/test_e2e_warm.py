@@ -59,19 +59,27 @@ def test_a_warm_connection_the_upstream_closed_is_replaced_without_error_or_pena
     assert "verdict=failed" not in proxy.log()
 
 
-def test_a_failover_uses_a_prewarmed_connection_for_the_spare(fake, start_proxy):
-    """The fake speaks HTTP/1.1: the client's attempt holds the warm connection, so the spare's is
-    dialled when the request starts (pre-warm) and the failover dials nothing."""
-    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")])
+def test_the_spares_connection_is_dialled_while_the_first_attempt_is_held(fake, start_proxy):
+    """The fake speaks HTTP/1.1: the client's attempt holds the warm connection, so the spare's
+    connection is dialled when the request starts (pre-warm), before any rejection; a failover
+    then dials nothing."""
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")], bootstrap_timeout="30s")
     url = f"{fake.base}/v1/responses"
     assert post_responses(proxy.port, url, "sk-test-client-good").status == 200
     dials_before = proxy_status(proxy.port)["upstream_dials"]
+    sock = start_raw_post(proxy.port, url, "sk-test-client-stall-first")  # held: no rejection, no output
+    try:
+        wait_until(lambda: open_upstream(proxy) == 2, timeout=5, what="the spare's connection to be pre-warmed")
+        assert proxy_status(proxy.port)["upstream_dials"] == dials_before + 1
+    finally:
+        sock.close()
+    wait_until(lambda: proxy_status(proxy.port)["held_requests"] == 0, timeout=5, what="the held request to end")
+    dials_before = proxy_status(proxy.port)["upstream_dials"]
     reply = post_responses(proxy.port, url, "sk-test-client-overload")
     assert served_by(reply) == "sk-test-spare-good"
-    assert proxy_status(proxy.port)["upstream_dials"] - dials_before <= 1, "the failover dialled after the rejection"
-    first, rejected, spare = upstream_conns(fake)
-    assert rejected == first, "the rejected attempt must reuse the warm connection"
-    assert spare != rejected
+    rejected, spare = upstream_conns(fake)[-2:]
+    assert spare != rejected, "the spare must not wait for the rejected attempt's connection"
+    assert proxy_status(proxy.port)["upstream_dials"] - dials_before <= 1, "one pre-warm dial at most, none after"
 
 
 def test_a_client_leaving_during_the_hold_cancels_at_once(fake, start_proxy):

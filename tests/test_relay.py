@@ -87,3 +87,51 @@ def test_reader_leaving_aborts_the_upstream():
         await relay.close()
 
     run(main())
+
+
+def test_a_held_session_answers_only_once_the_run_decides():
+    """The hop is open from the start of the hold (held_client.py): nothing is written to it until
+    `answer`, then the head and the body at once."""
+    async def main():
+        relay = Relay()
+        await relay.start()
+        held = RelaySession.held(lambda: None)
+        token = relay.register(held)
+        reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+        writer.write(f"POST /r/{token} HTTP/1.1\r\ncontent-length: 0\r\n\r\n".encode())
+        await writer.drain()
+        try:
+            early = await asyncio.wait_for(reader.read(1), 0.3)
+        except TimeoutError:
+            early = None
+        assert early is None, f"the relay wrote {early!r} before the run decided"
+
+        async def body():
+            yield b"decided"
+
+        held.answer(201, "Created", [(b"content-type", b"text/event-stream")], body)
+        data = await reader.read()
+        writer.close()
+        await relay.close()
+        return data
+
+    data = run(main())
+    assert data.startswith(b"HTTP/1.1 201 Created\r\n"), data[:80]
+    assert b"\r\n7\r\ndecided\r\n0\r\n\r\n" in data, data
+
+
+def test_a_reader_leaving_during_the_hold_aborts_the_run():
+    async def main():
+        relay = Relay()
+        await relay.start()
+        aborted = asyncio.Event()
+        token = relay.register(RelaySession.held(aborted.set))
+        reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+        writer.write(f"POST /r/{token} HTTP/1.1\r\ncontent-length: 0\r\n\r\n".encode())
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.close()
+        await asyncio.wait_for(aborted.wait(), 2)
+        await relay.close()
+
+    run(main())

@@ -221,8 +221,10 @@ class Attempt:
         as mitmproxy's own streaming does. (The relay drains its writes to the client.)"""
         self._paused = not on
         conn = self.conn
-        if conn is not None and (not on or not conn.multiplexed or len(conn.attempts) <= 1):
-            conn.set_reading(on)  # an HTTP/2 connection shared with others is never paused (docs/architecture.md)
+        # An HTTP/2 connection shared with other attempts is never paused (docs/architecture.md#known-limits);
+        # resuming is always safe.
+        if conn is not None and (on or not conn.multiplexed or len(conn.attempts) <= 1):
+            conn.set_reading(on)
 
     async def on_response(self) -> None:
         """The final hook of an attempt that ended on its own: waits (bounded) for the verdict."""
