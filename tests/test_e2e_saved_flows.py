@@ -210,11 +210,11 @@ def test_a_silent_proxy_route_shows_no_secret_and_fails_over_before_dispatch(tmp
             head = sock.recv(65536)
             sock.close()
             assert head.startswith(b"HTTP/1.1 200"), head[:200]
-            log = web.log()
+            # The winner's log line follows its first output to the client (architecture.md#the-hop).
+            log = wait_until(lambda: web.log() if "verdict=commit" in web.log() else None, what="the commit's log line")
             assert "credential=a route=corp[0]" in log, log
             assert "reason=pre_dispatch" in log, log
             assert "credential=b" in log, log[-2000:]
-            assert "verdict=commit" in log, log[-2000:]
         finally:
             web.stop()
     finally:
@@ -289,3 +289,27 @@ def test_no_other_addon_ever_sees_a_secret_on_an_attempt(tmp_path):
     sightings = out.read_text() if out.exists() else ""
     assert sightings == "", f"a hook saw a secret:\n{sightings}"
     assert "sk-proj-" not in proxy.log()
+
+
+def test_a_held_flow_keeps_its_real_url_and_is_answered_in_process(tmp_path):
+    """The held client flow's answer comes through a stand-in server connection inside the
+    client's own layers (client_hop.py): mid-stream, mitmweb shows the real URL, and no
+    connection to the loopback relay is made."""
+    fake = FakeUpstreamProcess(tmp_path, "--stall", "30")
+    spare_key = "sk-proj-SPARESECRET2-stall-after-output"  # streams one delta, then waits
+    text, env = spare_pool(fake, spare_key)
+    web = MitmwebProcess(tmp_path / "web", text, env)
+    sock = start_raw_post(web.port, f"{fake.base}/v1/responses", CLIENT_KEY)
+    try:
+        read_head(sock, b"reasoning_summary_text.delta")  # streaming to the client now
+        client = next(f for f in web.api("/flows") if not f["is_replay"])
+        assert client["request"]["host"] == "127.0.0.1", client["request"]
+        assert client["request"]["port"] == fake.port, client["request"]
+        assert client["request"]["path"] == "/v1/responses", client["request"]
+        assert client["server_conn"]["address"] == ["127.0.0.1", fake.port], client["server_conn"]
+        assert "server connect 127.0.0.1" not in web.log().replace(f"127.0.0.1:{fake.port}", ""), \
+            "a connection to the loopback relay"
+    finally:
+        sock.close()
+        web.stop()
+        fake.stop()

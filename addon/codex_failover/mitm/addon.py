@@ -274,8 +274,8 @@ class FailoverAddon:
             self.pool = self.auth_watch.refresh_pool(self.pool, self.health)
 
     async def _hold(self, flow: http.HTTPFlow, body: dict) -> None:
-        """Start the held request's run and return: the client flow goes to the relay at once,
-        which answers when the run decides (docs/architecture.md#the-relay)."""
+        """Start the held request's run and return: the client flow gets its stand-in server
+        connection at once, which answers when the run decides (docs/architecture.md#the-hop)."""
         n = next(self._ids)
         await self.relay.start()
         self._held += 1
@@ -283,8 +283,8 @@ class FailoverAddon:
         task = start_run(run, self._release_hold)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        # Let the first attempt's request leave before mitmproxy opens the relay hop and forwards the
-        # request there: the hop has until the first output to be ready, the upstream is waiting now.
+        # Let the first attempt's request leave before the client flow goes on (the other addons'
+        # request hooks, the hop): those have until the first output, the upstream is waiting now.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(run.dispatched.wait(), DISPATCH_FIRST)
 

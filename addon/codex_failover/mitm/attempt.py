@@ -59,10 +59,14 @@ class Capture:
     """The opening bytes of a streamed body (bounded), kept to show on its flow in mitmweb: a
     streamed response has no content of its own, and mitmweb cannot show (or serve) none."""
 
-    def __init__(self, limit: int = CAPTURE_LIMIT):
+    def __init__(self, limit: int = CAPTURE_LIMIT, on_first=None):
         self.data, self.limit = bytearray(), limit
+        self.on_first = on_first  # called once, as the first chunk goes to the client
 
     def __call__(self, chunk: bytes) -> bytes:  # a mitmproxy stream callable
+        if self.on_first is not None:
+            self.on_first, on_first = None, self.on_first
+            on_first()
         if len(self.data) < self.limit:
             self.data += chunk[: self.limit - len(self.data)]
         return chunk

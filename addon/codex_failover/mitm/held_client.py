@@ -1,8 +1,9 @@
-"""The held client's side of one request: its hop to the relay, and every answer it gets.
+"""The held client's side of one request: its hop, and every answer it gets.
 
-The client flow is pointed at the loopback relay when the hold starts (docs/architecture.md#the-relay);
-whatever the run decides (the winner's stream, a whole answer, recovery's heartbeat stream) reaches
-the client through `answer`, once.
+The client flow gets its stand-in server connection when the hold starts (client_hop.py; the
+loopback relay when that cannot be done, docs/architecture.md#the-hop); whatever the run decides
+(the winner's stream, a whole answer, recovery's heartbeat stream) reaches the client through the
+hop's `answer`, once.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from mitmproxy.hooks import UpdateHook
 
 from . import client_answers
 from .attempt import PLACEHOLDER, SECRET_HEADERS, Capture
+from .client_hop import HOP_TAG, ClientHop
 from .warm_conn import update_listened
 from .heartbeat import STREAM_HEADERS, HeartbeatSink
 from ..net.relay import Relay, RelaySession
@@ -56,26 +58,40 @@ class HeldClient:
     """One held client flow: pointed at the relay from the start, answered once."""
 
     def __init__(self, flow: http.HTTPFlow, relay: Relay, abort, metrics=None):
-        self.flow, self.relay, self.metrics = flow, relay, metrics
+        self.flow, self.relay, self.metrics, self.abort = flow, relay, metrics, abort
         self.started = time.monotonic()
         self.decided = asyncio.Event()  # the answer is given (the client has, or will have, its head)
         self.sink: HeartbeatSink | None = None  # heartbeat mode: the client already has its headers
-        self.hop = RelaySession.held(abort)
+        self.hop: ClientHop | RelaySession = RelaySession.held(abort)
 
     def hold(self) -> None:
-        point_at_relay(self.flow, self.relay.port, self.relay.register(self.hop))
+        """In the request hook: the in-process hop, or (when mitmproxy's layers are not as
+        expected) the loopback relay."""
+        hop = ClientHop.attach(self.flow, self.abort)
+        if hop is not None:
+            self.hop = hop
+        else:
+            point_at_relay(self.flow, self.relay.port, self.relay.register(self.hop))
 
     @property
     def answered(self) -> bool:
         return self.hop.is_answered
 
-    def stream(self, status: int, reason: str, headers: list, body) -> None:
-        """The winner: its head now, its body (held bytes, then live chunks) as it comes. In heartbeat
-        mode the head went out already, and the body follows the keepalives."""
+    async def first_output(self, timeout: float = 0.05) -> None:
+        """Until the answer's first bytes went to the client (at most `timeout`): what the run does
+        after a commit waits for the client's first output, never the other way round."""
+        if isinstance(self.hop, ClientHop) and not self.hop.first_out.is_set():
+            timer = asyncio.get_running_loop().call_later(timeout, self.hop.first_out.set)
+            await self.hop.first_out.wait()
+            timer.cancel()
+
+    def stream(self, status: int, reason: str, headers: list, body, first: bytes = b"") -> None:
+        """The winner: its head and `first` (the held bytes) now, its live rest (`body`) as it
+        comes. In heartbeat mode the head went out already, and the body follows the keepalives."""
         if self.sink is not None:
-            self.sink.deliver(body)
+            self.sink.deliver(_prepend(first, body))
         else:
-            self._answer(status, reason, headers, body)
+            self._answer(status, reason, headers, body, first)
 
     def respond(self, answer: http.Response) -> None:
         """A whole response; in heartbeat mode its error, in-stream."""
@@ -86,12 +102,8 @@ class HeldClient:
                 error = {}
             self.sink.fail(answer.status_code, error if isinstance(error, dict) else {"message": str(error)})
             return
-        content = answer.raw_content or b""
-
-        async def body():
-            yield content
-
-        self._answer(answer.status_code, answer.reason, list(answer.headers.fields), body)
+        self._answer(answer.status_code, answer.reason, list(answer.headers.fields), _nothing,
+                     answer.raw_content or b"")
 
     def start_heartbeat(self, interval: float) -> None:
         """Heartbeat mode: 200 event-stream headers now; keepalives flow until the outcome."""
@@ -107,11 +119,32 @@ class HeldClient:
         elif not self.answered:
             self.respond(client_answers.internal_error(failure))
 
-    def _answer(self, status: int, reason: str, headers: list, body) -> None:
+    def _answer(self, status: int, reason: str, headers: list, body, first: bytes = b"") -> None:
         if not self.decided.is_set() and self.metrics is not None:
             self.metrics.hold_seconds(time.monotonic() - self.started)
         self.decided.set()
-        self.hop.answer(status, reason, headers, body)
+        if isinstance(self.hop, ClientHop):
+            self.hop.answer(status, reason, headers, body, first)
+        else:
+            self.hop.answer(status, reason, headers, _prepend(first, body))
+
+
+async def _nothing():
+    return
+    yield
+
+
+def _prepend(first: bytes, body):
+    """`body` (an async generator function) with `first` before it."""
+    if not first:
+        return body
+
+    async def joined():
+        yield first
+        async for chunk in body():
+            yield chunk
+
+    return joined
 
 
 class RelayHops:
@@ -123,7 +156,12 @@ class RelayHops:
         self.captures: dict[str, Capture] = {}  # client flow id -> what its relayed stream began with
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        if RELAY_TAG in flow.metadata and flow.response.status_code != 101:
+        if HOP_TAG in flow.metadata:  # the hop set its own capture (client_hop.py), unless replaced
+            stream = flow.response.stream
+            self.captures[flow.id] = stream if isinstance(stream, Capture) else Capture()
+            flow.response.stream = self.captures[flow.id]
+            self.quiet.relay_client(flow.client_conn.peername)  # mitmproxy's "Streaming response" line
+        elif RELAY_TAG in flow.metadata and flow.response.status_code != 101:
             flow.response.stream = self.captures[flow.id] = Capture()
             # The relay closes its own one-shot hop; the client keeps its connection for the next request.
             flow.response.headers.pop("connection", None)
@@ -139,6 +177,7 @@ class RelayHops:
         original = flow.metadata.pop(RELAY_TAG, None)
         if original is not None:  # show the real request in mitmweb, not the relay hop
             flow.request = http.Request.from_state(original)
+        if original is not None or flow.metadata.pop(HOP_TAG, None):
             self.quiet.relay_client_done(flow.client_conn.peername)
         capture = self.captures.pop(flow.id, None)
         if capture is not None and flow.response is not None and flow.response.raw_content is None:

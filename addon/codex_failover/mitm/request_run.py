@@ -69,7 +69,7 @@ class RequestRun:
         self.dispatched = asyncio.Event()  # the first attempt's head was written, or the run ended
 
     def hold(self) -> None:
-        """Point the client flow at the relay now, before any attempt (docs/architecture.md#the-relay)."""
+        """Give the client flow its hop now, before any attempt (docs/architecture.md#the-hop)."""
         self.original = self.flow.request.copy()  # the flow shows no secret from here on
         self.client.hold()
 
@@ -305,7 +305,7 @@ class RequestRun:
 
 
 def start_run(run: RequestRun, on_done) -> asyncio.Task:
-    """Point the held client at the relay and run the request in the background; `on_done(run)`
+    """Give the held client its hop and run the request in the background; `on_done(run)`
     once it ended. Whatever happens, the client gets an answer or its hop closes: never a hang."""
     run.hold()
     run.task = asyncio.get_running_loop().create_task(_guarded(run))

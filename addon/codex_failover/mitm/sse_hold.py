@@ -74,7 +74,9 @@ class SseHold:
                 return await self._buffer_whole(decision)
             finally:
                 slots.give_back()
-        self.commit(decision)
+        self.deliver(decision)
+        await run.client.first_output()  # the client's first output before the run's bookkeeping
+        self.record(decision)
         return AttemptEnd("committed")
 
     async def _buffer_whole(self, decision: Decision) -> AttemptEnd:
@@ -116,15 +118,18 @@ class SseHold:
         return AttemptEnd("recover", message=why, final=None if why == NO_TERMINAL else lambda: self.commit(decision))
 
     def commit(self, decision: Decision) -> None:
-        """The winner: what was held, then the live rest, to the client through the relay."""
+        self.deliver(decision)
+        self.record(decision)
+
+    def deliver(self, decision: Decision) -> None:
+        """The winner: what was held, then the live rest, to the client."""
         run, attempt, state = self.run, self.attempt, self.state
         resp = attempt.flow.response
         held, committed, metrics = bytes(state.received), time.monotonic(), run.shared.metrics
         state.received = bytearray()
 
         async def body():
-            yield held
-            if metrics is not None:  # the relay wrote the held bytes (the first output) and drained
+            if metrics is not None:  # the head and the held bytes (the first output) went out
                 metrics.first_output_to_client_seconds(time.monotonic() - committed)
             if state.error is not None:
                 raise UpstreamBroken(state.error)
@@ -140,9 +145,13 @@ class SseHold:
                     raise UpstreamBroken(item.data.decode(errors="replace"))
 
         run.winner = attempt
-        run.client.stream(resp.status_code, resp.reason, list(resp.headers.fields), body)
-        run.succeeded(self.cand)
-        run.log.record(attempt, self.cand, decision.verdict.value, decision.reason, resp.status_code, ok=True)
+        run.client.stream(resp.status_code, resp.reason, list(resp.headers.fields), body, held)
+
+    def record(self, decision: Decision) -> None:
+        """The winner's verdict, in the pool and in the log."""
+        self.run.succeeded(self.cand)
+        self.run.log.record(self.attempt, self.cand, decision.verdict.value, decision.reason,
+                            self.attempt.flow.response.status_code, ok=True)
 
     # -- framing ------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""The loopback relay: how a held request's answer reaches its client, live.
+"""The loopback relay: how a gated WebSocket reaches its client, and a held request's answer when
+the in-process hop cannot be used (mitm/client_hop.py, docs/architecture.md#the-hop).
 
 mitmproxy sends a response that an addon sets in one piece, so the client flow is pointed at
 this server instead (127.0.0.1, ephemeral port), as soon as the hold starts: mitmproxy connects
@@ -25,7 +26,7 @@ from typing import AsyncIterator, Callable
 
 log = logging.getLogger("codex_failover")
 
-_HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"upgrade", b"proxy-connection"}
+HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"upgrade", b"proxy-connection"}
 _MAX_HEAD = 64 * 1024  # the stream limit: a longer head is answered 431
 UNCLAIMED_TTL = 30.0  # a committed stream nobody fetches is dropped after this
 # mitmproxy connects and sends its request at once, from memory, over loopback: these are generous
@@ -220,7 +221,7 @@ class Relay:
         if session.answered is not None:
             await session.answered.wait()  # the hold: the run decides (the reader may leave meanwhile)
         head = [f"HTTP/1.1 {session.status} {session.reason or 'OK'}".encode()]
-        head += [k + b": " + v for k, v in session.headers if k.lower() not in _HOP_BY_HOP]
+        head += [k + b": " + v for k, v in session.headers if k.lower() not in HOP_BY_HOP]
         head += [b"transfer-encoding: chunked", b"connection: close", b"", b""]
         writer.write(b"\r\n".join(head))
         async for chunk in session.body():

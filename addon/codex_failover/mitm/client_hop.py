@@ -1,0 +1,292 @@
+"""The held client's hop, in process: the run's answer goes straight into the client's own layers.
+
+A held client flow still needs a "server" to get its response from: mitmproxy streams only what a
+server connection delivers (an addon's `flow.response` goes out in one piece). The loopback relay
+(net/relay.py) was that server, over TCP and a second HTTP pass. Here the server connection is a
+stand-in inside the client's own `HttpLayer`: a `Server` that is never dialled, whose layer
+(`HopLayer`) takes the request (and ignores it: the attempts carry it) and hands the answer to the
+flow's `HttpStream` as the HTTP events a server connection's layer would produce. So the answer
+costs no socket, no HTTP serialising or parsing, and the client flow keeps its real URL throughout.
+docs/architecture.md#the-hop; the mitmproxy 12.3.1 facts relied on are in
+docs/mitmproxy-12.3.1-replay-notes.md §10.
+
+How the stand-in is found: its `Server` has the request's address and TLS and a `via` of its own
+(`codex-failover.hop:<n>`), so the stream's `GetHttpConnection` matches it and nothing else. Events
+reach its layer through the client's `ConnectionHandler.server_event`, routed by connection down
+every `HttpLayer` on the way (as mitmproxy routes a connection a tunnelled layer opened).
+
+When mitmproxy's layers are not as expected, `attach` returns None and the loopback relay is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from mitmproxy import ctx, http
+from mitmproxy.connection import ConnectionState, Server
+from mitmproxy.proxy import events, layer
+from mitmproxy.proxy.layers import http as http_layers
+from mitmproxy.proxy.layers.http import HttpLayer, HttpStream
+
+from .attempt import Capture
+from ..net.relay import HOP_BY_HOP, UNCLAIMED_TTL, UpstreamBroken
+
+log = logging.getLogger("codex_failover")
+
+HOP_HOST = "codex-failover.hop"  # the stand-in's `via`: never dialled, never resolved
+HOP_TAG = "codex_failover.hop"  # flow.metadata of a client flow answered in process
+CORK_LIMIT = 0.05  # the longest the client's head may wait for the body's first bytes (seconds)
+_SEARCH_LIMIT = 256  # layers looked at to find a flow's stream (a client connection has a handful)
+_numbers = itertools.count(1)
+
+
+@dataclass
+class _Deliver(events.ConnectionEvent):
+    """Wakes the stand-in's layer: what the hop queued goes to the stream now."""
+
+
+class HopLayer(layer.Layer):
+    """The stand-in server connection's layer: swallows the request, produces the answer."""
+
+    def __init__(self, context, hop: "ClientHop"):
+        super().__init__(context)
+        self.hop = hop
+
+    def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
+        hop = self.hop
+        if isinstance(event, http_layers.RequestHeaders):
+            hop.stream_id = event.stream_id
+        elif isinstance(event, http_layers.RequestEndOfMessage):
+            hop.requested.set()
+        elif isinstance(event, http_layers.RequestProtocolError):  # the client left or reset its stream
+            hop.client_left(event.message)
+        elif isinstance(event, _Deliver):
+            while hop.queue:
+                yield http_layers.ReceiveHttp(hop.queue.pop(0))
+        yield from ()
+
+
+class ClientHop:
+    """One held client flow's stand-in server connection; answered once, like a RelaySession."""
+
+    def __init__(self, handler, conn: Server, layers: list[HttpLayer], abort: Callable[[], object]):
+        self.handler, self.conn, self.layers, self.abort = handler, conn, layers, abort
+        self.stream_id: int | None = None
+        self.requested = asyncio.Event()  # the stream gave its request to the stand-in
+        self.queue: list[http_layers.HttpEvent] = []
+        self.status: int | None = None
+        self.reason, self.headers = "", []
+        self.body: Callable[[], AsyncIterator[bytes]] | None = None
+        self.first = b""
+        self.release: Callable[[], object] = lambda: None
+        self.pump: asyncio.Task | None = None
+        self.gone = False
+        self.first_out = asyncio.Event()  # the answer's first body bytes went to the client
+        self._corked = None  # the client's socket while its head waits for the first body bytes
+
+    # -- setup ------------------------------------------------------------------------------
+
+    @classmethod
+    def attach(cls, flow: http.HTTPFlow, abort: Callable[[], object]) -> "ClientHop | None":
+        """Put a stand-in server connection in the client's layers for `flow` (in its request
+        hook); None when that cannot be done here (the loopback relay is used instead)."""
+        try:
+            handler = ctx.master.addons.get("proxyserver").connections[flow.client_conn.id]
+        except (AttributeError, KeyError):
+            return None
+        stream = _stream_of(handler.layer, flow)
+        routes = _routes(stream)
+        if routes is None:
+            return None
+        req = flow.request
+        conn = Server(address=(req.host, req.port), via=("http", (HOP_HOST, next(_numbers))))
+        conn.tls = req.scheme == "https"
+        conn.alpn = flow.client_conn.alpn  # an HTTP/2 client's stream only reuses an h2 connection
+        conn.timestamp_start = time.time()
+        conn.state = ConnectionState.OPEN
+        hop = cls(handler, conn, [h for h, _ in routes], abort)
+        for http_layer, child in routes[:-1]:
+            http_layer.connections[conn] = child
+        inner = routes[-1][0]
+        inner.connections[conn] = HopLayer(inner.context.fork(), hop)
+        if not isinstance(inner, _HeldHttpLayer):
+            inner.__class__, inner.held = _HeldHttpLayer, {}
+        inner.held[stream.stream_id] = conn
+        hop.release = lambda: inner.held.pop(stream.stream_id, None)
+        flow.server_conn = conn
+        flow.metadata[HOP_TAG] = True
+        return hop
+
+    def detach(self) -> None:
+        self._uncork()
+        self.first_out.set()
+        self.release()
+        for http_layer in self.layers:
+            http_layer.connections.pop(self.conn, None)
+        self.conn.state = ConnectionState.CLOSED
+        self.conn.timestamp_end = time.time()
+
+    # -- the answer (RelaySession's interface) ------------------------------------------------
+
+    def answer(self, status: int, reason: str, headers: list[tuple[bytes, bytes]],
+               body: Callable[[], AsyncIterator[bytes]], first: bytes = b"") -> None:
+        """The head and `first` go to the client together; then `body`, chunk by chunk."""
+        self.status, self.reason, self.headers, self.body, self.first = status, reason, headers, body, first
+        self.pump = asyncio.get_running_loop().create_task(self._pump())
+
+    @property
+    def is_answered(self) -> bool:
+        return self.status is not None
+
+    async def _pump(self) -> None:
+        try:
+            await asyncio.wait_for(self.requested.wait(), UNCLAIMED_TTL)
+        except TimeoutError:
+            log.warning("codex-failover: a held client flow never reached its answer (another addon "
+                        "answered or killed it?); its run is stopped")
+            self._stop()
+            return
+        sid = self.stream_id
+        try:
+            head = [http_layers.ResponseHeaders(sid, self._response(), end_stream=False)]
+            await self._deliver(*head, *([http_layers.ResponseData(sid, self.first)] if self.first else []))
+            async for chunk in self.body():
+                if chunk:
+                    await self._deliver(http_layers.ResponseData(sid, chunk))
+            await self._deliver(http_layers.ResponseEndOfMessage(sid))
+        except UpstreamBroken as exc:  # the client sees the stream cut, as it would have directly
+            await self._deliver(http_layers.ResponseProtocolError(sid, f"upstream broke: {exc}",
+                                                                  http_layers.ErrorCode.GENERIC_SERVER_ERROR))
+        except ConnectionError:
+            self._stop()
+        finally:
+            self.detach()
+
+    def _response(self) -> http.Response:
+        fields = [(k, v) for k, v in self.headers if k.lower() not in HOP_BY_HOP]
+        fields.append((b"transfer-encoding", b"chunked"))  # what an HTTP/1.1 client reads; h2 drops it
+        response = http.Response(b"HTTP/1.1", self.status, (self.reason or "OK").encode(), http.Headers(fields),
+                                 None, None, time.time(), None)
+        response.stream = Capture(on_first=self._body_started)  # RelayHops keeps it for mitmweb
+        self._cork()
+        return response
+
+    # The head and the first body bytes leave in one write: mitmproxy writes them in two, a hook
+    # apart, and the first wakes the client before the output it waits for is there.
+
+    def _cork(self) -> None:
+        io = self.handler.transports.get(self.handler.client)
+        sock = io.writer.get_extra_info("socket") if io is not None and io.writer is not None else None
+        if sock is not None and hasattr(socket, "TCP_CORK") and sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+                self._corked = sock
+                asyncio.get_running_loop().call_later(CORK_LIMIT, self._uncork)  # whatever happens
+            except OSError:
+                pass
+
+    def _uncork(self) -> None:
+        sock, self._corked = self._corked, None
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+            except OSError:
+                pass
+
+    def _body_started(self) -> None:
+        """The stream is handing the first body bytes over; they are written before the loop's next turn."""
+        def written() -> None:
+            self._uncork()
+            self.first_out.set()
+        asyncio.get_running_loop().call_soon(written)
+
+    async def _deliver(self, *events_: http_layers.HttpEvent) -> None:
+        if self.gone:
+            raise ConnectionError("the client left")
+        self.queue.extend(events_)
+        await self.handler.server_event(_Deliver(self.conn))
+        io = self.handler.transports.get(self.handler.client)
+        if io is not None and io.writer is not None:
+            await io.writer.drain()  # backpressure: a slow client slows the attempt, never the proxy
+
+    # -- the client leaving ----------------------------------------------------------------
+
+    def client_left(self, why: str) -> None:
+        """From the layers (synchronous): stop the run, and the answer if one is streaming."""
+        if not self.gone:
+            log.debug("codex-failover: held client left: %s", why)
+            self._stop()
+
+    def _stop(self) -> None:
+        self.gone = True
+        self.queue.clear()
+        if self.pump is not None and self.pump is not asyncio.current_task():
+            self.pump.cancel()
+        result = self.abort()
+        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+            asyncio.ensure_future(result).add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+class _HeldHttpLayer(HttpLayer):
+    """The client's HttpLayer (its class swapped in `attach`): a held stream gets its stand-in
+    whatever its URL is by then (another addon's request hook, map_remote say, may change it
+    after ours); every other stream gets a connection as mitmproxy would give it."""
+
+    held: dict[int, Server]  # stream id -> its stand-in
+
+    def get_connection(self, event, *, reuse: bool = True) -> layer.CommandGenerator[None]:
+        stream = self.command_sources.get(event)
+        conn = self.held.get(stream.stream_id) if isinstance(stream, HttpStream) else None
+        if conn is None:
+            yield from super().get_connection(event, reuse=reuse)
+            return
+        del self.command_sources[event]
+        yield from self.event_to_child(stream, http_layers.GetHttpConnectionCompleted(event, (conn, None)))
+
+
+def _children(node: layer.Layer):
+    if isinstance(node, HttpLayer):
+        yield from node.streams.values()
+    for name in ("layer", "child_layer"):  # NextLayer's decision; a tunnel's or a stream's child
+        child = getattr(node, name, None)
+        if isinstance(child, layer.Layer):
+            yield child
+    owner = getattr(getattr(node, "_handle_event", None), "__self__", None)  # a mode layer hands on this way
+    if isinstance(owner, layer.Layer) and owner is not node:
+        yield owner
+
+
+def _stream_of(root: layer.Layer, flow: http.HTTPFlow) -> HttpStream | None:
+    todo, seen = [root], 0
+    while todo and seen < _SEARCH_LIMIT:
+        node = todo.pop()
+        seen += 1
+        if isinstance(node, HttpStream) and getattr(node, "flow", None) is flow:
+            return node
+        todo.extend(_children(node))
+    return None
+
+
+def _routes(stream: HttpStream | None) -> list[tuple[HttpLayer, layer.Layer]] | None:
+    """Each HttpLayer above `stream` with the child that leads to it, outermost first; the last
+    is the stream's own. None when the stack is not what this module understands."""
+    if stream is None:
+        return None
+    path = stream.context.layers
+    routes = []
+    for i, node in enumerate(path):
+        if isinstance(node, HttpLayer):
+            streams = set(map(id, node.streams.values()))
+            child = next((later for later in path[i + 1:] if id(later) in streams), None)
+            if child is None:
+                return None
+            routes.append((node, child))
+    if not routes or routes[-1][1] is not stream:
+        return None
+    return routes
