@@ -66,6 +66,8 @@ class HopLayer(layer.Layer):
             hop.requested.set()
         elif isinstance(event, http_layers.RequestProtocolError):  # the client left or reset its stream
             hop.client_left(event.message)
+        elif hop.detached:
+            pass  # the answer ended: whatever the stream still sends is dropped
         elif isinstance(event, _Deliver):
             while hop.queue:
                 yield http_layers.ReceiveHttp(hop.queue.pop(0))
@@ -87,6 +89,7 @@ class ClientHop:
         self.release: Callable[[], object] = lambda: None
         self.pump: asyncio.Task | None = None
         self.gone = False
+        self.detached = False
         self.first_out = asyncio.Event()  # the answer's first body bytes went to the client
         self._corked = None  # the client's socket while its head waits for the first body bytes
 
@@ -114,6 +117,7 @@ class ClientHop:
         for http_layer, child in routes[:-1]:
             http_layer.connections[conn] = child
         inner = routes[-1][0]
+        _sweep(inner)
         inner.connections[conn] = HopLayer(inner.context.fork(), hop)
         if not isinstance(inner, _HeldHttpLayer):
             inner.__class__, inner.held = _HeldHttpLayer, {}
@@ -124,13 +128,15 @@ class ClientHop:
         return hop
 
     def detach(self) -> None:
+        """The answer ended. The stand-in stays registered while its stream lives (the stream may
+        still send it the client's error): `_sweep` removes it at a later attach."""
         self._uncork()
         self.first_out.set()
         self.release()
-        for http_layer in self.layers:
-            http_layer.connections.pop(self.conn, None)
+        self.detached = True
         self.conn.state = ConnectionState.CLOSED
         self.conn.timestamp_end = time.time()
+        self.conn.via = None  # a saved or replayed flow goes to its URL like any other
 
     # -- the answer (RelaySession's interface) ------------------------------------------------
 
@@ -219,7 +225,7 @@ class ClientHop:
 
     def client_left(self, why: str) -> None:
         """From the layers (synchronous): stop the run, and the answer if one is streaming."""
-        if not self.gone:
+        if not self.gone and not self.detached:
             log.debug("codex-failover: held client left: %s", why)
             self._stop()
 
@@ -248,6 +254,14 @@ class _HeldHttpLayer(HttpLayer):
             return
         del self.command_sources[event]
         yield from self.event_to_child(stream, http_layers.GetHttpConnectionCompleted(event, (conn, None)))
+
+
+def _sweep(inner: HttpLayer) -> None:
+    """Forget the stand-ins of ended answers whose streams are gone (bounded by live streams)."""
+    for conn, child in list(inner.connections.items()):
+        if isinstance(child, HopLayer) and child.hop.detached and child.hop.stream_id not in inner.streams:
+            for http_layer in child.hop.layers:
+                http_layer.connections.pop(conn, None)
 
 
 def _children(node: layer.Layer):
