@@ -11,8 +11,8 @@ import time
 import pytest
 from mitmproxy import io
 
-from harness import (FakeUpstreamProcess, MitmwebProcess, ProxyProcess, pool_yaml, post_responses, start_raw_post,
-                     wait_until)
+from harness import (FakeUpstreamProcess, MitmwebProcess, ProxyProcess, pool_yaml, post_responses, proxy_status,
+                     start_raw_post, wait_until)
 
 pytestmark = pytest.mark.e2e
 
@@ -309,6 +309,8 @@ def test_a_held_flow_keeps_its_real_url_and_is_answered_in_process(tmp_path):
         assert client["server_conn"]["address"] == ["127.0.0.1", fake.port], client["server_conn"]
         assert "server connect 127.0.0.1" not in web.log().replace(f"127.0.0.1:{fake.port}", ""), \
             "a connection to the loopback relay"
+        status = proxy_status(web.port)
+        assert status["relay_streaming"] == 1, status  # the status page counts answers streamed in process
     finally:
         sock.close()
         web.stop()

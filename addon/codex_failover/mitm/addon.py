@@ -14,7 +14,7 @@ import traceback
 from mitmproxy import command, ctx, exceptions, http
 from mitmproxy.proxy.mode_specs import ProxyMode
 
-from . import client_answers
+from . import client_answers, client_hop
 
 from . import quiet_log
 
@@ -304,7 +304,7 @@ class FailoverAddon:
         """Pool health and in-flight counters, as data (no secrets)."""
         counters = {"held_requests": self._held, "attempts_in_flight": len(self.attempts), "relay_port": self.relay.port,
                     "upstream_connections": self.warm.stats(), "upstream_dials": self.warm.dials,
-                    "relay_unclaimed": self.relay.pending, "relay_streaming": self.relay.streaming,
+                    "relay_unclaimed": self.relay.pending, "relay_streaming": self.relay.streaming + client_hop.streaming(),
                     "recovery_buffering": self.recovery_slots.used, "websockets": self.ws_gate.report()}
         return status.build(self.pool, self.health, self.usage, self.seen_clients, self.route_health, self.bridges,
                             counters)

@@ -10,10 +10,11 @@ costs no socket, no HTTP serialising or parsing, and the client flow keeps its r
 docs/architecture.md#the-hop; the mitmproxy 12.3.1 facts relied on are in
 docs/mitmproxy-12.3.1-replay-notes.md §10.
 
-How the stand-in is found: its `Server` has the request's address and TLS and a `via` of its own
-(`codex-failover.hop:<n>`), so the stream's `GetHttpConnection` matches it and nothing else. Events
-reach its layer through the client's `ConnectionHandler.server_event`, routed by connection down
-every `HttpLayer` on the way (as mitmproxy routes a connection a tunnelled layer opened).
+How the stand-in is found: the client's `HttpLayer` (its class swapped for `_HeldHttpLayer`) gives
+a held stream its stand-in whatever the stream's URL is by then; the stand-in's `Server` has the
+request's address and a `via` of its own (`codex-failover.hop:<n>`), so no other stream matches it.
+Events reach its layer through the client's `ConnectionHandler.server_event`, routed by connection
+down every `HttpLayer` on the way (as mitmproxy routes a connection a tunnelled layer opened).
 
 When mitmproxy's layers are not as expected, `attach` returns None and the loopback relay is used.
 """
@@ -44,6 +45,11 @@ HOP_TAG = "codex_failover.hop"  # flow.metadata of a client flow answered in pro
 CORK_LIMIT = 0.05  # the longest the client's head may wait for the body's first bytes (seconds)
 _SEARCH_LIMIT = 256  # layers looked at to find a flow's stream (a client connection has a handful)
 _numbers = itertools.count(1)
+_streaming: set["ClientHop"] = set()  # answers being streamed right now (the status page counts them)
+
+
+def streaming() -> int:
+    return len(_streaming)
 
 
 @dataclass
@@ -60,9 +66,7 @@ class HopLayer(layer.Layer):
 
     def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
         hop = self.hop
-        if isinstance(event, http_layers.RequestHeaders):
-            hop.stream_id = event.stream_id
-        elif isinstance(event, http_layers.RequestEndOfMessage):
+        if isinstance(event, http_layers.RequestEndOfMessage):
             hop.requested.set()
         elif isinstance(event, http_layers.RequestProtocolError):  # the client left or reset its stream
             hop.client_left(event.message)
@@ -77,16 +81,15 @@ class HopLayer(layer.Layer):
 class ClientHop:
     """One held client flow's stand-in server connection; answered once, like a RelaySession."""
 
-    def __init__(self, handler, conn: Server, layers: list[HttpLayer], abort: Callable[[], object]):
-        self.handler, self.conn, self.layers, self.abort = handler, conn, layers, abort
-        self.stream_id: int | None = None
+    def __init__(self, handler, conn: Server, stream_id: int, layers: list[HttpLayer], abort: Callable[[], object]):
+        self.handler, self.conn, self.stream_id, self.abort = handler, conn, stream_id, abort
+        self.layers = layers  # every HttpLayer it is registered in, outermost first; the last is the client's own
         self.requested = asyncio.Event()  # the stream gave its request to the stand-in
         self.queue: list[http_layers.HttpEvent] = []
         self.status: int | None = None
         self.reason, self.headers = "", []
         self.body: Callable[[], AsyncIterator[bytes]] | None = None
         self.first = b""
-        self.release: Callable[[], object] = lambda: None
         self.pump: asyncio.Task | None = None
         self.gone = False
         self.detached = False
@@ -113,7 +116,7 @@ class ClientHop:
         conn.alpn = flow.client_conn.alpn  # an HTTP/2 client's stream only reuses an h2 connection
         conn.timestamp_start = time.time()
         conn.state = ConnectionState.OPEN
-        hop = cls(handler, conn, [h for h, _ in routes], abort)
+        hop = cls(handler, conn, stream.stream_id, [h for h, _ in routes], abort)
         for http_layer, child in routes[:-1]:
             http_layer.connections[conn] = child
         inner = routes[-1][0]
@@ -122,7 +125,6 @@ class ClientHop:
         if not isinstance(inner, _HeldHttpLayer):
             inner.__class__, inner.held = _HeldHttpLayer, {}
         inner.held[stream.stream_id] = conn
-        hop.release = lambda: inner.held.pop(stream.stream_id, None)
         flow.server_conn = conn
         flow.metadata[HOP_TAG] = True
         return hop
@@ -132,7 +134,8 @@ class ClientHop:
         still send it the client's error): `_sweep` removes it at a later attach."""
         self._uncork()
         self.first_out.set()
-        self.release()
+        _streaming.discard(self)
+        self.layers[-1].held.pop(self.stream_id, None)
         self.detached = True
         self.conn.state = ConnectionState.CLOSED
         self.conn.timestamp_end = time.time()
@@ -152,27 +155,36 @@ class ClientHop:
 
     async def _pump(self) -> None:
         try:
-            await asyncio.wait_for(self.requested.wait(), UNCLAIMED_TTL)
-        except TimeoutError:
-            log.warning("codex-failover: a held client flow never reached its answer (another addon "
-                        "answered or killed it?); its run is stopped")
-            self._stop()
-            return
-        sid = self.stream_id
-        try:
-            head = [http_layers.ResponseHeaders(sid, self._response(), end_stream=False)]
-            await self._deliver(*head, *([http_layers.ResponseData(sid, self.first)] if self.first else []))
-            async for chunk in self.body():
-                if chunk:
-                    await self._deliver(http_layers.ResponseData(sid, chunk))
-            await self._deliver(http_layers.ResponseEndOfMessage(sid))
+            if await self._claimed():
+                _streaming.add(self)
+                await self._stream()
         except UpstreamBroken as exc:  # the client sees the stream cut, as it would have directly
-            await self._deliver(http_layers.ResponseProtocolError(sid, f"upstream broke: {exc}",
+            await self._deliver(http_layers.ResponseProtocolError(self.stream_id, f"upstream broke: {exc}",
                                                                   http_layers.ErrorCode.GENERIC_SERVER_ERROR))
         except ConnectionError:
             self._stop()
         finally:
             self.detach()
+
+    async def _claimed(self) -> bool:
+        """Has the stream handed its request to the stand-in (it normally has by the answer)?"""
+        try:
+            await asyncio.wait_for(self.requested.wait(), UNCLAIMED_TTL)
+            return True
+        except TimeoutError:
+            log.warning("codex-failover: a held client flow never reached its answer (another addon "
+                        "answered or killed it?); its run is stopped")
+            self._stop()
+            return False
+
+    async def _stream(self) -> None:
+        sid = self.stream_id
+        head = http_layers.ResponseHeaders(sid, self._response(), end_stream=False)
+        await self._deliver(head, *([http_layers.ResponseData(sid, self.first)] if self.first else []))
+        async for chunk in self.body():
+            if chunk:
+                await self._deliver(http_layers.ResponseData(sid, chunk))
+        await self._deliver(http_layers.ResponseEndOfMessage(sid))
 
     def _response(self) -> http.Response:
         fields = [(k, v) for k, v in self.headers if k.lower() not in HOP_BY_HOP]
@@ -225,11 +237,13 @@ class ClientHop:
 
     def client_left(self, why: str) -> None:
         """From the layers (synchronous): stop the run, and the answer if one is streaming."""
-        if not self.gone and not self.detached:
+        if not self.detached:
             log.debug("codex-failover: held client left: %s", why)
             self._stop()
 
     def _stop(self) -> None:
+        if self.gone:
+            return
         self.gone = True
         self.queue.clear()
         if self.pump is not None and self.pump is not asyncio.current_task():

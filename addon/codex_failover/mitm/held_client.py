@@ -55,7 +55,7 @@ def point_at_relay(flow: http.HTTPFlow, port: int, token: str) -> None:
 
 
 class HeldClient:
-    """One held client flow: pointed at the relay from the start, answered once."""
+    """One held client flow: given its hop from the start, answered once."""
 
     def __init__(self, flow: http.HTTPFlow, relay: Relay, abort, metrics=None):
         self.flow, self.relay, self.metrics, self.abort = flow, relay, metrics, abort
@@ -148,8 +148,8 @@ def _prepend(first: bytes, body):
 
 
 class RelayHops:
-    """A nested addon of FailoverAddon: a held client flow's hop to the relay is streamed live (its
-    start kept for mitmweb), and the real (redacted) request is shown again once it ends."""
+    """A nested addon of FailoverAddon: a held client flow's answer is streamed live, its start kept
+    for mitmweb; through the relay, the real (redacted) request is shown again once it ends."""
 
     def __init__(self, quiet):
         self.quiet = quiet  # quiet_log.QuietLog: the hop's connection lines at debug level
@@ -160,12 +160,12 @@ class RelayHops:
             stream = flow.response.stream
             self.captures[flow.id] = stream if isinstance(stream, Capture) else Capture()
             flow.response.stream = self.captures[flow.id]
-            self.quiet.relay_client(flow.client_conn.peername)  # mitmproxy's "Streaming response" line
+            self.quiet.held_client(flow.client_conn.peername)  # mitmproxy's "Streaming response" line
         elif RELAY_TAG in flow.metadata and flow.response.status_code != 101:
             flow.response.stream = self.captures[flow.id] = Capture()
             # The relay closes its own one-shot hop; the client keeps its connection for the next request.
             flow.response.headers.pop("connection", None)
-            self.quiet.relay_client(flow.client_conn.peername)
+            self.quiet.held_client(flow.client_conn.peername)
 
     def response(self, flow: http.HTTPFlow) -> None:
         self._restore(flow)
@@ -178,7 +178,7 @@ class RelayHops:
         if original is not None:  # show the real request in mitmweb, not the relay hop
             flow.request = http.Request.from_state(original)
         if original is not None or flow.metadata.pop(HOP_TAG, None):
-            self.quiet.relay_client_done(flow.client_conn.peername)
+            self.quiet.held_client_done(flow.client_conn.peername)
         capture = self.captures.pop(flow.id, None)
         if capture is not None and flow.response is not None and flow.response.raw_content is None:
             capture.keep_on(flow.response)

@@ -25,7 +25,7 @@ class QuietLog(logging.Filter):
         super().__init__()
         self.verbose = False
         self._relay_port: Callable[[], int | None] = lambda: None
-        self._relay_clients: dict[tuple, int] = {}  # client peername -> relay hops streaming now
+        self._held_clients: dict[tuple, int] = {}  # client peername -> held flows streaming now (their hop or relay hop)
         self._set_dumper_filter = False
 
     # -- setup -------------------------------------------------------------------------------
@@ -50,15 +50,15 @@ class QuietLog(logging.Filter):
 
     # -- relay hops --------------------------------------------------------------------------
 
-    def relay_client(self, peername) -> None:
-        self._relay_clients[peername] = self._relay_clients.get(peername, 0) + 1
+    def held_client(self, peername) -> None:
+        self._held_clients[peername] = self._held_clients.get(peername, 0) + 1
 
-    def relay_client_done(self, peername) -> None:
-        left = self._relay_clients.get(peername, 0) - 1
+    def held_client_done(self, peername) -> None:
+        left = self._held_clients.get(peername, 0) - 1
         if left > 0:
-            self._relay_clients[peername] = left
+            self._held_clients[peername] = left
         else:
-            self._relay_clients.pop(peername, None)
+            self._held_clients.pop(peername, None)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if self.verbose or record.levelno > logging.INFO:
@@ -67,7 +67,7 @@ class QuietLog(logging.Filter):
         port = self._relay_port()
         if port and message.endswith(f" 127.0.0.1:{port}"):  # server connect/disconnect of a relay hop
             lowered(record)
-        elif message.startswith("Streaming response from") and getattr(record, "client", None) in self._relay_clients:
+        elif message.startswith("Streaming response from") and getattr(record, "client", None) in self._held_clients:
             lowered(record)
         return True
 
