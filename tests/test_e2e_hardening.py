@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from harness import FakeUpstreamProcess, ProxyProcess, pool_yaml, start_raw_post
+from harness import FakeUpstreamProcess, ProxyProcess, pool_yaml, start_raw_post, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -47,6 +47,35 @@ def test_a_client_that_reads_nothing_does_not_make_the_proxy_buffer_the_stream(t
     finally:
         if sock is not None:
             sock.close()
+        proxy.stop()
+        fake.stop()
+
+
+def test_an_http2_client_that_opens_no_window_does_not_make_the_proxy_buffer_the_stream(tmp_path):
+    """The same over HTTP/2, where the client's socket keeps draining but the stream's flow-control
+    window stays shut: mitmproxy's HTTP/2 layer would buffer everything it is handed, so the hop
+    hands over no more past 1 MiB buffered (client_hop.H2_HIGH). It grew by ~200 MB before."""
+    from h2_client import H2Client
+
+    fake = FakeUpstreamProcess(tmp_path / "fake", "--tls", "--flood-mib", "200")
+    text, env = pool_yaml(f"https://127.0.0.1:{fake.port}", [("spare", "sk-test-spare-good")])
+    proxy = ProxyProcess(tmp_path / "proxy", text, env, extra=["--set", "ssl_insecure=true"])
+    client = None
+    try:
+        before = rss_mib(proxy.proc.pid)
+        client = H2Client(proxy.port, f"127.0.0.1:{fake.port}", proxy.confdir / "mitmproxy-ca-cert.pem", ack=False)
+        stream = client.post_model("sk-test-client-flood")
+        wait_until(lambda: stream.data, timeout=10, what="the response to begin")
+        peak = before
+        for _ in range(30):  # 3 s: unbounded buffering absorbed all 200 MiB in about 1 s
+            time.sleep(0.1)
+            peak = max(peak, rss_mib(proxy.proc.pid))
+        assert peak - before <= 64, f"RSS grew by {peak - before:.0f} MiB"
+        assert stream.reset is None
+        assert not client.closed
+    finally:
+        if client is not None:
+            client.close()
         proxy.stop()
         fake.stop()
 

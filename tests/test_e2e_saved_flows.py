@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import time
 
 import pytest
 from mitmproxy import io
 
-from harness import (FakeUpstreamProcess, MitmwebProcess, ProxyProcess, pool_yaml, post_responses, proxy_status,
+from harness import (MITMDUMP, FakeUpstreamProcess, MitmwebProcess, ProxyProcess, pool_yaml, post_responses, proxy_status,
                      start_raw_post, wait_until)
 
 pytestmark = pytest.mark.e2e
@@ -314,4 +315,29 @@ def test_a_held_flow_keeps_its_real_url_and_is_answered_in_process(tmp_path):
     finally:
         sock.close()
         web.stop()
+        fake.stop()
+
+
+def test_a_saved_held_flow_replays_to_its_url(tmp_path):
+    """`-w` saves the client flow in its `response` hook: by then its stand-in server connection has
+    lost its `via` (codex-failover.hop, never dialled), so `mitmdump -C` replays it like any flow."""
+    fake = FakeUpstreamProcess(tmp_path / "fake")
+    text, env = pool_yaml(fake.base, [("spare", "sk-test-spare-good")])
+    saved = tmp_path / "flows.mitm"
+    proxy = ProxyProcess(tmp_path / "proxy", text, env, extra=["-w", str(saved)])
+    try:
+        assert post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-good").status == 200
+    finally:
+        proxy.stop()
+    try:
+        with open(saved, "rb") as fh:
+            client = [f for f in io.FlowReader(fh).stream() if not f.is_replay]
+        assert len(client) == 1
+        assert client[0].server_conn.via is None
+        before = len(fake.model_requests())
+        replay = subprocess.run([MITMDUMP, "-n", "-C", str(saved), "--set", f"confdir={tmp_path / 'replay-conf'}"],
+                                capture_output=True, text=True, timeout=60)
+        assert "Name or service not known" not in replay.stdout, replay.stdout[-1000:]
+        assert len(fake.model_requests()) > before, "the replay reached the upstream"
+    finally:
         fake.stop()

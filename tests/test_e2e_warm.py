@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from harness import (FakeUpstreamProcess, MitmwebProcess, pool_yaml, post_responses, proxy_status, served_by,
-                     start_raw_post, wait_until)
+from h2_client import H2Client
+from harness import (FakeUpstreamProcess, MitmwebProcess, ProxyProcess, pool_yaml, post_responses, proxy_status,
+                     served_by, start_raw_post, wait_until)
 
 pytestmark = pytest.mark.e2e
 
@@ -112,4 +113,34 @@ def test_a_pool_change_closes_the_kept_connections(tmp_path):
         assert first != second, "after a pool change the next request must use a new connection"
     finally:
         web.stop()
+        fake.stop()
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.3])
+def test_an_http2_client_resetting_its_held_stream_cancels_the_attempt(tmp_path, delay):
+    """Codex over HTTP/2 resets a stream it gives up on. At 0.05 s the reset arrives while the
+    addon's request hook still runs, before the stream has handed its request to the stand-in
+    (client_hop.client_error sees it); at 0.3 s the stand-in itself gets it. Either way the attempt
+    is cancelled at once, and the connection's next request is served."""
+    fake = FakeUpstreamProcess(tmp_path / "fake", "--tls", "--stall", "30")
+    text, env = pool_yaml(f"https://127.0.0.1:{fake.port}", [("spare", "sk-test-spare-good")], bootstrap_timeout="20s")
+    proxy = ProxyProcess(tmp_path / "proxy", text, env, extra=["--set", "ssl_insecure=true"])
+    client = H2Client(proxy.port, f"127.0.0.1:{fake.port}", proxy.confdir / "mitmproxy-ca-cert.pem")
+    try:
+        held = client.post_model("sk-test-client-stall")
+        time.sleep(delay)
+        client.reset(held)
+        wait_until(lambda: any(r.get("event") == "peer_closed" for r in fake.requests()), timeout=5,
+                   what="the attempt to be cancelled")
+        following = client.wait(client.post_model("sk-test-client-good"))
+        assert following.status == 200
+        assert following.ended
+        assert b"response.completed" in following.data
+        status = wait_until(lambda: (s := proxy_status(proxy.port))["held_requests"] == 0 and s, timeout=3,
+                            what="no request held any more")
+        assert status["attempts_in_flight"] == 0, status
+        assert "Traceback" not in proxy.log()
+    finally:
+        client.close()
+        proxy.stop()
         fake.stop()

@@ -360,15 +360,7 @@ class WsClient:
         sock = socket.create_connection(("127.0.0.1", proxy_port) if proxy_port else (host, int(port)), timeout=timeout)
         try:
             if proxy_port:
-                sock.sendall(f"CONNECT {hostport} HTTP/1.1\r\nHost: {hostport}\r\n\r\n".encode())
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    chunk = sock.recv(4096)
-                    if not chunk:
-                        raise ConnectionError("the proxy closed the connection during CONNECT")
-                    head += chunk
-                if head.split(b" ", 2)[1] != b"200":
-                    raise ConnectionError(f"CONNECT refused: {head.splitlines()[0]!r}")
+                proxy_connect(sock, hostport)
             ws = WSConnection(ConnectionType.CLIENT)
             sock.sendall(ws.send(Request(host=hostport, target="/" + path, extensions=[PerMessageDeflate()],
                                          extra_headers=[(k.encode(), v.encode()) for k, v in headers.items()])))
@@ -466,6 +458,19 @@ class WsClient:
             pass
         finally:
             self.sock.close()
+
+
+def proxy_connect(sock: socket.socket, hostport: str) -> None:
+    """CONNECT `hostport` through the proxy at the other end of `sock`; ConnectionError unless 200."""
+    sock.sendall(f"CONNECT {hostport} HTTP/1.1\r\nHost: {hostport}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError("the proxy closed the connection during CONNECT")
+        head += chunk
+    if head.split(b" ", 2)[1] != b"200":
+        raise ConnectionError(f"CONNECT refused: {head.splitlines()[0]!r}")
 
 
 def proxy_status(proxy_port: int) -> dict:

@@ -22,6 +22,7 @@ When mitmproxy's layers are not as expected, `attach` returns None and the loopb
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import socket
@@ -33,7 +34,7 @@ from mitmproxy import ctx, http
 from mitmproxy.connection import ConnectionState, Server
 from mitmproxy.proxy import events, layer
 from mitmproxy.proxy.layers import http as http_layers
-from mitmproxy.proxy.layers.http import HttpLayer, HttpStream
+from mitmproxy.proxy.layers.http import Http2Server, HttpLayer, HttpStream
 
 from .attempt import Capture
 from ..net.relay import HOP_BY_HOP, UNCLAIMED_TTL, UpstreamBroken
@@ -43,9 +44,14 @@ log = logging.getLogger("codex_failover")
 HOP_HOST = "codex-failover.hop"  # the stand-in's `via`: never dialled, never resolved
 HOP_TAG = "codex_failover.hop"  # flow.metadata of a client flow answered in process
 CORK_LIMIT = 0.05  # the longest the client's head may wait for the body's first bytes (seconds)
+# An HTTP/2 client's stream that does not open its flow-control window makes mitmproxy buffer what it
+# is handed (BufferedH2Connection.stream_buffers), not its socket: past H2_HIGH buffered, the hop
+# hands over nothing more until it is under H2_LOW (and the attempt, queueing, pauses its upstream).
+H2_HIGH, H2_LOW, H2_POLL = 1024 * 1024, 256 * 1024, 0.02
 _SEARCH_LIMIT = 256  # layers looked at to find a flow's stream (a client connection has a handful)
 _numbers = itertools.count(1)
 _streaming: set["ClientHop"] = set()  # answers being streamed right now (the status page counts them)
+_by_flow: dict[str, "ClientHop"] = {}  # client flow id -> its hop, until the answer ended
 
 
 def streaming() -> int:
@@ -93,6 +99,7 @@ class ClientHop:
         self.pump: asyncio.Task | None = None
         self.gone = False
         self.detached = False
+        self.flow_id = ""
         self.first_out = asyncio.Event()  # the answer's first body bytes went to the client
         self._corked = None  # the client's socket while its head waits for the first body bytes
 
@@ -127,6 +134,8 @@ class ClientHop:
         inner.held[stream.stream_id] = conn
         flow.server_conn = conn
         flow.metadata[HOP_TAG] = True
+        _by_flow[flow.id] = hop
+        hop.flow_id = flow.id
         return hop
 
     def detach(self) -> None:
@@ -135,11 +144,10 @@ class ClientHop:
         self._uncork()
         self.first_out.set()
         _streaming.discard(self)
+        _by_flow.pop(self.flow_id, None)
         self.layers[-1].held.pop(self.stream_id, None)
         self.detached = True
-        self.conn.state = ConnectionState.CLOSED
-        self.conn.timestamp_end = time.time()
-        self.conn.via = None  # a saved or replayed flow goes to its URL like any other
+        ended(self.conn)
 
     # -- the answer (RelaySession's interface) ------------------------------------------------
 
@@ -159,8 +167,10 @@ class ClientHop:
                 _streaming.add(self)
                 await self._stream()
         except UpstreamBroken as exc:  # the client sees the stream cut, as it would have directly
-            await self._deliver(http_layers.ResponseProtocolError(self.stream_id, f"upstream broke: {exc}",
-                                                                  http_layers.ErrorCode.GENERIC_SERVER_ERROR))
+            error = http_layers.ResponseProtocolError(self.stream_id, f"upstream broke: {exc}",
+                                                      http_layers.ErrorCode.GENERIC_SERVER_ERROR)
+            with contextlib.suppress(ConnectionError):  # the client left meanwhile
+                await self._deliver(error)
         except ConnectionError:
             self._stop()
         finally:
@@ -232,6 +242,16 @@ class ClientHop:
         io = self.handler.transports.get(self.handler.client)
         if io is not None and io.writer is not None:
             await io.writer.drain()  # backpressure: a slow client slows the attempt, never the proxy
+        if self._h2_buffered() > H2_HIGH:
+            while self._h2_buffered() > H2_LOW and not self.gone:
+                await asyncio.sleep(H2_POLL)
+
+    def _h2_buffered(self) -> int:
+        """Bytes of this stream that mitmproxy's HTTP/2 layer holds for the client's window."""
+        server = self.layers[-1].connections.get(self.handler.client)
+        if not isinstance(server, Http2Server):
+            return 0
+        return sum(len(item.data) for item in server.h2_conn.stream_buffers.get(self.stream_id, ()))
 
     # -- the client leaving ----------------------------------------------------------------
 
@@ -246,11 +266,29 @@ class ClientHop:
             return
         self.gone = True
         self.queue.clear()
+        self.requested.set()  # an answer waiting for the request goes on, and finds the client gone
         if self.pump is not None and self.pump is not asyncio.current_task():
             self.pump.cancel()
         result = self.abort()
         if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
             asyncio.ensure_future(result).add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+def ended(conn: Server) -> None:
+    """The stand-in is done: closed, and without its `via`, so the flow as saved (`-w` writes it in
+    the `response` or `error` hook) or replayed goes to its URL like any other."""
+    if conn.via is not None and conn.via[1][0] == HOP_HOST:
+        conn.state = ConnectionState.CLOSED
+        conn.timestamp_end = time.time()
+        conn.via = None
+
+
+def client_error(flow: http.HTTPFlow) -> None:
+    """The client flow's `error` hook: a client that left before its stream handed the request to
+    the stand-in (an HTTP/2 reset while the request hook still ran) is seen here, not there."""
+    hop = _by_flow.get(flow.id)
+    if hop is not None and not hop.requested.is_set():
+        hop.client_left(flow.error.msg if flow.error else "client error")
 
 
 class _HeldHttpLayer(HttpLayer):

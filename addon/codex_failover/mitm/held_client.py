@@ -16,7 +16,7 @@ from mitmproxy import ctx, http
 from mitmproxy.connection import Server
 from mitmproxy.hooks import UpdateHook
 
-from . import client_answers
+from . import client_answers, client_hop
 from .attempt import PLACEHOLDER, SECRET_HEADERS, Capture
 from .client_hop import HOP_TAG, ClientHop
 from .warm_conn import update_listened
@@ -171,13 +171,18 @@ class RelayHops:
         self._restore(flow)
 
     def error(self, flow: http.HTTPFlow) -> None:
+        if HOP_TAG in flow.metadata:
+            client_hop.client_error(flow)
         self._restore(flow)
 
     def _restore(self, flow: http.HTTPFlow) -> None:
         original = flow.metadata.pop(RELAY_TAG, None)
         if original is not None:  # show the real request in mitmweb, not the relay hop
             flow.request = http.Request.from_state(original)
-        if original is not None or flow.metadata.pop(HOP_TAG, None):
+        if flow.metadata.pop(HOP_TAG, None):
+            client_hop.ended(flow.server_conn)  # before `-w` saves the flow (its hook runs after ours)
+            self.quiet.held_client_done(flow.client_conn.peername)
+        elif original is not None:
             self.quiet.held_client_done(flow.client_conn.peername)
         capture = self.captures.pop(flow.id, None)
         if capture is not None and flow.response is not None and flow.response.raw_content is None:
