@@ -34,7 +34,8 @@ Topology (tests/support/delay_link.py; all local, nothing reaches the internet):
 Reported per cell (ms, median / p95, and the median's difference to plain mitmdump in the same RTT and
 client): (a) request sent -> first response byte (with the addon: the commit of the held stream),
 (b) -> first output event (first reasoning or text delta), (c) -> first text delta; request sent -> the
-(first) attempt arrived at the fake upstream; per measured request: upstream TCP connections opened
+(first) attempt arrived at the fake upstream; (d) the first output event's own hop: the fake wrote it ->
+it arrived at the client (through the TLS front and the proxy; with the addon, this is the commit); per measured request: upstream TCP connections opened
 (SYNs on the link to that cell's front port) and used (connections whose first request at the front was
 a measured one), attempts at the front, new client connections; the HTTP version the front saw; for
 failover, request sent -> the spare's request at the fake. Timestamps across processes are time.time()
@@ -120,6 +121,10 @@ class Sample:
     first_text_ms: float | None = None
     total_ms: float | None = None
     to_upstream_ms: float | None = None  # filled from the fake's log
+    output_hop_ms: float | None = None  # the fake wrote the first output event -> it arrived (fake's log)
+    response_id: str | None = None  # the answer the client got (a failover's winner), and its first output
+    first_output_seq: int | None = None  # event's sequence number: to find when the fake wrote it
+    first_output_wall: float | None = None
     to_spare_ms: float | None = None  # failover: the spare's request arrived at the fake
     new_connection: bool = False  # the client had to (re)connect to the proxy for this request
     setup_ms: float | None = None  # CONNECT + TLS to the proxy, when new_connection
@@ -148,13 +153,17 @@ class SseWatch:
 
     def _event(self, data: bytes, now: float) -> None:
         try:
-            kind = json.loads(data).get("type", "")
+            event = json.loads(data)
+            kind = event.get("type", "")
         except (ValueError, AttributeError):
             return
         ms = (now - self.t0) * 1000
         s = self.sample
+        if kind == "response.created":
+            s.response_id = (event.get("response") or {}).get("id")
         if s.first_output_ms is None and is_output(kind):
             s.first_output_ms = ms
+            s.first_output_seq, s.first_output_wall = event.get("sequence_number"), s.sent_at + ms / 1000
         if s.first_text_ms is None and kind == TEXT_DELTA:
             s.first_text_ms = ms
         if kind == "response.completed":
@@ -430,7 +439,7 @@ def start_upstream(link: DelayLink, tmp: Path, cells: list[Cell], server_pem: Pa
                    deltas: int) -> tuple[subprocess.Popen, subprocess.Popen]:
     """Namespace b: the fake upstream (plain HTTP/1.1 on 127.0.0.1) and the TLS front before it."""
     fake = spawn(link, "b", [PYTHON, str(ROOT / "tests" / "support" / "fake_upstream.py"), "--port", str(FAKE_PORT),
-                             "--log", str(tmp / "fake.jsonl"), "--pace", str(pace), "--deltas", str(deltas)],
+                             "--log", str(tmp / "fake.jsonl"), "--pace", str(pace), "--deltas", str(deltas), "--trace-events"],
                  tmp / "fake.out")
     (tmp / "front_log.py").write_text(FRONT_ADDON)
     modes = [a for c in cells for a in ("--mode", f"reverse:http://127.0.0.1:{FAKE_PORT}@{c.front_port}")]
@@ -510,8 +519,11 @@ def attach_upstream_times(samples: list[Sample], fake_log: Path) -> None:
     """Request sent -> the fake received the (first) attempt, and for failovers the spare's."""
     first: dict[str, float] = {}
     spare: dict[str, float] = {}
+    written: dict[tuple[str, int], float] = {}  # (response id, sequence number) -> the fake wrote it
     for line in fake_log.read_text().splitlines():
         r = json.loads(line)
+        if r.get("event") == "event_sent":
+            written[(r["response"], r["seq"])] = r["ts"]
         if "event" in r or not r.get("session"):
             continue
         first.setdefault(r["session"], r["ts"])
@@ -522,6 +534,9 @@ def attach_upstream_times(samples: list[Sample], fake_log: Path) -> None:
             s.to_upstream_ms = (first[s.session] - s.sent_at) * 1000
         if s.config == "failover" and s.session in spare:
             s.to_spare_ms = (spare[s.session] - s.sent_at) * 1000
+        wrote = written.get((s.response_id, s.first_output_seq))
+        if wrote is not None and s.first_output_wall is not None:
+            s.output_hop_ms = (s.first_output_wall - wrote) * 1000
 
 
 def front_view(front_log: Path, samples: list[Sample]) -> dict[tuple[float, int], dict]:
@@ -568,7 +583,7 @@ def summarize(samples: list[Sample], counts: dict, front: dict, cells: list[Cell
                    "setup_ms": med([s.setup_ms for s in mine if s.setup_ms is not None]),
                    "errors": [s.error or f"status {s.status}, completed={s.completed}" for s in mine if not s.ok]}
             for name in ("first_byte_ms", "first_output_ms", "first_text_ms", "total_ms", "to_upstream_ms",
-                         "to_spare_ms"):
+                         "to_spare_ms", "output_hop_ms"):
                 v = values(mine, name)
                 row[name] = {"median": med(v), "p95": pct(v, 0.95), "n": len(v)}
             rows.append(row)
@@ -577,7 +592,7 @@ def summarize(samples: list[Sample], counts: dict, front: dict, cells: list[Cell
             continue
         base = next(r for r in rows if r["rtt_ms"] == row["rtt_ms"] and r["client"] == row["client"]
                     and r["config"] == "plain")
-        for name in ("first_byte_ms", "first_output_ms", "first_text_ms", "to_upstream_ms"):
+        for name in ("first_byte_ms", "first_output_ms", "first_text_ms", "to_upstream_ms", "output_hop_ms"):
             row[name]["delta_vs_plain"] = row[name]["median"] - base[name]["median"]
     return rows
 
@@ -594,11 +609,11 @@ def print_tables(rows: list[dict], busy: dict[float, float]) -> None:
     print("\nconfigs: " + "; ".join(f"{k} = {v}" for k, v in CONFIGS.items()))
     print("\n== latency, ms: median/p95 and the median's difference to plain mitmdump (same RTT, same client) ==")
     print(f"{'RTT':>4} {'cli':<3} {'config':<8} {'ok':>5}  {'(a) first byte':<21}  {'(b) first output':<21}  "
-          f"{'(c) first text delta':<21}  {'to upstream':<21}")
+          f"{'(c) first text delta':<21}  {'to upstream':<21}  {'(d) first output hop':<21}")
     for r in rows:
         print(f"{r['rtt_ms']:>4g} {r['client']:<3} {r['config']:<8} {r['ok']:>2}/{r['requests']:<2}  "
               f"{fmt(r['first_byte_ms'])}  {fmt(r['first_output_ms'])}  {fmt(r['first_text_ms'])}  "
-              f"{fmt(r['to_upstream_ms'])}")
+              f"{fmt(r['to_upstream_ms'])}  {fmt(r['output_hop_ms'])}")
     print("\n== per measured request: new upstream TCP connections (SYNs on the link; new connections at the front), "
           "attempts at the front, new client connections; the HTTP version upstream; failover: sent -> spare ==")
     print(f"{'RTT':>4} {'cli':<3} {'config':<8} {'SYN/req':>8} {'front conns/req':>15} {'attempts/req':>12} "

@@ -127,7 +127,7 @@ class Attempt:
         req = self.flow.request
         self.flow.server_conn = Server(address=(req.host, req.port))
         self.flow.server_conn.via = via
-        key = WarmKey(req.scheme, req.host, req.port, via)
+        key = WarmKey.of(req.scheme, req.host, req.port, via, self.flow.client_conn)
         self._task = asyncio.get_running_loop().create_task(self._send(key))
 
     async def _send(self, key: WarmKey) -> None:

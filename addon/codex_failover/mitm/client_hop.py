@@ -32,10 +32,11 @@ from typing import AsyncIterator, Callable
 
 from mitmproxy import ctx, http
 from mitmproxy.connection import ConnectionState, Server
-from mitmproxy.proxy import events, layer
+from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import Http2Server, HttpLayer, HttpStream
 
+from . import hook_chain
 from .attempt import Capture
 from ..net.relay import HOP_BY_HOP, UNCLAIMED_TTL, UpstreamBroken
 
@@ -102,6 +103,9 @@ class ClientHop:
         self.flow_id = ""
         self.first_out = asyncio.Event()  # the answer's first body bytes went to the client
         self._corked = None  # the client's socket while its head waits for the first body bytes
+        self._first_handed = False  # the stream has handed the first body bytes over (written once it returns)
+        self._deferred: list[commands.Log] = []  # the stream's log lines while the head waits for the body
+        self._prepared: tuple | None = None  # ((status, reason, headers), the client's Response for them)
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -136,11 +140,14 @@ class ClientHop:
         flow.metadata[HOP_TAG] = True
         _by_flow[flow.id] = hop
         hop.flow_id = flow.id
+        hook_chain.speed_up(handler)  # the client flow's responseheaders hook is on the first output's way
         return hop
 
     def detach(self) -> None:
         """The answer ended. The stand-in stays registered while its stream lives (the stream may
         still send it the client's error): `_sweep` removes it at a later attach."""
+        self._first_handed = True
+        self.written()
         self._uncork()
         self.first_out.set()
         _streaming.discard(self)
@@ -178,6 +185,8 @@ class ClientHop:
 
     async def _claimed(self) -> bool:
         """Has the stream handed its request to the stand-in (it normally has by the answer)?"""
+        if self.requested.is_set():  # as below, without a timer
+            return True
         try:
             await asyncio.wait_for(self.requested.wait(), UNCLAIMED_TTL)
             return True
@@ -196,11 +205,19 @@ class ClientHop:
                 await self._deliver(http_layers.ResponseData(sid, chunk))
         await self._deliver(http_layers.ResponseEndOfMessage(sid))
 
+    def prepare(self, status: int, reason: str, headers: list[tuple[bytes, bytes]]) -> None:
+        """Build the head the answer will have if this attempt wins, while the hold waits (building
+        a mitmproxy Response costs ~30 us, which the first output should not pay)."""
+        self._prepared = ((status, reason, headers), _client_response(status, reason, headers))
+
     def _response(self) -> http.Response:
-        fields = [(k, v) for k, v in self.headers if k.lower() not in HOP_BY_HOP]
-        fields.append((b"transfer-encoding", b"chunked"))  # what an HTTP/1.1 client reads; h2 drops it
-        response = http.Response(b"HTTP/1.1", self.status, (self.reason or "OK").encode(), http.Headers(fields),
-                                 None, None, time.time(), None)
+        prepared = self._prepared
+        if prepared is not None and prepared[0] == (self.status, self.reason, self.headers):
+            response = prepared[1]
+            response.timestamp_start = time.time()
+        else:
+            response = _client_response(self.status, self.reason, self.headers)
+        self._prepared = None
         response.stream = Capture(on_first=self._body_started)  # RelayHops keeps it for mitmweb
         self._cork()
         return response
@@ -228,11 +245,28 @@ class ClientHop:
                 pass
 
     def _body_started(self) -> None:
-        """The stream is handing the first body bytes over; they are written before the loop's next turn."""
-        def written() -> None:
-            self._uncork()
-            self.first_out.set()
-        asyncio.get_running_loop().call_soon(written)
+        """The stream is handing the first body bytes over: `written` once the layers return
+        (`_HeldHttpLayer.event_to_child`), at the latest on the loop's next turn."""
+        self._first_handed = True
+        asyncio.get_running_loop().call_soon(self.written)
+
+    def hold_log(self, command: commands.Log) -> bool:
+        """A log line the stream yields between the head and the first body bytes (mitmproxy's
+        "Streaming response from ..."): logged once those are written, not before."""
+        if self.status is None or self._first_handed:
+            return False
+        self._deferred.append(command)
+        return True
+
+    def written(self) -> None:
+        """What the stream handed over is written: the client gets head and first output now."""
+        if not self._first_handed:
+            return
+        self._uncork()
+        self.first_out.set()
+        deferred, self._deferred = self._deferred, []
+        for command in deferred:
+            self.handler.log(command.message, command.level)
 
     async def _deliver(self, *events_: http_layers.HttpEvent) -> None:
         if self.gone:
@@ -274,6 +308,13 @@ class ClientHop:
             asyncio.ensure_future(result).add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
+def _client_response(status: int, reason: str, headers: list[tuple[bytes, bytes]]) -> http.Response:
+    fields = [(k, v) for k, v in headers if k.lower() not in HOP_BY_HOP]
+    fields.append((b"transfer-encoding", b"chunked"))  # what an HTTP/1.1 client reads; h2 drops it
+    return http.Response(b"HTTP/1.1", status, (reason or "OK").encode(), http.Headers(fields), None, None,
+                         time.time(), None)
+
+
 def ended(conn: Server) -> None:
     """The stand-in is done: closed, and without its `via`, so the flow as saved (`-w` writes it in
     the `response` or `error` hook) or replayed goes to its URL like any other."""
@@ -306,6 +347,22 @@ class _HeldHttpLayer(HttpLayer):
             return
         del self.command_sources[event]
         yield from self.event_to_child(stream, http_layers.GetHttpConnectionCompleted(event, (conn, None)))
+
+
+    def event_to_child(self, child, event: events.Event) -> layer.CommandGenerator[None]:
+        """A held stream's commands, with its log lines held while its head waits for the first
+        body bytes; the moment the layers return, what it wrote is sent (`ClientHop.written`)."""
+        conn = self.held.get(child.stream_id) if isinstance(child, HttpStream) else None
+        hop_layer = self.connections.get(conn) if conn is not None else None
+        if not isinstance(hop_layer, HopLayer):
+            yield from super().event_to_child(child, event)
+            return
+        hop = hop_layer.hop
+        for command in super().event_to_child(child, event):
+            if isinstance(command, commands.Log) and hop.hold_log(command):
+                continue
+            yield command  # executed (written) before the loop goes on
+        hop.written()
 
 
 def _sweep(inner: HttpLayer) -> None:

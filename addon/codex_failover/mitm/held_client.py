@@ -16,10 +16,9 @@ from mitmproxy import ctx, http
 from mitmproxy.connection import Server
 from mitmproxy.hooks import UpdateHook
 
-from . import client_answers, client_hop
+from . import client_answers, client_hop, hook_chain
 from .attempt import PLACEHOLDER, SECRET_HEADERS, Capture
 from .client_hop import HOP_TAG, ClientHop
-from .warm_conn import update_listened
 from .heartbeat import STREAM_HEADERS, HeartbeatSink
 from ..net.relay import Relay, RelaySession
 
@@ -30,7 +29,7 @@ def shown_changed(flow: http.HTTPFlow) -> None:
     """Tell mitmweb (its view addon) that a live flow's comment or mark changed between hooks;
     nothing to do when no addon listens (mitmdump)."""
     try:
-        if update_listened():
+        if hook_chain.listens(ctx.master.addons, "update"):
             ctx.master.addons.trigger(UpdateHook([flow]))
     except AttributeError:  # no master (unit tests without taddons)
         pass
@@ -84,6 +83,11 @@ class HeldClient:
             timer = asyncio.get_running_loop().call_later(timeout, self.hop.first_out.set)
             await self.hop.first_out.wait()
             timer.cancel()
+
+    def prepare(self, status: int, reason: str, headers: list) -> None:
+        """A head `stream` may soon be given (an attempt's, while it is held): built ahead if the hop can."""
+        if isinstance(self.hop, ClientHop):
+            self.hop.prepare(status, reason, headers)
 
     def stream(self, status: int, reason: str, headers: list, body, first: bytes = b"") -> None:
         """The winner: its head and `first` (the held bytes) now, its live rest (`body`) as it

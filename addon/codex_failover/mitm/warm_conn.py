@@ -28,14 +28,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from mitmproxy import ctx, flow as mitmflow
-from mitmproxy.addonmanager import traverse
-from mitmproxy.hooks import UpdateHook
 from mitmproxy.connection import Client, ConnectionState, Server
 from mitmproxy.proxy import commands, events, layer, server, server_hooks
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import HTTPMode, HttpStream
 
+from . import hook_chain
 from .quiet_log import replay_level
 from ..core.warm_book import Slot
 
@@ -47,12 +46,20 @@ log = logging.getLogger("codex_failover")
 
 
 class WarmKey(NamedTuple):
-    """What a kept connection can serve: the upstream and the way to it (mitmproxy's `via`)."""
+    """What a kept connection can serve: the upstream, the way to it (mitmproxy's `via`), and
+    whether it offers HTTP/2 (`h2`: as mitmproxy does, the client's own protocol is offered upstream,
+    so an HTTP/1.1 client's attempts go over kept HTTP/1.1 connections, as through a plain proxy)."""
 
     scheme: str
     host: str
     port: int
     via: tuple | None
+    h2: bool = True
+
+    @classmethod
+    def of(cls, scheme: str, host: str, port: int, via: tuple | None, client) -> "WarmKey":
+        """The key for an attempt of `client`'s (its connection's ALPN says HTTP/2 or not)."""
+        return cls(scheme, host, port, via, scheme == "https" and client.alpn == b"h2")
 
 
 @dataclass
@@ -180,8 +187,8 @@ class WarmConnection(server.ConnectionHandler):
 
     def __init__(self, key: WarmKey, slot: Slot, options, endpoint=None):
         client = Client(peername=("127.0.0.1", 0), sockname=("127.0.0.1", 0), state=ConnectionState.OPEN)
-        if options.http2:  # mirrored upstream by mitmproxy's TlsConfig: HTTP/2 where the upstream offers it
-            client.alpn_offers = [b"h2", b"http/1.1"]
+        # mirrored upstream by mitmproxy's TlsConfig: HTTP/2 where the upstream offers it
+        client.alpn_offers = [b"h2", b"http/1.1"] if options.http2 and key.h2 else [b"http/1.1"]
         context = Context(client, options)
         context.server = Server(address=(key.host, key.port), via=key.via)
         if key.scheme == "https":
@@ -324,20 +331,9 @@ class WarmConnection(server.ConnectionHandler):
             replay_level(level, ctx.options.failover_verbose), f"[warm {self.key.host}] {message}", exc_info=exc_info)
 
 
-def update_listened() -> bool:
-    """Does any addon listen to `update` (mitmweb's view does; mitmdump has none)? Then each flow
-    hook is followed by an UpdateHook, as mitmproxy's own handle_lifecycle does; otherwise that
-    fan-out to every addon (a large share of a request's CPU) is skipped."""
-    return any(hasattr(a, "update") for a in traverse(ctx.master.addons.chain))
-
-
 async def run_hook(hook) -> None:
-    """mitmproxy's `AddonManager.handle_lifecycle`, without the UpdateHook nobody listens to."""
-    (data,) = hook.args()
-    addons = ctx.master.addons
-    await addons.trigger_event(hook)
-    if isinstance(data, mitmflow.Flow) and update_listened():
-        await addons.trigger_event(UpdateHook([data]))
+    """An attempt flow's hook, as mitmproxy runs a flow's hooks (hook_chain.lifecycle)."""
+    await hook_chain.lifecycle(ctx.master.addons, hook)
 
 
 def as_http11(request) -> None:
