@@ -1,0 +1,118 @@
+"""hook_chain runs a hook as mitmproxy's AddonManager does: the same calls in the same order, the same
+errors logged, AddonHalt and OptionsError as there; the update only when an addon listens."""
+
+import asyncio
+import logging
+import types
+
+import pytest
+from mitmproxy import exceptions
+from mitmproxy.hooks import UpdateHook
+from mitmproxy.proxy.layers.http import HttpRequestHook
+from mitmproxy.test import taddons, tflow
+
+from codex_failover.mitm import hook_chain
+
+
+class Rec:
+    def __init__(self, name, calls, children=(), does=None):
+        self.name, self.calls, self.does = name, calls, does
+        if children:
+            self.addons = list(children)
+
+    def request(self, flow):
+        self.calls.append(self.name)
+        if self.does is not None:
+            raise self.does
+
+
+class AsyncRec(Rec):
+    async def request(self, flow):
+        self.calls.append(self.name)
+
+
+class Odd:
+    def __init__(self, value):
+        self.request, self.name = value, f"odd-{id(self)}"
+
+    def __repr__(self):
+        return "Odd"
+
+
+def chain(calls, halt=False):
+    """Addons covering every path: nested, async, raising mid-addon, non-callable, a module."""
+    return [
+        Rec("a", calls),
+        Rec("b", calls, [AsyncRec("b1", calls), Rec("b2", calls, does=ValueError("boom")), Rec("b3", calls)]),
+        Odd(types),  # a module named like the hook: skipped
+        Rec("c", calls, [Odd(5), Rec("c1", calls)]),  # not callable: an error, c1 not reached
+        Rec("d", calls, does=exceptions.AddonHalt() if halt else None),
+        Rec("e", calls),
+    ]
+
+
+async def run(impl, halt, caplog):
+    calls: list[str] = []
+    with taddons.context(*chain(calls, halt)) as tctx:
+        caplog.clear()
+        with caplog.at_level(logging.ERROR):
+            hook = HttpRequestHook(tflow.tflow())
+            if impl == "mitmproxy":
+                await tctx.master.addons.trigger_event(hook)
+            else:
+                await hook_chain.trigger(tctx.master.addons, hook)
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    return calls, errors
+
+
+@pytest.mark.parametrize("halt", [False, True])
+def test_trigger_calls_and_logs_what_mitmproxy_does(caplog, halt):
+    async def both():
+        return await run("ours", halt, caplog), await run("mitmproxy", halt, caplog)
+
+    mine, theirs = asyncio.run(both())
+    assert mine == theirs
+    calls, errors = mine
+    assert calls == ["a", "b", "b1", "b2", "c", "d"] + ([] if halt else ["e"])
+    assert errors[0] == "Addon error: boom"
+    assert errors[1].startswith("Addon error: Addon handler request (") and errors[1].endswith("not callable")
+
+
+def test_an_options_error_propagates_as_in_mitmproxy():
+    calls: list[str] = []
+
+    async def both():
+        with taddons.context(Rec("a", calls, does=exceptions.OptionsError("bad option")), Rec("b", calls)) as tctx:
+            for trigger in (tctx.master.addons.trigger_event, lambda h: hook_chain.trigger(tctx.master.addons, h)):
+                with pytest.raises(exceptions.OptionsError):
+                    await trigger(HttpRequestHook(tflow.tflow()))
+
+    asyncio.run(both())
+    assert calls == ["a", "a"]
+
+
+class Listener:
+    def __init__(self):
+        self.updates = []
+
+    def update(self, flows):
+        self.updates.append(flows)
+
+
+def test_lifecycle_sends_the_update_only_when_an_addon_listens():
+    calls: list[str] = []
+    listener = Listener()
+    flow = tflow.tflow()
+
+    async def go():
+        with taddons.context(Rec("a", calls)) as tctx:
+            assert not hook_chain.listens(tctx.master.addons, "update")
+            await hook_chain.lifecycle(tctx.master.addons, HttpRequestHook(flow))
+            tctx.master.addons.add(listener)
+            assert hook_chain.listens(tctx.master.addons, "update")
+            await hook_chain.lifecycle(tctx.master.addons, HttpRequestHook(flow))
+            await hook_chain.lifecycle(tctx.master.addons, UpdateHook([flow]))  # not a flow: no second update
+
+    asyncio.run(go())
+    assert calls == ["a", "a"]
+    assert listener.updates == [[flow], [flow]]
