@@ -12,6 +12,7 @@ import binascii
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 CHATGPT = "chatgpt"
@@ -37,7 +38,7 @@ class AuthMaterial:
     organization: str | None = None
     project: str | None = None
 
-    @property
+    @cached_property  # a request compares it with each pooled credential's
     def fingerprint(self) -> str:
         """A stable, non-reversible id for matching the same secret seen twice."""
         return fingerprint(self.token)

