@@ -142,7 +142,7 @@ class Attempt:
         if self.flow.server_conn.address != (req.host, req.port):  # changed since the flow was made
             self.flow.server_conn = Server(address=(req.host, req.port))
         self.flow.server_conn.via = via
-        key = WarmKey.of(req.scheme, req.host, req.port, via, self.flow.client_conn)
+        key = WarmKey(req.scheme, req.host, req.port, via)
         self._task = asyncio.get_running_loop().create_task(self._send(key))
 
     async def _send(self, key: WarmKey) -> None:

@@ -397,5 +397,4 @@ class AttemptMaker:
         if ep is None and endpoints != [None]:
             return
         via = await self.via(ep)
-        key = WarmKey.of(scheme, host, port, via, self.run.flow.client_conn)
-        self.shared.engine.prewarm(key, ep, self.pool.policy.connect_timeout)
+        self.shared.engine.prewarm(WarmKey(scheme, host, port, via), ep, self.pool.policy.connect_timeout)

@@ -46,20 +46,17 @@ log = logging.getLogger("codex_failover")
 
 
 class WarmKey(NamedTuple):
-    """What a kept connection can serve: the upstream, the way to it (mitmproxy's `via`), and
-    whether it offers HTTP/2 (`h2`: as mitmproxy does, the client's own protocol is offered upstream,
-    so an HTTP/1.1 client's attempts go over kept HTTP/1.1 connections, as through a plain proxy)."""
+    """What a kept connection can serve: the upstream and the way to it (mitmproxy's `via`).
+
+    Whatever the client speaks, the connection offers HTTP/2 (unlike a plain mitmproxy, which
+    mirrors the client's ALPN): on HTTP/1.1 a failover's cancelled attempt closes its connection,
+    and the spare would wait for a handshake; on HTTP/2 it resets one stream (measured in
+    docs/measurements.md, "HTTP/1.1 clients")."""
 
     scheme: str
     host: str
     port: int
     via: tuple | None
-    h2: bool = True
-
-    @classmethod
-    def of(cls, scheme: str, host: str, port: int, via: tuple | None, client) -> "WarmKey":
-        """The key for an attempt of `client`'s (its connection's ALPN says HTTP/2 or not)."""
-        return cls(scheme, host, port, via, scheme == "https" and client.alpn == b"h2")
 
 
 @dataclass
@@ -187,8 +184,8 @@ class WarmConnection(server.ConnectionHandler):
 
     def __init__(self, key: WarmKey, slot: Slot, options, endpoint=None):
         client = Client(peername=("127.0.0.1", 0), sockname=("127.0.0.1", 0), state=ConnectionState.OPEN)
-        # mirrored upstream by mitmproxy's TlsConfig: HTTP/2 where the upstream offers it
-        client.alpn_offers = [b"h2", b"http/1.1"] if options.http2 and key.h2 else [b"http/1.1"]
+        if options.http2:  # mirrored upstream by mitmproxy's TlsConfig: HTTP/2 where the upstream offers it
+            client.alpn_offers = [b"h2", b"http/1.1"]
         context = Context(client, options)
         context.server = Server(address=(key.host, key.port), via=key.via)
         if key.scheme == "https":
