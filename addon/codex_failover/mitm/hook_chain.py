@@ -24,6 +24,7 @@ import types
 from mitmproxy import exceptions, flow as mitmflow
 from mitmproxy.addonmanager import cut_traceback
 from mitmproxy.hooks import Hook, UpdateHook
+from mitmproxy.proxy.mode_servers import ProxyConnectionHandler
 
 _addon_log = logging.getLogger("mitmproxy.addonmanager")  # where safecall logs an addon's error
 
@@ -74,7 +75,7 @@ def listens(manager, name: str) -> bool:
 async def lifecycle(manager, hook: Hook) -> None:
     """`AddonManager.handle_lifecycle(hook)`: the hook, then (for a flow) the update, if anyone listens."""
     await trigger(manager, hook)
-    (data,) = hook.args()
+    data = hook.args()[0]
     if isinstance(data, mitmflow.Flow) and listens(manager, "update"):
         await trigger(manager, UpdateHook([data]))
 
@@ -91,7 +92,5 @@ async def _client_handle_hook(self, hook) -> None:
 def speed_up(handler) -> None:
     """Run a client connection's hooks with `lifecycle` (once per connection; a handler class of
     another kind than mitmproxy's own keeps its own handle_hook)."""
-    from mitmproxy.proxy.mode_servers import ProxyConnectionHandler
-
     if "handle_hook" not in vars(handler) and type(handler).handle_hook is ProxyConnectionHandler.handle_hook:
         handler.handle_hook = types.MethodType(_client_handle_hook, handler)
