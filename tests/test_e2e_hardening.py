@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from harness import FakeUpstreamProcess, ProxyProcess, pool_yaml, start_raw_post, wait_until
+from harness import ROOT, FakeUpstreamProcess, ProxyProcess, pool_yaml, post_responses, start_raw_post, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -319,3 +319,28 @@ def test_a_moved_attempt_carries_only_the_new_credentials_organization_and_proje
     assert sent == [("sk-test-client-overload", {"openai-organization": "org-CLIENT", "openai-project": "proj_CLIENT"}),
                     ("sk-test-plain-overload", {}),
                     ("sk-test-org-good", {"openai-organization": "org-SPARE", "openai-project": "proj_SPARE"})], sent
+
+
+TAP_STREAM = """
+def request(flow):
+    if not flow.is_replay:
+        flow.request.stream = lambda chunk: chunk.upper()  # harmless for the client flow: its body is in
+"""
+
+
+def test_a_stream_another_addon_sets_on_the_client_request_does_not_reach_the_attempts(fake, tmp_path):
+    """Attempts are copies of the client's request without its `stream` (as Request.copy() makes
+    them): otherwise each attempt's body would be streamed through the other addon's callable."""
+    tap = tmp_path / "tap.py"
+    tap.write_text(TAP_STREAM)
+    text, env = pool_yaml(fake.base, [("spare", "sk-test-spare-good")])
+    proxy = ProxyProcess(tmp_path / "proxy", text, env, addon=False,
+                         extra=["-s", str(tap), "-s", str(ROOT / "addon" / "failover.py")])
+    try:
+        reply = post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-good")
+        assert reply.status == 200, reply.body[:300]
+        sent = fake.model_requests()
+        assert sent and all(r["body_json"] for r in sent), sent
+    finally:
+        proxy.stop()
+

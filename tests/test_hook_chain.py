@@ -3,10 +3,12 @@ errors logged, AddonHalt and OptionsError as there; the update only when an addo
 
 import asyncio
 import logging
+import sys
 import types
 
 import pytest
 from mitmproxy import exceptions
+from mitmproxy.addons.script import ScriptLoader
 from mitmproxy.hooks import UpdateHook
 from mitmproxy.proxy.layers.http import HttpRequestHook
 from mitmproxy.test import taddons, tflow
@@ -116,3 +118,55 @@ def test_lifecycle_sends_the_update_only_when_an_addon_listens():
     asyncio.run(go())
     assert calls == ["a", "a"]
     assert listener.updates == [[flow], [flow]]
+
+
+# -- a script reloaded while an earlier handler awaits (mitmproxy walks an addon tree lazily) --------
+
+A = """
+import hookrec
+async def request(flow):
+    hookrec.calls.append("a")
+    await hookrec.gate.wait()
+"""
+B = """
+import hookrec
+VERSION = {v!r}
+def request(flow):
+    hookrec.calls.append("b" + VERSION)
+def done():
+    hookrec.calls.append("done" + VERSION)
+"""
+
+
+async def run_with_reload(impl, tmp_path):
+    rec = types.ModuleType("hookrec")
+    rec.calls, rec.gate = [], asyncio.Event()
+    sys.modules["hookrec"] = rec
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text(A)
+    b.write_text(B.format(v="old"))
+    sl = ScriptLoader()
+    with taddons.context(sl) as tctx:
+        tctx.configure(sl, scripts=[str(a), str(b)])
+        await asyncio.sleep(0.05)  # the scripts' watchers load them
+        script_b = sl.addons[1]
+        hook = HttpRequestHook(tflow.tflow())
+        if impl == "mitmproxy":
+            task = asyncio.create_task(tctx.master.addons.trigger_event(hook))
+        else:
+            task = asyncio.create_task(hook_chain.trigger(tctx.master.addons, hook))
+        await asyncio.sleep(0.01)  # a's hook awaits
+        b.write_text(B.format(v="new"))
+        script_b.loadscript()  # what its watcher does when the file changed
+        rec.gate.set()
+        await task
+        for s in sl.addons:
+            if s.reloadtask:
+                s.reloadtask.cancel()
+    return rec.calls
+
+
+@pytest.mark.parametrize("impl", ["mitmproxy", "hook_chain"])
+def test_a_script_reloaded_while_an_earlier_hook_awaits_gets_the_hook(tmp_path, impl):
+    calls = asyncio.run(run_with_reload(impl, tmp_path))
+    assert calls == ["a", "doneold", "bnew"], calls

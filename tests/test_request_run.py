@@ -14,7 +14,7 @@ from mitmproxy import http
 from mitmproxy.test import tflow
 
 from codex_failover.core.affinity import Affinity
-from codex_failover.mitm.attempt import CHUNK, END, ERROR, HEAD, Item
+from codex_failover.mitm.attempt import CHUNK, END, ERROR, HEAD, Item, copy_request
 from codex_failover.config import load_pool
 from codex_failover.core.health import Health
 from codex_failover.core.recovery import Slots
@@ -234,3 +234,18 @@ def test_a_pool_credentials_401_fails_over_and_takes_it_out(tmp_path, monkeypatc
     assert b"Hello from second" in body
     assert len(engine.made) == 3
     assert shared.health.state("spare").status == "out", "a pool credential's 401 takes it out of rotation"
+
+
+def test_an_attempts_request_copy_is_what_request_copy_makes_and_shares_nothing_mutable():
+    req = tflow.tflow().request
+    req.content = b'{"stream":true}'
+    req.headers["authorization"] = "Bearer sk-test"
+    req.stream = lambda chunk: chunk.upper()  # another addon's: not part of the request's state
+    copy = copy_request(req)
+    assert copy.get_state() == req.copy().get_state()
+    assert copy.stream is False and req.copy().stream is False
+    copy.url, copy.content = "https://elsewhere.test/v1/responses", b"{}"
+    copy.headers["authorization"] = "Bearer sk-other"
+    assert (req.url, req.content, req.headers["authorization"]) == ("http://address:22/path", b'{"stream":true}',
+                                                                    "Bearer sk-test")
+

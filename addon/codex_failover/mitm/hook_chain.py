@@ -8,7 +8,8 @@ hook, 130-155 us with the update, for 3-14 addons that implement it. A held requ
 way: twice for its first attempt before it leaves, and once for the client flow's `responseheaders`
 between the decision and the first output.
 
-`trigger` makes the same calls, in the same order, with the same errors: an exception in an addon
+`trigger` makes the same calls, in the same order (an addon tree is walked as lazily as mitmproxy
+walks it), with the same errors: an exception in an addon
 is logged as mitmproxy's `safecall` logs it and ends that top-level addon's turn; `AddonHalt` ends
 the hook; `OptionsError` propagates. `lifecycle` adds the `UpdateHook` when some addon listens.
 docs/mitmproxy-12.3.1-replay-notes.md §11.
@@ -29,18 +30,30 @@ from mitmproxy.proxy.mode_servers import ProxyConnectionHandler
 _addon_log = logging.getLogger("mitmproxy.addonmanager")  # where safecall logs an addon's error
 
 
-def _handlers(addon, name: str, out: list) -> list:
-    """`addon`'s and its children's `name` callables, in mitmproxy's traverse order."""
+def _implements(addon, name: str) -> bool:
+    """Does `addon` or any addon under it have `name`? (Reads only; calls nothing.)"""
+    if getattr(addon, name, None):
+        return True
+    if hasattr(addon, "addons"):
+        for child in addon.addons:
+            if _implements(child, name):
+                return True
+    return False
+
+
+def _handlers(addon, name: str):
+    """`addon`'s and its children's `name` callables, in mitmproxy's traverse order and as lazily:
+    a child list is read when its turn comes (a script reloaded while an earlier handler awaits is
+    called in its new version, as mitmproxy calls it)."""
     func = getattr(addon, name, None)
     if func:
         if callable(func):
-            out.append(func)
+            yield func
         elif not isinstance(func, types.ModuleType):  # a module named like a hook is skipped, as mitmproxy does
-            out.append(_not_callable(f"Addon handler {name} ({addon}) not callable"))
+            yield _not_callable(f"Addon handler {name} ({addon}) not callable")
     if hasattr(addon, "addons"):
         for child in addon.addons:
-            _handlers(child, name, out)
-    return out
+            yield from _handlers(child, name)
 
 
 def _not_callable(message: str):
@@ -53,8 +66,10 @@ async def trigger(manager, hook: Hook) -> None:
     """`AddonManager.trigger_event(hook)`, for the addons that implement it."""
     args, name = hook.args(), hook.name
     for addon in manager.chain:
+        if not _implements(addon, name):  # most addons: no coroutine, no generator (nothing to call)
+            continue
         try:
-            for func in _handlers(addon, name, []):
+            for func in _handlers(addon, name):
                 result = func(*args)
                 if result is not None and inspect.isawaitable(result):
                     await result
@@ -69,7 +84,7 @@ async def trigger(manager, hook: Hook) -> None:
 
 def listens(manager, name: str) -> bool:
     """Does any addon implement hook `name`?"""
-    return any(_handlers(addon, name, []) for addon in manager.chain)
+    return any(_implements(addon, name) for addon in manager.chain)
 
 
 async def lifecycle(manager, hook: Hook) -> None:
