@@ -253,8 +253,8 @@ class ClientHop:
     def hold_log(self, command: commands.Log) -> bool:
         """A log line the stream yields between the head and the first body bytes (mitmproxy's
         "Streaming response from ..."): logged once those are written, not before."""
-        if self.status is None or self._first_handed:
-            return False
+        if self.status is None or self._first_handed or not self.first:
+            return False  # only while held bytes follow the head in the same delivery (not past the end)
         self._deferred.append(command)
         return True
 
