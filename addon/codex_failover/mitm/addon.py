@@ -21,7 +21,7 @@ from . import quiet_log
 from ..core import status
 from ..core.affinity import Affinity
 from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
-from ..core.auth import auth_from_headers
+from ..core.auth import AuthMaterial, auth_from_headers
 from ..auth_watch import AuthWatch
 from ..core.client_access import ClientAccess, is_loopback_host
 from ..core.codex_request import EndpointMatcher, asks_to_stream, is_websocket_upgrade, parse_body
@@ -273,7 +273,7 @@ class FailoverAddon:
             self._auth_checked = now
             self.pool = self.auth_watch.refresh_pool(self.pool, self.health)
 
-    async def _hold(self, flow: http.HTTPFlow, body: dict, client_auth) -> None:
+    async def _hold(self, flow: http.HTTPFlow, body: dict, client_auth: AuthMaterial) -> None:
         """Start the held request's run and return: the client flow gets its stand-in server
         connection at once, which answers when the run decides (docs/architecture.md#the-hop)."""
         n = next(self._ids)

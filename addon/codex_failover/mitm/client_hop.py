@@ -348,7 +348,6 @@ class _HeldHttpLayer(HttpLayer):
         del self.command_sources[event]
         yield from self.event_to_child(stream, http_layers.GetHttpConnectionCompleted(event, (conn, None)))
 
-
     def event_to_child(self, child, event: events.Event) -> layer.CommandGenerator[None]:
         """A held stream's commands, with its log lines held while its head waits for the first
         body bytes; the moment the layers return, what it wrote is sent (`ClientHop.written`)."""

@@ -9,9 +9,9 @@ way: twice for its first attempt before it leaves, and once for the client flow'
 between the decision and the first output.
 
 `trigger` makes the same calls, in the same order (an addon tree is walked as lazily as mitmproxy
-walks it), with the same errors: an exception in an addon
-is logged as mitmproxy's `safecall` logs it and ends that top-level addon's turn; `AddonHalt` ends
-the hook; `OptionsError` propagates. `lifecycle` adds the `UpdateHook` when some addon listens.
+walks it), with the same errors: an exception in an addon is logged as mitmproxy's `safecall` logs
+it and ends that top-level addon's turn; `AddonHalt` ends the hook; `OptionsError` propagates.
+`lifecycle` adds the `UpdateHook` when some addon listens.
 docs/mitmproxy-12.3.1-replay-notes.md §11.
 """
 
