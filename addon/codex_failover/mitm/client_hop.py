@@ -147,9 +147,7 @@ class ClientHop:
         """The answer ended. The stand-in stays registered while its stream lives (the stream may
         still send it the client's error): `_sweep` removes it at a later attach."""
         self._first_handed = True
-        self.written()
-        self._uncork()
-        self.first_out.set()
+        self.written()  # uncorked, first_out set, held log lines logged: whatever the answer was
         _streaming.discard(self)
         _by_flow.pop(self.flow_id, None)
         self.layers[-1].held.pop(self.stream_id, None)
@@ -185,8 +183,6 @@ class ClientHop:
 
     async def _claimed(self) -> bool:
         """Has the stream handed its request to the stand-in (it normally has by the answer)?"""
-        if self.requested.is_set():  # as below, without a timer
-            return True
         try:
             await asyncio.wait_for(self.requested.wait(), UNCLAIMED_TTL)
             return True

@@ -16,7 +16,7 @@ from typing import AsyncIterator, Callable
 
 HEARTBEAT = b'event: keepalive\ndata: {"type":"keepalive"}\n\n'
 STREAM_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
-           (b"x-codex-failover-heartbeat", b"1")]
+                  (b"x-codex-failover-heartbeat", b"1")]
 
 
 class HeartbeatSink:

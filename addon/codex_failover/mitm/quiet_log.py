@@ -1,10 +1,10 @@
 """A quiet default log: the addon's own lines, not mitmproxy's chatter about the addon's plumbing.
 
-Each attempt is a mitmproxy replay and each committed stream a hop to the loopback relay; mitmproxy
-logs 4-5 INFO lines for them (`[replay] server connect`, `server connect 127.0.0.1:<relay>`,
-`Streaming response from 127.0.0.1.`, the dumper's echo of every replayed flow), which drown the one
-line per attempt. Those are lowered to DEBUG (the event log at debug verbosity still has them);
-warnings and errors are untouched. `failover_verbose` turns this off.
+Each attempt is a mitmproxy replay and each held flow is answered through a hop (in process, or the
+loopback relay); mitmproxy logs INFO lines for them (`[replay] server connect`, `server connect
+127.0.0.1:<relay>`, `Streaming response from <host>.`, the dumper's echo of every replayed flow),
+which drown the one line per attempt. Those are lowered to DEBUG (the event log at debug verbosity
+still has them); warnings and errors are untouched. `failover_verbose` turns this off.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class QuietLog(logging.Filter):
     def uninstall(self) -> None:
         logging.getLogger(SERVER_LOGGER).removeFilter(self)
 
-    # -- relay hops --------------------------------------------------------------------------
+    # -- held flows (answered in process, or through the relay) ------------------------------------
 
     def held_client(self, peername) -> None:
         self._held_clients[peername] = self._held_clients.get(peername, 0) + 1
