@@ -356,6 +356,11 @@ class _HeldHttpLayer(HttpLayer):
         for command in super().event_to_child(child, event):
             if isinstance(command, commands.Log) and hop.hold_log(command):
                 continue
+            if isinstance(command, commands.StartHook) and command.blocking is child and hook_chain.sped_up(hop.handler):
+                if hook_chain.start(hop.handler, command):  # ran to its end: the stream goes on now
+                    del self.command_sources[command]
+                    yield from self.event_to_child(child, events.HookCompleted(command))
+                continue
             yield command  # executed (written) before the loop goes on
         hop.written()
 

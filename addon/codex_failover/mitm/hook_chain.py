@@ -25,7 +25,9 @@ import types
 from mitmproxy import exceptions, flow as mitmflow
 from mitmproxy.addonmanager import cut_traceback
 from mitmproxy.hooks import Hook, UpdateHook
+from mitmproxy.proxy import events
 from mitmproxy.proxy.mode_servers import ProxyConnectionHandler
+from mitmproxy.utils import asyncio_utils
 
 _addon_log = logging.getLogger("mitmproxy.addonmanager")  # where safecall logs an addon's error
 
@@ -109,3 +111,32 @@ def speed_up(handler) -> None:
     another kind than mitmproxy's own keeps its own handle_hook)."""
     if "handle_hook" not in vars(handler) and type(handler).handle_hook is ProxyConnectionHandler.handle_hook:
         handler.handle_hook = types.MethodType(_client_handle_hook, handler)
+
+
+def sped_up(handler) -> bool:
+    return vars(handler).get("handle_hook") is not None and vars(handler)["handle_hook"].__func__ is _client_handle_hook
+
+
+def start(handler, hook) -> bool:
+    """Start a blocking hook of a sped-up client connection where its layers yielded it, as
+    `server_event` starts it (a task, eager under mitmproxy's task factory). True: it already ran to
+    the end, and the caller hands the stream its `HookCompleted` at once, inside this `server_event`.
+    False: it awaits something (an intercepted flow, an async addon) and completes as mitmproxy's
+    `hook_task` completes it, through `server_event`. mitmproxy's own way always takes the False
+    path: its `HookCompleted` waits for the lock the running `server_event` holds, one loop turn
+    (docs/mitmproxy-12.3.1-replay-notes.md §11)."""
+    went_on: list[bool] = []  # set once the caller went on without the hook's end
+    ran: list[bool] = []
+
+    async def task() -> None:
+        await handler.handle_hook(hook)
+        if went_on:
+            await handler.server_event(events.HookCompleted(hook))
+        else:
+            ran.append(True)
+
+    asyncio_utils.create_task(task(), name=f"handle_hook({hook.name})", keep_ref=True, client=handler.client.peername)
+    if ran:
+        return True
+    went_on.append(True)
+    return False
