@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import socket
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
@@ -44,7 +43,6 @@ log = logging.getLogger("codex_failover")
 
 HOP_HOST = "codex-failover.hop"  # the stand-in's `via`: never dialled, never resolved
 HOP_TAG = "codex_failover.hop"  # flow.metadata of a client flow answered in process
-CORK_LIMIT = 0.05  # the longest the client's head may wait for the body's first bytes (seconds)
 # An HTTP/2 client's stream that does not open its flow-control window makes mitmproxy buffer what it
 # is handed (BufferedH2Connection.stream_buffers), not its socket: past H2_HIGH buffered, the hop
 # hands over nothing more until it is under H2_LOW (and the attempt, queueing, pauses its upstream).
@@ -102,7 +100,8 @@ class ClientHop:
         self.detached = False
         self.flow_id = ""
         self.first_out = asyncio.Event()  # the answer's first body bytes went to the client
-        self._corked = None  # the client's socket while its head waits for the first body bytes
+        self._joined: list[bytes] | None = None  # the head's bytes, while they wait for the first body bytes
+        self.delivering = False  # the stand-in's layer is handing the stream what was queued
         self._first_handed = False  # the stream has handed the first body bytes over (written once it returns)
         self._deferred: list[commands.Log] = []  # the stream's log lines while the head waits for the body
         self._prepared: tuple | None = None  # ((status, reason, headers), the client's Response for them)
@@ -147,7 +146,7 @@ class ClientHop:
         """The answer ended. The stand-in stays registered while its stream lives (the stream may
         still send it the client's error): `_sweep` removes it at a later attach."""
         self._first_handed = True
-        self.written()  # uncorked, first_out set, held log lines logged: whatever the answer was
+        self.written()  # first_out set, held log lines logged: whatever the answer was
         _streaming.discard(self)
         _by_flow.pop(self.flow_id, None)
         self.layers[-1].held.pop(self.stream_id, None)
@@ -215,30 +214,25 @@ class ClientHop:
             response = _client_response(self.status, self.reason, self.headers)
         self._prepared = None
         response.stream = Capture(on_first=self._body_started)  # RelayHops keeps it for mitmweb
-        self._cork()
+        self._joined = [] if self.first else None
         return response
 
-    # The head and the first body bytes leave in one write: mitmproxy writes them in two, a hook
-    # apart, and the first wakes the client before the output it waits for is there.
+    # The head and the first body bytes leave in one write (one TLS record): mitmproxy writes them
+    # in two, and the first wakes the client before the output it waits for is there. From the head
+    # on, the stream's bytes for the client are joined until the first body bytes are among them, or
+    # until the delivery is over (docs/architecture.md#the-hop).
+    def join(self, command: commands.Command) -> bool:
+        """Keep `command`'s bytes back if it writes to the client while the head waits for the body."""
+        if self._joined is None or not isinstance(command, commands.SendData) or command.connection is not self.handler.client:
+            return False
+        self._joined.append(command.data)
+        return True
 
-    def _cork(self) -> None:
-        io = self.handler.transports.get(self.handler.client)
-        sock = io.writer.get_extra_info("socket") if io is not None and io.writer is not None else None
-        if sock is not None and hasattr(socket, "TCP_CORK") and sock.family in (socket.AF_INET, socket.AF_INET6):
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
-                self._corked = sock
-                asyncio.get_running_loop().call_later(CORK_LIMIT, self._uncork)  # whatever happens
-            except OSError:
-                pass
-
-    def _uncork(self) -> None:
-        sock, self._corked = self._corked, None
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
-            except OSError:
-                pass
+    def flush(self, final: bool) -> layer.CommandGenerator[None]:
+        """The joined bytes, in one write: once the first body bytes are in (or `final`)."""
+        if self._joined and (final or self._first_handed):
+            joined, self._joined = self._joined, None
+            yield commands.SendData(self.handler.client, b"".join(joined))
 
     def _body_started(self) -> None:
         """The stream is handing the first body bytes over: `written` once the layers return
@@ -258,7 +252,6 @@ class ClientHop:
         """What the stream handed over is written: the client gets head and first output now."""
         if not self._first_handed:
             return
-        self._uncork()
         self.first_out.set()
         deferred, self._deferred = self._deferred, []
         for command in deferred:
@@ -345,8 +338,20 @@ class _HeldHttpLayer(HttpLayer):
         yield from self.event_to_child(stream, http_layers.GetHttpConnectionCompleted(event, (conn, None)))
 
     def event_to_child(self, child, event: events.Event) -> layer.CommandGenerator[None]:
-        """A held stream's commands, with its log lines held while its head waits for the first
-        body bytes; the moment the layers return, what it wrote is sent (`ClientHop.written`)."""
+        """A held stream's commands, with its head's bytes and log lines held while its head waits
+        for the first body bytes; the moment the layers return, what it wrote is sent
+        (`ClientHop.written`). A delivery (the stand-in's layer handing the stream what was queued)
+        ends with whatever is still joined."""
+        if isinstance(child, HopLayer):
+            hop = child.hop
+            hop.delivering = True
+            try:
+                yield from super().event_to_child(child, event)
+            finally:
+                hop.delivering = False
+            yield from hop.flush(final=True)
+            hop.written()
+            return
         conn = self.held.get(child.stream_id) if isinstance(child, HttpStream) else None
         hop_layer = self.connections.get(conn) if conn is not None else None
         if not isinstance(hop_layer, HopLayer):
@@ -356,12 +361,17 @@ class _HeldHttpLayer(HttpLayer):
         for command in super().event_to_child(child, event):
             if isinstance(command, commands.Log) and hop.hold_log(command):
                 continue
+            if hop.join(command):
+                yield from hop.flush(final=False)
+                continue
+            yield from hop.flush(final=True)  # anything else keeps its place after the head
             if isinstance(command, commands.StartHook) and command.blocking is child and hook_chain.sped_up(hop.handler):
                 if hook_chain.start(hop.handler, command):  # ran to its end: the stream goes on now
                     del self.command_sources[command]
                     yield from self.event_to_child(child, events.HookCompleted(command))
                 continue
             yield command  # executed (written) before the loop goes on
+        yield from hop.flush(final=not hop.delivering)
         hop.written()
 
 

@@ -1,0 +1,130 @@
+"""End to end: the held flow's hop (mitm/client_hop.py). Its head and first output leave in one write.
+Its own hooks (hook_chain.start): when every addon's `responseheaders` returns at once, the stream
+goes on in the same `server_event`, so the first output is written before the loop turns; when one
+awaits (an async addon, a flow intercepted in mitmweb), the hook completes as mitmproxy completes
+it, and the answer still arrives whole."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from harness import ROOT, ProxyProcess, free_port, pool_yaml, post_responses
+
+pytestmark = pytest.mark.e2e
+
+HOOKS = r'''
+import asyncio, json, os
+
+OUT = os.environ["HOOKS_OUT"]
+MODE = os.environ["HOOKS_MODE"]
+
+
+def _note(**what):
+    with open(OUT, "a") as out:
+        out.write(json.dumps(what) + "\n")
+
+
+def _held(flow):
+    return "codex_failover.hop" in flow.metadata
+
+
+if MODE == "sync":
+    def responseheaders(flow):
+        if _held(flow):
+            # Runs once the hook returned and the loop turned: has the first output been handed on?
+            stream = flow.response.stream
+            asyncio.get_running_loop().call_soon(lambda: _note(handed=len(getattr(stream, "data", b""))))
+elif MODE == "async":
+    async def responseheaders(flow):
+        if _held(flow):
+            await asyncio.sleep(0.05)
+            _note(slept=True)
+elif MODE == "writes":
+    # Every write to the client's socket, as the transport gets it (plain HTTP/1.1: readable bytes).
+    import asyncio.selector_events as _sel
+    _write = _sel._SelectorSocketTransport.write
+
+    def _spy(self, data):
+        peer = self.get_extra_info("peername")
+        if peer and peer[1] == int(os.environ["HOOKS_CLIENT_PORT"]):
+            _note(write=bytes(data).decode("latin-1"))
+        return _write(self, data)
+
+    _sel._SelectorSocketTransport.write = _spy
+elif MODE == "intercept":
+    def responseheaders(flow):
+        if _held(flow):
+            flow.intercept()
+            asyncio.get_running_loop().call_later(0.1, flow.resume)
+            _note(intercepted=True)
+
+
+def response(flow):
+    if "codex_failover.attempt" not in flow.metadata:  # the client's flow (its hop tag is gone by now)
+        _note(response=flow.response.status_code)
+'''
+
+
+def run(fake, tmp_path, mode: str, extra_env: dict | None = None) -> tuple[list[dict], object]:
+    script, out = tmp_path / "hooks.py", tmp_path / "hooks.jsonl"
+    script.write_text(HOOKS)
+    text, env = pool_yaml(fake.base, [("spare", "sk-test-spare-good")])
+    env = {**env, "HOOKS_OUT": str(out), "HOOKS_MODE": mode, **(extra_env or {})}
+    proxy = ProxyProcess(tmp_path / "proxy", text, env, addon=False,
+                         extra=["-s", str(ROOT / "addon" / "failover.py"), "-s", str(script)])
+    try:
+        reply = post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-good", timeout=15)
+    finally:
+        proxy.stop()
+    notes = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    return notes, reply
+
+
+def test_the_first_output_is_written_in_the_loop_turn_of_the_held_flows_responseheaders(fake, tmp_path):
+    """With mitmproxy's own completion the stream waited one loop turn for the `server_event` lock,
+    so a callback the hook scheduled ran before the first output was handed on (handed == 0)."""
+    notes, reply = run(fake, tmp_path, "sync")
+    assert reply.status == 200 and b"response.completed" in reply.body, reply.body[:300]
+    handed = [n["handed"] for n in notes if "handed" in n]
+    assert handed and handed[0] > 0, notes
+
+
+@pytest.mark.parametrize("mode", ["async", "intercept"])
+def test_a_held_flows_responseheaders_that_awaits_still_gets_the_whole_answer(fake, tmp_path, mode):
+    notes, reply = run(fake, tmp_path, mode)
+    assert reply.status == 200, reply.body[:300]
+    assert b"response.completed" in reply.body and not reply.truncated, reply.body[-300:]
+    assert {"slept": True} in notes or {"intercepted": True} in notes, notes
+    assert {"response": 200} in notes, notes
+
+
+def test_the_head_and_the_first_output_leave_in_one_write(fake, tmp_path):
+    """The client wakes once, with the output it waits for: mitmproxy writes a head and a body chunk
+    separately (the head a hook before), and the hop joins them (ClientHop.join)."""
+    port = free_port()
+    script, out = tmp_path / "hooks.py", tmp_path / "hooks.jsonl"
+    script.write_text(HOOKS)
+    text, env = pool_yaml(fake.base, [("spare", "sk-test-spare-good")])
+    env = {**env, "HOOKS_OUT": str(out), "HOOKS_MODE": "writes", "HOOKS_CLIENT_PORT": str(port)}
+    proxy = ProxyProcess(tmp_path / "proxy", text, env, addon=False,
+                         extra=["-s", str(ROOT / "addon" / "failover.py"), "-s", str(script)])
+    try:
+        sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=15, source_address=("127.0.0.1", port))
+        with sock:
+            body = json.dumps({"model": "gpt-fake", "stream": True, "input": [], "store": False}).encode()
+            sock.sendall(f"POST {fake.base}/v1/responses HTTP/1.1\r\nhost: 127.0.0.1:{fake.port}\r\n"
+                         f"authorization: Bearer sk-test-client-good\r\ncontent-type: application/json\r\n"
+                         f"content-length: {len(body)}\r\n\r\n".encode() + body)
+            got = b""
+            while b"response.completed" not in got:
+                chunk = sock.recv(65536)
+                assert chunk, got[-300:]
+                got += chunk
+    finally:
+        proxy.stop()
+    writes = [json.loads(line)["write"] for line in out.read_text().splitlines() if '"write"' in line]
+    assert writes and writes[0].startswith("HTTP/1.1 200"), writes[:2]
+    assert "reasoning_summary_text.delta" in writes[0], f"the head went out alone: {writes[0][:300]!r}"
