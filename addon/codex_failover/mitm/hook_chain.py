@@ -118,8 +118,9 @@ def sped_up(handler) -> bool:
 
 
 def start(handler, hook) -> bool:
-    """Start a blocking hook of a sped-up client connection where its layers yielded it, as
-    `server_event` starts it (a task, eager under mitmproxy's task factory). True: it already ran to
+    """Start a stream's blocking hook where its layers yielded it (on a sped-up client connection, or
+    an attempt's kept connection), as `server_event` starts it (a task, eager under mitmproxy's task
+    factory). True: it already ran to
     the end, and the caller hands the stream its `HookCompleted` at once, inside this `server_event`.
     False: it awaits something (an intercepted flow, an async addon) and completes as mitmproxy's
     `hook_task` completes it, through `server_event`. mitmproxy's own way always takes the False

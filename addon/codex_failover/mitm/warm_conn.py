@@ -118,6 +118,7 @@ class _KeptHttpLayer(http_layers.HttpLayer):
     def __init__(self, context: Context, owner: "WarmConnection"):
         super().__init__(context, HTTPMode.transparent)
         self.owner = owner
+        self.armed = False  # an attempt's secrets are on its flow (the commands are being collected)
 
     def get_connection(self, event, *, reuse: bool = True) -> layer.CommandGenerator[None]:
         """The kept connection for the kept upstream: wait while it is dialled, use it once up, dial
@@ -161,7 +162,15 @@ class _KeptHttpLayer(http_layers.HttpLayer):
                     event = http_layers.GetHttpConnectionCompleted(event.command, (None, mitmflow.Error.KILLED_MESSAGE))
                 elif connection is not None and connection.alpn != b"h2":
                     as_http11(child.flow.request)
-            yield from super().event_to_child(child, event)
+            for command in super().event_to_child(child, event):
+                # An attempt's own hook: run where it is yielded and, when it returned at once, ended
+                # in place (no loop turn; hook_chain.start). Never while secrets are armed.
+                if isinstance(command, commands.StartHook) and command.blocking is child and not self.armed:
+                    if hook_chain.start(self.owner, command):
+                        del self.command_sources[command]
+                        yield from self.event_to_child(child, events.HookCompleted(command))
+                    continue
+                yield command
             return
         unsent = self.owner.unsent() if child is not self.owner.source else ()
         if not unsent:
@@ -169,9 +178,11 @@ class _KeptHttpLayer(http_layers.HttpLayer):
             return
         for attempt in unsent:
             attempt.arm()
+        self.armed = True
         try:
             produced = list(super().event_to_child(child, event))
         finally:
+            self.armed = False
             for attempt in unsent:
                 if self.owner.head_written(attempt):
                     attempt.mark_sent()
