@@ -2,7 +2,8 @@
 Its own hooks (hook_chain.start): when every addon's `responseheaders` returns at once, the stream
 goes on in the same `server_event`, so the first output is written before the loop turns; when one
 awaits (an async addon, a flow intercepted in mitmweb), the hook completes as mitmproxy completes
-it, and the answer still arrives whole."""
+it, and the answer still arrives whole: also through a CONNECT tunnel (Codex's way with HTTPS_PROXY),
+where the hook's end passes the tunnel's own HttpLayer on its way down."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import socket
 
 import pytest
 
-from harness import ROOT, ProxyProcess, free_port, pool_yaml, post_responses
+from h2_client import H2Client
+from harness import ROOT, FakeUpstreamProcess, ProxyProcess, free_port, pool_yaml, post_responses, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -62,25 +64,39 @@ elif MODE == "intercept":
             _note(intercepted=True)
 
 
-def response(flow):
+async def response(flow):
     if "codex_failover.attempt" not in flow.metadata:  # the client's flow (its hop tag is gone by now)
+        if MODE == "response_async":
+            await asyncio.sleep(0.05)
         _note(response=flow.response.status_code)
 '''
 
 
-def run(fake, tmp_path, mode: str, extra_env: dict | None = None) -> tuple[list[dict], object]:
+def start_proxy(tmp_path, base: str, mode: str, tls: bool = False) -> tuple[ProxyProcess, object]:
+    """mitmdump with the addon, then a script of hooks (MODE `mode`); its notes go to the returned path."""
     script, out = tmp_path / "hooks.py", tmp_path / "hooks.jsonl"
     script.write_text(HOOKS)
-    text, env = pool_yaml(fake.base, [("spare", "sk-test-spare-good")])
-    env = {**env, "HOOKS_OUT": str(out), "HOOKS_MODE": mode, **(extra_env or {})}
+    text, env = pool_yaml(base, [("spare", "sk-test-spare-good")])
+    env = {**env, "HOOKS_OUT": str(out), "HOOKS_MODE": mode}
+    extra = ["--set", "ssl_insecure=true"] if tls else []  # the fake's self-signed certificate
     proxy = ProxyProcess(tmp_path / "proxy", text, env, addon=False,
-                         extra=["-s", str(ROOT / "addon" / "failover.py"), "-s", str(script)])
+                         extra=[*extra, "-s", str(ROOT / "addon" / "failover.py"), "-s", str(script)])
+    return proxy, out
+
+
+def notes_in(out) -> list[dict]:
+    return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+
+
+def run(fake, tmp_path, mode: str, tls: bool = False) -> tuple[list[dict], object]:
+    proxy, out = start_proxy(tmp_path, fake.base, mode, tls)
     try:
-        reply = post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-good", timeout=15)
+        reply = post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-good", timeout=15,
+                               ca=proxy.confdir / "mitmproxy-ca-cert.pem" if tls else None)
+        assert "mitmproxy has crashed" not in proxy.log(), proxy.log()[-2000:]
     finally:
         proxy.stop()
-    notes = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
-    return notes, reply
+    return notes_in(out), reply
 
 
 def test_the_first_output_is_written_in_the_loop_turn_of_the_held_flows_responseheaders(fake, tmp_path):
@@ -92,13 +108,48 @@ def test_the_first_output_is_written_in_the_loop_turn_of_the_held_flows_response
     assert handed and handed[0] > 0, notes
 
 
-@pytest.mark.parametrize("mode", ["async", "intercept"])
-def test_a_held_flows_responseheaders_that_awaits_still_gets_the_whole_answer(fake, tmp_path, mode):
-    notes, reply = run(fake, tmp_path, mode)
+@pytest.fixture
+def tls_fake(tmp_path):
+    """The fake upstream behind TLS (self-signed): the client reaches it through a CONNECT tunnel."""
+    upstream = FakeUpstreamProcess(tmp_path / "fake", "--tls", "--pace", "0.002", "--deltas", "5")
+    upstream.base = f"https://127.0.0.1:{upstream.port}"
+    yield upstream
+    upstream.stop()
+
+
+@pytest.mark.parametrize("mode", ["async", "intercept", "response_async"])
+@pytest.mark.parametrize("tunnel", [False, True], ids=["absolute-form", "connect"])
+def test_a_held_flows_hook_that_awaits_still_gets_the_whole_answer(fake, tls_fake, tmp_path, mode, tunnel):
+    """Through CONNECT the hook's end, coming down from the top, passes the tunnel's HttpLayer, which
+    routes it by its own record of the command (a KeyError there crashed mitmproxy's handler and the
+    client hung)."""
+    notes, reply = run(tls_fake if tunnel else fake, tmp_path, mode, tls=tunnel)
     assert reply.status == 200, reply.body[:300]
     assert b"response.completed" in reply.body and not reply.truncated, reply.body[-300:]
-    assert {"slept": True} in notes or {"intercepted": True} in notes, notes
+    assert mode == "response_async" or {"slept": True} in notes or {"intercepted": True} in notes, notes
     assert {"response": 200} in notes, notes
+
+
+def test_http2_held_streams_with_an_awaiting_hook_and_one_reset(tmp_path):
+    """Three held streams on one HTTP/2 connection through CONNECT, a hook that awaits on each, one
+    stream reset by the client mid-answer: the other two get their whole answers."""
+    slow = FakeUpstreamProcess(tmp_path / "fake", "--tls", "--pace", "0.02", "--deltas", "30")  # ~0.7 s an answer
+    proxy, _ = start_proxy(tmp_path, f"https://127.0.0.1:{slow.port}", "async", tls=True)
+    client = None
+    try:
+        client = H2Client(proxy.port, f"127.0.0.1:{slow.port}", proxy.confdir / "mitmproxy-ca-cert.pem")
+        a, b, c = (client.post_model("sk-test-client-good") for _ in range(3))
+        wait_until(lambda: b.data, timeout=10, what="the second stream's answer to begin")
+        client.reset(b)
+        for stream in (a, c):
+            client.wait(stream, timeout=15)
+            assert stream.ended and stream.reset is None and b"response.completed" in stream.data, bytes(stream.data[-200:])
+        assert "mitmproxy has crashed" not in proxy.log() and "Traceback" not in proxy.log(), proxy.log()[-2000:]
+    finally:
+        if client is not None:
+            client.close()
+        proxy.stop()
+        slow.stop()
 
 
 def test_the_head_and_the_first_output_leave_in_one_write(fake, tmp_path):

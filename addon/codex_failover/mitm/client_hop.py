@@ -366,9 +366,8 @@ class _HeldHttpLayer(HttpLayer):
                 continue
             yield from hop.flush(final=True)  # anything else keeps its place after the head
             if isinstance(command, commands.StartHook) and command.blocking is child and hook_chain.sped_up(hop.handler):
-                if hook_chain.start(hop.handler, command):  # ran to its end: the stream goes on now
-                    del self.command_sources[command]
-                    yield from self.event_to_child(child, events.HookCompleted(command))
+                above = [(outer, outer.connections[hop.conn]) for outer in hop.layers[:-1]]
+                yield from hook_chain.in_place(self, child, command, hop.handler, above)
                 continue
             yield command  # executed (written) before the loop goes on
         yield from hop.flush(final=not hop.delivering)

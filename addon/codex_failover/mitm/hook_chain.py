@@ -114,7 +114,8 @@ def speed_up(handler) -> None:
 
 
 def sped_up(handler) -> bool:
-    return vars(handler).get("handle_hook") is not None and vars(handler)["handle_hook"].__func__ is _client_handle_hook
+    """Does `handler` run its hooks with `_client_handle_hook` (`speed_up`)?"""
+    return getattr(vars(handler).get("handle_hook"), "__func__", None) is _client_handle_hook
 
 
 def start(handler, hook) -> bool:
@@ -141,3 +142,16 @@ def start(handler, hook) -> bool:
         return True
     went_on.append(True)
     return False
+
+
+def in_place(http_layer, stream, command, handler, above=()):
+    """A stream's blocking hook, which `http_layer.event_to_child` got from `stream` and does not
+    yield: `start` it and, if it ran to its end, hand the stream its end at once. If it awaits, its
+    end comes down from the top later: each HttpLayer `above` (with the child that leads down) is
+    told where it goes, as it would have been had the command passed it."""
+    if start(handler, command):
+        del http_layer.command_sources[command]
+        yield from http_layer.event_to_child(stream, events.HookCompleted(command))
+    else:
+        for outer, down in above:
+            outer.command_sources[command] = down

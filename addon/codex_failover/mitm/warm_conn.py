@@ -166,9 +166,7 @@ class _KeptHttpLayer(http_layers.HttpLayer):
                 # An attempt's own hook: run where it is yielded and, when it returned at once, ended
                 # in place (no loop turn; hook_chain.start). Never while secrets are armed.
                 if isinstance(command, commands.StartHook) and command.blocking is child and not self.armed:
-                    if hook_chain.start(self.owner, command):
-                        del self.command_sources[command]
-                        yield from self.event_to_child(child, events.HookCompleted(command))
+                    yield from hook_chain.in_place(self, child, command, self.owner)  # the top layer: none above
                     continue
                 yield command
             return
@@ -182,11 +180,11 @@ class _KeptHttpLayer(http_layers.HttpLayer):
         try:
             produced = list(super().event_to_child(child, event))
         finally:
-            self.armed = False
             for attempt in unsent:
                 if self.owner.head_written(attempt):
                     attempt.mark_sent()
                 attempt.redact()
+            self.armed = False
         yield from produced
 
 
