@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
@@ -221,11 +222,15 @@ class ClientHop:
     # in two, and the first wakes the client before the output it waits for is there. From the head
     # on, the stream's bytes for the client are joined until the first body bytes are among them, or
     # until the delivery is over (docs/architecture.md#the-hop).
-    def join(self, command: commands.Command) -> bool:
-        """Keep `command`'s bytes back if it writes to the client while the head waits for the body."""
-        if self._joined is None or not isinstance(command, commands.SendData) or command.connection is not self.handler.client:
+    def hold(self, command: commands.Command) -> bool:
+        """Keep `command` back while the head waits for the body: bytes for the client (joined), and
+        log lines (mitmproxy's "Streaming response from ..."), logged once the first output is written."""
+        if self._joined is not None and isinstance(command, commands.Log):
+            self._deferred.append(command)
+        elif self._joined is not None and isinstance(command, commands.SendData) and command.connection is self.handler.client:
+            self._joined.append(command.data)
+        else:
             return False
-        self._joined.append(command.data)
         return True
 
     def flush(self, final: bool) -> layer.CommandGenerator[None]:
@@ -240,18 +245,12 @@ class ClientHop:
         self._first_handed = True
         asyncio.get_running_loop().call_soon(self.written)
 
-    def hold_log(self, command: commands.Log) -> bool:
-        """A log line the stream yields between the head and the first body bytes (mitmproxy's
-        "Streaming response from ..."): logged once those are written, not before."""
-        if self.status is None or self._first_handed or not self.first:
-            return False  # only while held bytes follow the head in the same delivery (not past the end)
-        self._deferred.append(command)
-        return True
-
     def written(self) -> None:
         """What the stream handed over is written: the client gets head and first output now."""
         if not self._first_handed:
             return
+        if not self.first_out.is_set() and hasattr(os, "sched_yield"):
+            os.sched_yield()  # the client just woken often waits on this CPU: it reads before our bookkeeping
         self.first_out.set()
         deferred, self._deferred = self._deferred, []
         for command in deferred:
@@ -359,9 +358,7 @@ class _HeldHttpLayer(HttpLayer):
             return
         hop = hop_layer.hop
         for command in super().event_to_child(child, event):
-            if isinstance(command, commands.Log) and hop.hold_log(command):
-                continue
-            if hop.join(command):
+            if hop.hold(command):
                 yield from hop.flush(final=False)
                 continue
             yield from hop.flush(final=True)  # anything else keeps its place after the head
