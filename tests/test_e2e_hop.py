@@ -8,12 +8,12 @@ where the hook's end passes the tunnel's own HttpLayer on its way down."""
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
 from h2_client import H2Client
-from harness import ROOT, FakeUpstreamProcess, ProxyProcess, free_port, pool_yaml, post_responses, wait_until
+from harness import (ROOT, FakeUpstreamProcess, ProxyProcess, free_port, pool_yaml, post_responses, read_until,
+                     start_raw_post, wait_until)
 
 pytestmark = pytest.mark.e2e
 
@@ -163,17 +163,8 @@ def test_the_head_and_the_first_output_leave_in_one_write(fake, tmp_path):
     proxy = ProxyProcess(tmp_path / "proxy", text, env, addon=False,
                          extra=["-s", str(ROOT / "addon" / "failover.py"), "-s", str(script)])
     try:
-        sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=15, source_address=("127.0.0.1", port))
-        with sock:
-            body = json.dumps({"model": "gpt-fake", "stream": True, "input": [], "store": False}).encode()
-            sock.sendall(f"POST {fake.base}/v1/responses HTTP/1.1\r\nhost: 127.0.0.1:{fake.port}\r\n"
-                         f"authorization: Bearer sk-test-client-good\r\ncontent-type: application/json\r\n"
-                         f"content-length: {len(body)}\r\n\r\n".encode() + body)
-            got = b""
-            while b"response.completed" not in got:
-                chunk = sock.recv(65536)
-                assert chunk, got[-300:]
-                got += chunk
+        with start_raw_post(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-good", 15, source_port=port) as sock:
+            read_until(sock, b"response.completed")
     finally:
         proxy.stop()
     writes = [json.loads(line)["write"] for line in out.read_text().splitlines() if '"write"' in line]

@@ -13,7 +13,7 @@ import pytest
 from mitmproxy import io
 
 from harness import (MITMDUMP, FakeUpstreamProcess, MitmwebProcess, ProxyProcess, pool_yaml, post_responses, proxy_status,
-                     start_raw_post, wait_until)
+                     read_until, start_raw_post, wait_until)
 
 pytestmark = pytest.mark.e2e
 
@@ -30,16 +30,6 @@ def assert_no_secret(data: bytes, *secrets: str) -> None:
     for secret in secrets:
         assert secret.encode() not in data, f"{secret} leaked"
 
-
-
-def read_head(sock: socket.socket, marker: bytes, timeout: float = 10.0) -> bytes:
-    sock.settimeout(timeout)
-    data = b""
-    while marker not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"the stream ended before {marker!r}: {data[-300:]!r}"
-        data += chunk
-    return data
 
 
 def test_mitmweb_api_shows_each_attempt_whole_and_secret_free(tmp_path):
@@ -85,7 +75,7 @@ def test_w_file_written_at_sigint_mid_stream_is_whole_and_secret_free(tmp_path):
     proxy = ProxyProcess(tmp_path / "proxy", text, env, extra=["-w", str(saved)])
     sock = start_raw_post(proxy.port, f"{fake.base}/v1/responses", CLIENT_KEY)
     try:
-        read_head(sock, b"reasoning_summary_text.delta")  # the turn is streaming to the client now
+        read_until(sock, b"reasoning_summary_text.delta")  # the turn is streaming to the client now
         os.kill(proxy.proc.pid, signal.SIGINT)
         proxy.proc.wait(timeout=15)
     finally:
@@ -233,7 +223,7 @@ def test_a_winner_whose_client_closes_right_after_the_answer_shows_no_error(tmp_
     web = MitmwebProcess(tmp_path / "web", text, env)
     try:
         sock = start_raw_post(web.port, f"{fake.base}/v1/responses", CLIENT_KEY, timeout=15)
-        read_head(sock, b'"type":"response.completed"')
+        read_until(sock, b'"type":"response.completed"')
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset, at once
         sock.close()
         winner = wait_until(lambda: next((f for f in web.api("/flows") if f.get("marked") == "✅"
@@ -302,7 +292,7 @@ def test_a_held_flow_keeps_its_real_url_and_is_answered_in_process(tmp_path):
     web = MitmwebProcess(tmp_path / "web", text, env)
     sock = start_raw_post(web.port, f"{fake.base}/v1/responses", CLIENT_KEY)
     try:
-        read_head(sock, b"reasoning_summary_text.delta")  # streaming to the client now
+        read_until(sock, b"reasoning_summary_text.delta")  # streaming to the client now
         client = next(f for f in web.api("/flows") if not f["is_replay"])
         assert client["request"]["host"] == "127.0.0.1", client["request"]
         assert client["request"]["port"] == fake.port, client["request"]

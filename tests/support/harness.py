@@ -318,14 +318,25 @@ def upstream_and_proxy(tmp: Path, pool: Callable[[str], str], *fake_args: str, e
         fake.stop()
 
 
-def start_raw_post(proxy_port: int, url: str, token: str, timeout: float = 5.0) -> socket.socket:
+def start_raw_post(proxy_port: int, url: str, token: str, timeout: float = 5.0, source_port: int = 0) -> socket.socket:
     """Send a streaming model request through the proxy on a raw socket, and return the socket
     (for tests that read part of the answer, or leave early)."""
-    sock = socket.create_connection(("127.0.0.1", proxy_port), timeout=timeout)
+    sock = socket.create_connection(("127.0.0.1", proxy_port), timeout=timeout, source_address=("127.0.0.1", source_port))
     body = json.dumps({"stream": True, "input": []}).encode()
     sock.sendall(f"POST {url} HTTP/1.1\r\nHost: {url.split('/')[2]}\r\nauthorization: Bearer {token}\r\n"
                  f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
     return sock
+
+
+def read_until(sock: socket.socket, marker: bytes, timeout: float = 10.0) -> bytes:
+    """What a raw socket receives, up to and including `marker` (an assertion if it ends first)."""
+    sock.settimeout(timeout)
+    data = b""
+    while marker not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the stream ended before {marker!r}: {data[-300:]!r}"
+        data += chunk
+    return data
 
 
 @dataclass
