@@ -22,6 +22,8 @@ Topology (tests/support/delay_link.py; all local, nothing reaches the internet):
     plain    mitmdump streaming bodies (--set stream_large_bodies=1), no addon
     healthy  mitmdump -s addon/failover.py with a pool (one spare), the request's own credential good
     failover the addon, the own credential overloaded in-stream after response.created, the spare good
+    baseline (with --baseline OLD/addon/failover.py) another checkout's addon, healthy: an A/B of two
+             commits in one run, interleaved with the others
 - Clients, Codex-like (CONNECT, then TLS trusting that proxy's CA): h2 (one HTTP/2 connection for all
   requests, the `h2` library) and h1 (HTTP/1.1 keep-alive, sequential requests on one connection,
   reconnecting only when the proxy closes it). Each request: POST /v1/responses, a ~16 KiB JSON input, a
@@ -42,7 +44,8 @@ failover, request sent -> the spare's request at the fake. Timestamps across pro
 on one machine. The host's CPU use while measuring is printed too (other work skews latencies).
 
     scripts/bench --latency [--quick] [--rtt 0,30] [--requests N] [--json FILE] [--png FILE]
-                            [--addon OTHER/addon/failover.py] [--from-json FILE]
+                            [--addon OTHER/addon/failover.py] [--baseline OLD/addon/failover.py]
+                            [--from-json FILE]
 
 Full run about 3 minutes, --quick under a minute. Needs root, /dev/net/tun and iproute2.
 """
@@ -605,8 +608,8 @@ def fmt(stat: dict, delta: bool = True) -> str:
     return f"{stat['median']:6.1f}/{stat['p95']:6.1f}{d}"
 
 
-def print_tables(rows: list[dict], busy: dict[float, float]) -> None:
-    print("\nconfigs: " + "; ".join(f"{k} = {v}" for k, v in CONFIGS.items()))
+def print_tables(rows: list[dict], busy: dict[float, float], configs: dict[str, str]) -> None:
+    print("\nconfigs: " + "; ".join(f"{k} = {v}" for k, v in configs.items()))
     print("\n== latency, ms: median/p95 and the median's difference to plain mitmdump (same RTT, same client) ==")
     print(f"{'RTT':>4} {'cli':<3} {'config':<8} {'ok':>5}  {'(a) first byte':<21}  {'(b) first output':<21}  "
           f"{'(c) first text delta':<21}  {'to upstream':<21}  {'(d) first output hop':<21}")
@@ -627,28 +630,31 @@ def print_tables(rows: list[dict], busy: dict[float, float]) -> None:
           + ", ".join(f"RTT {rtt:g} ms {b * 100:.0f}%" for rtt, b in busy.items()))
 
 
-def chart(rows: list[dict], rtts: list[float], path: Path, caption: str = "") -> None:
+def chart(rows: list[dict], rtts: list[float], path: Path, configs: dict[str, str], caption: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"plain": "#7f7f7f", "healthy": "#1f77b4", "failover": "#ff7f0e"}
+    colors = {"plain": "#7f7f7f", "healthy": "#1f77b4", "failover": "#ff7f0e", "baseline": "#2ca02c"}
     groups = [(rtt, cl) for rtt in rtts for cl in CLIENTS]
-    width = 0.8 / len(CONFIGS)
+    width = 0.8 / len(configs)
     fig, ax = plt.subplots(figsize=(2.4 * len(groups) + 2, 4.6))
-    for k, cfg in enumerate(CONFIGS):
+    top = 0.0
+    for k, cfg in enumerate(configs):
         xs, ys, errs = [], [], []
         for i, (rtt, cl) in enumerate(groups):
             r = next((r for r in rows if r["rtt_ms"] == rtt and r["client"] == cl and r["config"] == cfg), None)
             if r is None or not r["first_text_ms"]["n"]:
                 continue
-            xs.append(i + (k - 1) * width)
+            xs.append(i + (k - (len(configs) - 1) / 2) * width)
             ys.append(r["first_text_ms"]["median"])
             errs.append(max(0.0, r["first_text_ms"]["p95"] - r["first_text_ms"]["median"]))
         bars = ax.bar(xs, ys, width, yerr=[[0.0] * len(errs), errs], capsize=3, color=colors[cfg],
-                      label=f"{cfg}: {CONFIGS[cfg]}")
+                      label=f"{cfg}: {configs[cfg]}")
         ax.bar_label(bars, fmt="%.0f", fontsize=7, padding=2)
+        top = max([top] + [y + e for y, e in zip(ys, errs)])
+    ax.set_ylim(0, top * (1.2 + 0.06 * len(configs)))  # room above the bars for the legend
     ax.set_xticks(range(len(groups)), [f"RTT {rtt:g} ms\nclient {cl}" for rtt, cl in groups])
     ax.set_ylabel("ms, request sent -> first text delta")
     ax.set_title("time to first text delta through the proxy, upstream behind TLS (median, whisker to p95)",
@@ -719,6 +725,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--addon", type=Path, default=ROOT / "addon" / "failover.py",
                     help="the failover.py to load (default: this checkout's); e.g. from `git archive OLD addon`, "
                          "whose own codex_failover package it then imports, to compare commits")
+    ap.add_argument("--baseline", type=Path, metavar="FAILOVER_PY",
+                    help="also run this failover.py (healthy) as the `baseline` configuration, interleaved with "
+                         "this checkout's: a change measured A/B in one run (`git archive OLD addon rules | tar -x "
+                         "-C /tmp/old`, then --baseline /tmp/old/addon/failover.py)")
     ap.add_argument("--from-json", type=Path, metavar="FILE", help="measure nothing: report a --json FILE again")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs of every process)")
     return ap.parse_args(argv)
@@ -749,7 +759,7 @@ def run(args: argparse.Namespace) -> dict:
     size = args.body_kib * 1024
     body_text = ("Refactor the parser and keep the tests green. " * (size // 46 + 1))[:size]
     began = time.monotonic()
-    about = versions(args.addon)
+    about = versions(args.addon) + (f"; baseline: {args.baseline}" if args.baseline else "")
     print(f"codex-failover latency benchmark{' (quick)' if args.quick else ''}: {about}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="codex-failover-bench-latency-"))
     try:
@@ -764,14 +774,22 @@ def run(args: argparse.Namespace) -> dict:
               f"time, interleaved) in {time.monotonic() - began:.0f} s; fake: {args.deltas} text deltas, "
               f"{args.pace * 1000:g} ms between events; {args.body_kib} KiB input")
     return {"versions": about, "method": method, "rtts": rtts, "host_busy": [[r, b] for r, b in busy.items()],
-            "rows": summarize(samples, counts, front, cells, rtts), "samples": [asdict(s) for s in samples]}
+            "configs": configs_of(args), "rows": summarize(samples, counts, front, cells, rtts),
+            "samples": [asdict(s) for s in samples]}
+
+
+def configs_of(args: argparse.Namespace) -> dict[str, str]:
+    if args.baseline is None:
+        return dict(CONFIGS)
+    return {**CONFIGS, "baseline": f"addon at {args.baseline}, healthy"}
 
 
 def report(doc: dict, png: Path) -> int:
     """Tables, chart and errors of a run (just measured, or read back with --from-json)."""
     print(f"\n{doc['method']}")
-    print_tables(doc["rows"], dict(doc["host_busy"]))
-    chart(doc["rows"], doc["rtts"], png, doc["versions"])
+    configs = doc.get("configs", CONFIGS)
+    print_tables(doc["rows"], dict(doc["host_busy"]), configs)
+    chart(doc["rows"], doc["rtts"], png, configs, doc["versions"])
     print(f"\nchart: {png}")
     errors = [(r, e) for r in doc["rows"] for e in r["errors"]]
     for r, e in errors[:10]:
@@ -784,10 +802,10 @@ def measure(link: DelayLink, tmp: Path, rtts: list[float], requests: int, warmup
     ca, server_pem = make_test_pki(tmp, names=(HOST,))
     link.hosts("a", {HOST: link.addr["b"]})
     cells = [Cell(i, cl, cfg, tmp / f"{cl}-{cfg}") for i, (cl, cfg) in
-             enumerate((cl, cfg) for cl in CLIENTS for cfg in CONFIGS)]
+             enumerate((cl, cfg) for cl in CLIENTS for cfg in configs_of(args))]
     start_upstream(link, tmp, cells, server_pem, args.pace, args.deltas)
     for c in cells:  # all at once: mitmdump takes a second or two to start
-        start_proxy(link, c, ca, args.addon)
+        start_proxy(link, c, ca, args.baseline if c.config == "baseline" else args.addon)
     for c in cells:
         wait_listening(link, "a", c.proxy_port, c.proc, f"mitmdump ({c.client}, {c.config})")
     print(f"TLS front (mitmdump reverse) selects ALPN {check_front_h2(link, cells[0].front_port, ca)!r} "

@@ -37,21 +37,24 @@ def test_a_tcp_connect_across_the_link_takes_one_rtt_and_stop_removes_everything
 
 
 def test_bench_latency_quick_runs_every_cell(tmp_path):
+    # --baseline: another checkout's addon beside this one (here the same file), an A/B in one run.
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_latency.py"), "--quick", "--requests", "2",
-                           "--rtt", "30", "--json", str(tmp_path / "lat.json"), "--png", str(tmp_path / "lat.png")],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+                           "--rtt", "30", "--json", str(tmp_path / "lat.json"), "--png", str(tmp_path / "lat.png"),
+                           "--baseline", str(ROOT / "addon" / "failover.py")],
+                          capture_output=True, text=True, timeout=150, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "RTT 30 ms: TCP connect a->b" in proc.stdout, proc.stdout + proc.stderr
     assert "selects ALPN 'h2'" in proc.stdout, proc.stdout + proc.stderr
     rows = json.loads((tmp_path / "lat.json").read_text())["rows"]
-    assert {(r["client"], r["config"]) for r in rows} == {(c, k) for c in ("h2", "h1")
-                                                          for k in ("plain", "healthy", "failover")}
+    configs = ("plain", "healthy", "failover", "baseline")
+    assert {(r["client"], r["config"]) for r in rows} == {(c, k) for c in ("h2", "h1") for k in configs}
     assert all(r["ok"] == r["requests"] == 2 for r in rows)
     assert all(r["first_text_ms"]["median"] > 30 for r in rows)  # at least one round trip
     assert all(r["output_hop_ms"]["n"] == 2 for r in rows)  # the first output's hop, from the fake's log
     # Plain mitmdump mirrors the client's protocol upstream; the addon's attempts go over HTTP/2 (warm_conn.WarmKey).
     assert {(r["client"], r["config"]): r["front_http"] for r in rows} == {
-        (c, k): ["HTTP/1.1" if (c, k) == ("h1", "plain") else "HTTP/2.0"] for c in ("h2", "h1")
-        for k in ("plain", "healthy", "failover")}
+        (c, k): ["HTTP/1.1" if (c, k) == ("h1", "plain") else "HTTP/2.0"] for c in ("h2", "h1") for k in configs}
+    assert "baseline = addon at" in proc.stdout and all("delta_vs_plain" in r["first_text_ms"] for r in rows
+                                                        if r["config"] == "baseline"), proc.stdout
     assert (tmp_path / "lat.png").stat().st_size > 1000
     assert not any(n.startswith("cfbench-") for n in namespaces())
