@@ -37,8 +37,8 @@ Reported per cell (ms, median / p95, and the median's difference to plain mitmdu
 client): (a) request sent -> first response byte (with the addon: the commit of the held stream),
 (b) -> first output event (first reasoning or text delta), (c) -> first text delta; request sent -> the
 (first) attempt arrived at the fake upstream; (d) the first output event's own hop: the fake wrote it ->
-it arrived at the client (through the TLS front and the proxy; with the addon, this is the commit); per measured request: upstream TCP connections opened
-(SYNs on the link to that cell's front port) and used (connections whose first request at the front was
+it arrived at the client (through the TLS front and the proxy; with the addon, this is the commit); per
+measured request: upstream TCP connections opened (SYNs on the link to that cell's front port) and used (connections whose first request at the front was
 a measured one), attempts at the front, new client connections; the HTTP version the front saw; for
 failover, request sent -> the spare's request at the fake. Timestamps across processes are time.time()
 on one machine. The host's CPU use while measuring is printed too (other work skews latencies).
@@ -742,6 +742,10 @@ def main(argv: list[str] | None = None) -> int:
         if why := available():
             print(f"bench --latency cannot run here: {why}", file=sys.stderr)
             return 2
+        for name, path in (("--addon", args.addon), ("--baseline", args.baseline)):
+            if path is not None and not path.is_file():
+                print(f"bench --latency: {name} {path}: no such file (a failover.py)", file=sys.stderr)
+                return 2
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill cleans up like Ctrl-C
         doc = run(args)
         if args.json:

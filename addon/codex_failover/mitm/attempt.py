@@ -49,12 +49,16 @@ END = "end"  # the body ended (streamed) or the complete response is in flow.res
 ERROR = "error"  # the attempt failed; flow.error.msg says why
 
 
+def secrets_in(headers: http.Headers) -> list[str]:
+    """The SECRET_HEADERS that `headers` has (one pass over them; `in headers` is a scan each)."""
+    present = {k.lower() for k, _ in headers.fields}
+    return [name for name in SECRET_HEADERS if name.encode() in present]
+
+
 def hide_secrets(request: http.Request) -> None:
     """Placeholders for the secret headers of a request that mitmweb shows and `-w` saves."""
-    present = {k.lower() for k, _ in request.headers.fields}  # one pass (`in headers` is a lookup each)
-    for name in SECRET_HEADERS:
-        if name.encode() in present:
-            request.headers.set_all(name, [PLACEHOLDER])
+    for name in secrets_in(request.headers):
+        request.headers.set_all(name, [PLACEHOLDER])
 
 
 def copy_request(request: http.Request) -> http.Request:
@@ -166,10 +170,8 @@ class Attempt:
 
     def _hide_secrets(self) -> None:
         headers = self.flow.request.headers
-        present = {k.lower() for k, _ in headers.fields}
-        for name in SECRET_HEADERS:
-            if name.encode() in present:
-                self._wire[name] = headers.get_all(name)
+        for name in secrets_in(headers):
+            self._wire[name] = headers.get_all(name)
         self.redact()
 
     def mark_sent(self) -> None:

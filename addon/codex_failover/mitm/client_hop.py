@@ -222,7 +222,7 @@ class ClientHop:
     # in two, and the first wakes the client before the output it waits for is there. From the head
     # on, the stream's bytes for the client are joined until the first body bytes are among them, or
     # until the delivery is over (docs/architecture.md#the-hop).
-    def hold(self, command: commands.Command) -> bool:
+    def keep_back(self, command: commands.Command) -> bool:
         """Keep `command` back while the head waits for the body: bytes for the client (joined), and
         log lines (mitmproxy's "Streaming response from ..."), logged once the first output is written."""
         if self._joined is not None and isinstance(command, commands.Log):
@@ -358,7 +358,7 @@ class _HeldHttpLayer(HttpLayer):
             return
         hop = hop_layer.hop
         for command in super().event_to_child(child, event):
-            if hop.hold(command):
+            if hop.keep_back(command):
                 yield from hop.flush(final=False)
                 continue
             yield from hop.flush(final=True)  # anything else keeps its place after the head

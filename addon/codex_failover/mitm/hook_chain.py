@@ -121,26 +121,25 @@ def sped_up(handler) -> bool:
 def start(handler, hook) -> bool:
     """Start a stream's blocking hook where its layers yielded it (on a sped-up client connection, or
     an attempt's kept connection), as `server_event` starts it (a task, eager under mitmproxy's task
-    factory). True: it already ran to
-    the end, and the caller hands the stream its `HookCompleted` at once, inside this `server_event`.
-    False: it awaits something (an intercepted flow, an async addon) and completes as mitmproxy's
-    `hook_task` completes it, through `server_event`. mitmproxy's own way always takes the False
-    path: its `HookCompleted` waits for the lock the running `server_event` holds, one loop turn
-    (docs/mitmproxy-12.3.1-replay-notes.md §11)."""
-    went_on: list[bool] = []  # set once the caller went on without the hook's end
-    ran: list[bool] = []
+    factory). True: it already ran to the end, and the caller hands the stream its `HookCompleted`
+    at once, inside this `server_event`. False: it awaits something (an intercepted flow, an async
+    addon) and completes as mitmproxy's `hook_task` completes it, through `server_event`. mitmproxy's
+    own way always takes the False path: its `HookCompleted` waits for the lock the running
+    `server_event` holds, one loop turn (docs/mitmproxy-12.3.1-replay-notes.md §11)."""
+    state = "starting"  # -> "ran" (ended before create_task returned) or "went on" (the caller did)
 
     async def task() -> None:
+        nonlocal state
         await handler.handle_hook(hook)
-        if went_on:
+        if state == "went on":
             await handler.server_event(events.HookCompleted(hook))
         else:
-            ran.append(True)
+            state = "ran"
 
     asyncio_utils.create_task(task(), name=f"handle_hook({hook.name})", keep_ref=True, client=handler.client.peername)
-    if ran:
+    if state == "ran":
         return True
-    went_on.append(True)
+    state = "went on"
     return False
 
 
