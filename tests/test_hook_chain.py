@@ -170,3 +170,54 @@ async def run_with_reload(impl, tmp_path):
 def test_a_script_reloaded_while_an_earlier_hook_awaits_gets_the_hook(tmp_path, impl):
     calls = asyncio.run(run_with_reload(impl, tmp_path))
     assert calls == ["a", "doneold", "bnew"], calls
+
+
+# -- which addons implement a hook is remembered until the addon tree changes ------------------------
+
+C = """
+import hookrec
+{body}
+"""
+
+
+def test_a_script_that_gains_a_hook_on_reload_gets_it_at_the_next_trigger(tmp_path):
+    async def go():
+        rec = types.ModuleType("hookrec")
+        rec.calls = []
+        sys.modules["hookrec"] = rec
+        path = tmp_path / "c.py"
+        path.write_text(C.format(body="def response(flow):\n    hookrec.calls.append('response')"))
+        sl = ScriptLoader()
+        with taddons.context(sl) as tctx:
+            tctx.configure(sl, scripts=[str(path)])
+            await asyncio.sleep(0.05)
+            manager, flow = tctx.master.addons, tflow.tflow()
+            await hook_chain.trigger(manager, HttpRequestHook(flow))  # nobody implements `request` yet
+            assert not hook_chain.implementers(manager, "request")
+            path.write_text(C.format(body="def request(flow):\n    hookrec.calls.append('request')"))
+            sl.addons[0].loadscript()
+            await hook_chain.trigger(manager, HttpRequestHook(flow))
+            for s in sl.addons:
+                if s.reloadtask:
+                    s.reloadtask.cancel()
+        return rec.calls
+
+    assert asyncio.run(go()) == ["request"]
+
+
+def test_the_remembered_implementers_follow_addons_added_and_removed():
+    calls: list[str] = []
+
+    async def go():
+        with taddons.context(Rec("a", calls)) as tctx:
+            manager = tctx.master.addons
+            hook = HttpRequestHook(tflow.tflow())
+            await hook_chain.trigger(manager, hook)
+            later = Rec("later", calls)
+            manager.add(later)
+            await hook_chain.trigger(manager, hook)
+            manager.remove(later)
+            await hook_chain.trigger(manager, hook)
+
+    asyncio.run(go())
+    assert calls == ["a", "a", "later", "a"]

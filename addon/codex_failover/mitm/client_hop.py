@@ -183,6 +183,8 @@ class ClientHop:
 
     async def _claimed(self) -> bool:
         """Has the stream handed its request to the stand-in (it normally has by the answer)?"""
+        if self.requested.is_set():  # no timer to arm on the first output's way
+            return True
         try:
             await asyncio.wait_for(self.requested.wait(), UNCLAIMED_TTL)
             return True
