@@ -170,3 +170,36 @@ def test_the_head_and_the_first_output_leave_in_one_write(fake, tmp_path):
     writes = [json.loads(line)["write"] for line in out.read_text().splitlines() if '"write"' in line]
     assert writes and writes[0].startswith("HTTP/1.1 200"), writes[:2]
     assert "reasoning_summary_text.delta" in writes[0], f"the head went out alone: {writes[0][:300]!r}"
+
+
+WATCHER = r'''
+import json, os
+
+def update(flows):
+    for flow in flows:
+        # The held client flow once it has its answer: its `responseheaders` and `response` run
+        # through hook_chain (its `request` hook through mitmproxy's own, which sends `update` too).
+        if "codex_failover.attempt" not in flow.metadata and flow.response is not None:
+            with open(os.environ["HOOKS_OUT"], "a") as out:
+                out.write(json.dumps({"update": flow.id}) + "\n")
+'''
+
+
+def test_a_script_that_gains_a_hook_while_mitmdump_runs_gets_it_on_the_held_flows(fake, tmp_path):
+    """A held flow's hooks run through hook_chain, which remembers which addons implement a hook:
+    a script edited to implement `update` (nothing did before) gets it once mitmproxy reloaded it."""
+    script, out = tmp_path / "watcher.py", tmp_path / "hooks.jsonl"
+    script.write_text("# no hooks yet\n")
+    text, env = pool_yaml(fake.base, [("spare", "sk-test-spare-good")])
+    proxy = ProxyProcess(tmp_path / "proxy", text, {**env, "HOOKS_OUT": str(out)}, addon=False,
+                         extra=["-s", str(ROOT / "addon" / "failover.py"), "-s", str(script)])
+    try:
+        first = post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-good", timeout=15)
+        assert first.status == 200 and not notes_in(out)
+        script.write_text(WATCHER)  # mitmproxy's ScriptLoader sees the change and reloads the script
+        wait_until(lambda: proxy.log().count(f"Loading script {script}") >= 2, timeout=10, what="the reload")
+        second = post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-good", timeout=15)
+        assert second.status == 200 and b"response.completed" in second.body
+        wait_until(lambda: notes_in(out), timeout=5, what="the held flow's update")
+    finally:
+        proxy.stop()
