@@ -7,7 +7,7 @@ import sys
 import types
 
 import pytest
-from mitmproxy import exceptions
+from mitmproxy import ctx, exceptions
 from mitmproxy.addons.script import ScriptLoader
 from mitmproxy.hooks import UpdateHook
 from mitmproxy.proxy.layers.http import HttpRequestHook
@@ -172,7 +172,150 @@ def test_a_script_reloaded_while_an_earlier_hook_awaits_gets_the_hook(tmp_path, 
     assert calls == ["a", "doneold", "bnew"], calls
 
 
-# -- which addons implement a hook is remembered until the addon tree changes ------------------------
+# -- which addons implement a hook can change between two hooks, and within one ----------------------
+# (an adversarial review of a cache of it found each of these; mitmproxy walks the tree at every hook)
+
+async def fire(impl, manager, hook):
+    if impl == "mitmproxy":
+        await manager.trigger_event(hook)
+    else:
+        await hook_chain.trigger(manager, hook)
+
+
+IMPLS = ["mitmproxy", "hook_chain"]
+
+
+class Parent:
+    def __init__(self):
+        self.addons = []
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_child_appended_to_addons_without_register_gets_the_next_hook(impl):
+    calls: list[str] = []
+
+    async def go():
+        parent = Parent()
+        with taddons.context(parent) as tctx:
+            await fire(impl, tctx.master.addons, HttpRequestHook(tflow.tflow()))  # nobody implements it yet
+            parent.addons.append(Rec("child", calls))
+            await fire(impl, tctx.master.addons, HttpRequestHook(tflow.tflow()))
+
+    asyncio.run(go())
+    assert calls == ["child"]
+
+
+class Feature:
+    """Its `addons` follow an option, as mitmproxy's own Script.addons follow its module."""
+
+    def __init__(self, calls):
+        self.on, self.impl = False, Rec("impl", calls)
+
+    def load(self, loader):
+        loader.add_option("test_feature", bool, False, "turn the feature on")
+
+    def configure(self, updated):
+        self.on = ctx.options.test_feature
+
+    @property
+    def addons(self):
+        return [self.impl] if self.on else []
+
+
+class Dumper:
+    """Its hook is set in `configure`, when an option turns it on."""
+
+    def __init__(self, calls):
+        self.calls, self.request = calls, None
+
+    def load(self, loader):
+        loader.add_option("test_dump", bool, False, "dump requests")
+
+    def configure(self, updated):
+        self.request = self._dump if ctx.options.test_dump else None
+
+    def _dump(self, flow):
+        self.calls.append("dump")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kind", ["child", "method"])
+def test_an_option_set_at_runtime_that_turns_a_hook_on_takes_effect_at_the_next_hook(impl, kind):
+    calls: list[str] = []
+
+    async def go():
+        addon, option = (Feature(calls), "test_feature") if kind == "child" else (Dumper(calls), "test_dump")
+        with taddons.context(addon) as tctx:
+            await fire(impl, tctx.master.addons, HttpRequestHook(tflow.tflow()))
+            tctx.options.update(**{option: True})  # `:set`, or mitmweb's options
+            await fire(impl, tctx.master.addons, HttpRequestHook(tflow.tflow()))
+
+    asyncio.run(go())
+    assert calls == ["impl" if kind == "child" else "dump"]
+
+
+class Adder:
+    def __init__(self, calls):
+        self.calls, self.added = calls, False
+
+    def request(self, flow):
+        self.calls.append("adder")
+        if not self.added:
+            self.added = True
+            ctx.master.addons.add(Rec("late", self.calls))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_an_addon_added_by_a_handler_gets_the_same_hook(impl):
+    calls: list[str] = []
+
+    async def go():
+        with taddons.context(Adder(calls)) as tctx:
+            await fire(impl, tctx.master.addons, HttpRequestHook(tflow.tflow()))
+
+    asyncio.run(go())
+    assert calls == ["adder", "late"]
+
+
+class Waiter:
+    def __init__(self, calls, gate):
+        self.calls, self.gate = calls, gate
+
+    async def request(self, flow):
+        self.calls.append("waiter")
+        await self.gate.wait()
+
+
+NEW = """
+import hookrec
+def request(flow):
+    hookrec.calls.append("new script")
+"""
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_script_added_while_an_earlier_hook_awaits_gets_the_hook(impl, tmp_path):
+    rec = types.ModuleType("hookrec")
+    rec.calls = []
+    sys.modules["hookrec"] = rec
+    path = tmp_path / "new.py"
+    path.write_text(NEW)
+
+    async def go():
+        gate, sl = asyncio.Event(), ScriptLoader()
+        with taddons.context(Waiter(rec.calls, gate), sl) as tctx:
+            task = asyncio.create_task(fire(impl, tctx.master.addons, HttpRequestHook(tflow.tflow())))
+            await asyncio.sleep(0.01)
+            tctx.options.update(scripts=[str(path)])  # `:set scripts=...`
+            await asyncio.sleep(0.05)
+            gate.set()
+            await task
+            for s in sl.addons:
+                s.reloadtask.cancel()
+
+    asyncio.run(go())
+    assert rec.calls == ["waiter", "new script"]
+
 
 C = """
 import hookrec
@@ -180,7 +323,7 @@ import hookrec
 """
 
 
-def test_a_script_that_gains_a_hook_on_reload_gets_it_at_the_next_trigger(tmp_path):
+def test_a_script_that_gains_a_hook_on_reload_gets_it_at_the_next_hook(tmp_path):
     async def go():
         rec = types.ModuleType("hookrec")
         rec.calls = []
@@ -193,19 +336,17 @@ def test_a_script_that_gains_a_hook_on_reload_gets_it_at_the_next_trigger(tmp_pa
             await asyncio.sleep(0.05)
             manager, flow = tctx.master.addons, tflow.tflow()
             await hook_chain.trigger(manager, HttpRequestHook(flow))  # nobody implements `request` yet
-            assert not hook_chain.implementers(manager, "request")
             path.write_text(C.format(body="def request(flow):\n    hookrec.calls.append('request')"))
             sl.addons[0].loadscript()
             await hook_chain.trigger(manager, HttpRequestHook(flow))
             for s in sl.addons:
-                if s.reloadtask:
-                    s.reloadtask.cancel()
+                s.reloadtask.cancel()
         return rec.calls
 
     assert asyncio.run(go()) == ["request"]
 
 
-def test_the_remembered_implementers_follow_addons_added_and_removed():
+def test_addons_added_and_removed_are_called_as_mitmproxy_calls_them():
     calls: list[str] = []
 
     async def go():
@@ -221,3 +362,46 @@ def test_the_remembered_implementers_follow_addons_added_and_removed():
 
     asyncio.run(go())
     assert calls == ["a", "a", "later", "a"]
+
+
+class Flaky:
+    """An addon whose tree cannot be read: its `addons` raise."""
+
+    @property
+    def addons(self):
+        raise RuntimeError("flaky")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_an_addon_whose_tree_raises_is_logged_and_the_next_addons_get_the_hook(impl, caplog):
+    calls: list[str] = []
+
+    async def go():
+        with taddons.context(Rec("before", calls)) as tctx:
+            tctx.master.addons.chain.append(Flaky())  # as registered: `register` itself would read its tree
+            tctx.master.addons.chain.append(Rec("after", calls))
+            with caplog.at_level(logging.ERROR):
+                await fire(impl, tctx.master.addons, HttpRequestHook(tflow.tflow()))
+
+    asyncio.run(go())
+    assert calls == ["before", "after"]
+    assert any(r.getMessage() == "Addon error: flaky" for r in caplog.records)
+
+
+def test_lifecycle_with_an_addon_whose_tree_raises_sends_the_update_and_logs_it(caplog):
+    """mitmproxy sends the update to every addon, and logs the one it cannot read; so does lifecycle."""
+    calls: list[str] = []
+    listener = Listener()
+
+    async def go():
+        with taddons.context(Rec("a", calls)) as tctx:
+            tctx.master.addons.chain.append(Flaky())
+            tctx.master.addons.chain.append(listener)
+            caplog.clear()
+            with caplog.at_level(logging.ERROR):
+                await hook_chain.lifecycle(tctx.master.addons, HttpRequestHook(tflow.tflow()))
+            return [r.getMessage() for r in caplog.records]
+
+    logged = asyncio.run(go())
+    assert calls == ["a"] and len(listener.updates) == 1
+    assert logged.count("Addon error: flaky") == 2, logged  # the hook, then the update

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import operator
 import sys
 import types
 
@@ -67,32 +66,16 @@ def _not_callable(message: str):
     return fail
 
 
-# Which top-level addons implement a hook, per hook name, for one shape of the addon tree: walking
-# the tree (~40 addons, most with nothing to call) cost 60-80 us on the first output's way, cold.
-# The shape changes only through AddonManager.register/remove/clear (a script's reload too: the old
-# module is removed, the new one registered), each of which changes the addons in `lookup`. The
-# shape holds the addons themselves, not their ids: a freed addon's id may be reused by its successor.
-_implementers: dict[str, tuple[object, ...]] = {}
-_shape: tuple[object, ...] = ()
-
-
-def implementers(manager, name: str) -> tuple[object, ...]:
-    """The top-level addons of `manager` that implement hook `name` (themselves or a child)."""
-    global _implementers, _shape
-    shape = (manager, *manager.chain, manager, *manager.lookup.values())
-    if len(shape) != len(_shape) or not all(map(operator.is_, shape, _shape)):
-        _implementers, _shape = {}, shape
-    found = _implementers.get(name)
-    if found is None:
-        found = _implementers[name] = tuple(a for a in manager.chain if _implements(a, name))
-    return found
-
-
 async def trigger(manager, hook: Hook, args: list | None = None) -> None:
     """`AddonManager.trigger_event(hook)`, for the addons that implement it (`args`: `hook.args()`)."""
     args, name = hook.args() if args is None else args, hook.name
-    for addon in implementers(manager, name):  # most addons: no coroutine, no generator (nothing to call)
+    # Walked afresh at every hook, as mitmproxy walks it: which addons implement a hook changes without
+    # register/remove (an `addons` list appended to, a property that follows an option, a handler set in
+    # `configure`, an addon added by an earlier handler of this very hook; tests/test_hook_chain.py).
+    for addon in manager.chain:
         try:
+            if not _implements(addon, name):  # most addons: no coroutine, no generator (nothing to call)
+                continue
             for func in _handlers(addon, name):
                 result = func(*args)
                 if result is not None and inspect.isawaitable(result):
@@ -107,8 +90,15 @@ async def trigger(manager, hook: Hook, args: list | None = None) -> None:
 
 
 def listens(manager, name: str) -> bool:
-    """Does any addon implement hook `name`?"""
-    return bool(implementers(manager, name))
+    """Does any addon implement hook `name`? An addon whose tree cannot be read might: `trigger` then
+    logs its error, as mitmproxy does for every hook it sends."""
+    for addon in manager.chain:
+        try:
+            if _implements(addon, name):
+                return True
+        except Exception:  # noqa: BLE001 - logged by trigger, in mitmproxy's words
+            return True
+    return False
 
 
 async def lifecycle(manager, hook: Hook, args: list | None = None) -> None:
