@@ -364,7 +364,8 @@ class _HeldHttpLayer(HttpLayer):
                 yield from hop.flush(final=False)
                 continue
             yield from hop.flush(final=True)  # anything else keeps its place after the head
-            if isinstance(command, commands.StartHook) and command.blocking is child and hook_chain.sped_up(hop.handler):
+            if isinstance(command, commands.StartHook) and command.blocking is child and self.debug is None \
+                    and hook_chain.sped_up(hop.handler):  # (proxy_debug logs the way up and down: mitmproxy's way)
                 above = [(outer, outer.connections[hop.conn]) for outer in hop.layers[:-1]]
                 yield from hook_chain.in_place(self, child, command, hop.handler, above)
                 continue

@@ -165,7 +165,8 @@ class _KeptHttpLayer(http_layers.HttpLayer):
             for command in super().event_to_child(child, event):
                 # An attempt's own hook: run where it is yielded and, when it returned at once, ended
                 # in place (no loop turn; hook_chain.start). Never while secrets are armed.
-                if isinstance(command, commands.StartHook) and command.blocking is child and not self.armed:
+                if isinstance(command, commands.StartHook) and command.blocking is child and not self.armed \
+                        and self.debug is None:  # with proxy_debug, mitmproxy's way (each layer logs it)
                     yield from hook_chain.in_place(self, child, command, self.owner)  # the top layer: none above
                     continue
                 yield command
