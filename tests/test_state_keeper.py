@@ -144,3 +144,77 @@ def test_endpoint_ids_leave_the_password_out():
     a = parse_endpoint("corp", 0, "http://u:one@proxy.test:3128")
     b = parse_endpoint("corp", 0, "http://u:two@proxy.test:3128")
     assert endpoint_id(a) == endpoint_id(b)
+
+
+# -- the flush loop: FLUSH while there is something to write, less often when idle, a poke wakes it --
+
+import asyncio  # noqa: E402
+
+import pytest  # noqa: E402
+
+from codex_failover import state_keeper  # noqa: E402
+from codex_failover.state_keeper import FLUSH, IDLE_FLUSH, next_interval  # noqa: E402
+
+
+@pytest.mark.parametrize("current, wrote, shared, expected", [
+    (FLUSH, True, False, FLUSH),  # changes: keep the pace
+    (FLUSH, False, False, 2 * FLUSH),  # nothing: look half as often
+    (IDLE_FLUSH, False, False, IDLE_FLUSH),  # bounded
+    (IDLE_FLUSH, True, False, FLUSH),  # a change: back to the pace at once
+    (FLUSH, False, True, FLUSH),  # a shared store: the others read it every REFRESH (docs/state.md)
+])
+def test_next_interval(current, wrote, shared, expected):
+    assert next_interval(current, wrote, shared) == expected
+
+
+class CountingStore:
+    shared = False
+
+    def __init__(self):
+        self.writes = []
+
+    def write(self, upserts, deletes):
+        self.writes.append((upserts, deletes))
+
+
+def test_an_idle_local_store_is_looked_at_less_and_less_often(monkeypatch):
+    monkeypatch.setattr(state_keeper, "FLUSH", 0.01)
+    monkeypatch.setattr(state_keeper, "IDLE_FLUSH", 0.32)
+    wall, mono = Clock(1_800_000_000.0), Clock(5.0)
+    _, keeper = world(wall, mono)
+    keeper.store = CountingStore()
+    keeper.start([])
+    looks = []
+    snapshot = keeper.snapshot
+    monkeypatch.setattr(keeper, "snapshot", lambda: looks.append(1) or snapshot())
+
+    async def go():
+        task = asyncio.get_running_loop().create_task(keeper.run())
+        await asyncio.sleep(1.0)
+        task.cancel()
+
+    asyncio.run(go())
+    assert 2 <= len(looks) <= 15, len(looks)  # at a steady 10 ms: ~100
+    assert keeper.interval == 0.32
+
+
+def test_a_poke_ends_a_long_wait_and_the_change_is_written():
+    _, keeper = world(Clock(1_800_000_000.0), Clock(5.0))
+    keeper.store = CountingStore()
+    keeper.start([])
+    keeper.interval = 30.0  # idle for long
+
+    async def go():
+        task = asyncio.get_running_loop().create_task(keeper.run())
+        await asyncio.sleep(0.05)
+        keeper.health.cool("spare", 60, "overloaded")  # a request's rejection
+        keeper.poke()  # the request ended
+        for _ in range(100):  # bounded: ~FLUSH after the poke, never the 30 s
+            if keeper.store.writes:
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+
+    asyncio.run(go())
+    assert [[r.kind for r in upserts] for upserts, _ in keeper.store.writes] == [["cooling"]]
+    assert keeper.interval == FLUSH

@@ -6,8 +6,8 @@ Rows carry non-secret ids: a credential is `cred:<hash>` of its ChatGPT account 
 (stable across machines and local names), a client's own credential `client:<hash>` as the health
 keys already are, a route endpoint the hash of its whole URL. Times are stored as epoch seconds;
 route backoff and affinity run on the monotonic clock in memory and are converted. Change
-detection is a diff of snapshots, flushed every FLUSH seconds off the event loop. Pure but for
-`run` (asyncio) and the store's own I/O.
+detection is a diff of snapshots, flushed every FLUSH seconds off the event loop (less often while
+nothing changes: `next_interval`, `poke`). Pure but for `run` (asyncio) and the store's own I/O.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from .core.usage import UsageBook, Window
 
 log = logging.getLogger("codex_failover")
 FLUSH = 0.2  # seconds between writes of what changed
+IDLE_FLUSH = 3.2  # a local store where nothing changed: looked at less often (doubling from FLUSH), until a poke
 REFRESH = 0.5  # a shared store (Redis): how often the others' rows are read (a local cache, <= 1 s old)
 RETRY_MAX = 30.0  # a store that fails is tried again after 1 s, doubling up to this
 USAGE_TTL = 7 * 24 * 3600.0  # a usage window with no reset time is kept this long
@@ -74,6 +75,8 @@ class StateKeeper:
         self._refreshed = 0.0  # monotonic time of the last read of a shared store
         self.spec, self.namespace = "", ""  # the store it was opened for (open_keeper)
         self.task: asyncio.Task | None = None  # its flush loop (`run`)
+        self.interval = FLUSH  # until the next look for changes
+        self._poked: asyncio.Event | None = None  # set by `poke` while the loop waits
 
     # -- mapping ---------------------------------------------------------------------------
 
@@ -180,20 +183,45 @@ class StateKeeper:
 
     async def run(self) -> None:
         """Until cancelled: write what changed every FLUSH seconds and, for a shared store, read the
-        others' rows every REFRESH seconds. A failing store is logged once and retried with backoff;
-        the proxy keeps serving on its own memory meanwhile (fail-open)."""
+        others' rows every REFRESH seconds. A local store where nothing changed is looked at less
+        often, up to every IDLE_FLUSH seconds, until the next `poke` (a proxy left on all day wakes
+        ~0.3 times a second, not 5). A failing store is logged once and retried with backoff; the
+        proxy keeps serving on its own memory meanwhile (fail-open)."""
+        shared = getattr(self.store, "shared", False)
         while True:
-            await asyncio.sleep(FLUSH)
+            await self._wait()
             if self._mono() < self._down_until:
                 continue
-            await self._guarded(self.flush)
-            if getattr(self.store, "shared", False) and self._mono() - self._refreshed >= REFRESH:
+            wrote = await self._guarded(self.flush)
+            if shared and self._mono() - self._refreshed >= REFRESH:
                 await self._guarded(self.refresh)
+            self.interval = next_interval(self.interval, wrote is not False, shared)  # None: failed, still to write
 
-    async def flush(self) -> None:
+    def poke(self) -> None:
+        """Something that may change the pool began or ended (a request, a WebSocket): look for
+        changes at the FLUSH pace again."""
+        self.interval = FLUSH
+        if self._poked is not None:
+            self._poked.set()
+
+    async def _wait(self) -> None:
+        """`interval` seconds; after a poke, FLUSH seconds from the poke (what it started may change
+        the pool meanwhile: one write for all of it)."""
+        self._poked = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._poked.wait(), self.interval)
+        except TimeoutError:
+            return
+        finally:
+            self._poked = None
+        await asyncio.sleep(FLUSH)
+
+    async def flush(self) -> bool:
+        """Write what changed; True if anything had."""
         upserts, deletes = self.changes()
         if upserts or deletes:
             await asyncio.get_running_loop().run_in_executor(None, self.store.write, upserts, deletes)
+        return bool(upserts or deletes)
 
     async def refresh(self) -> None:
         """The others' changes (a shared store): cooldowns, out-of-rotation marks, usage, backoffs."""
@@ -201,9 +229,9 @@ class StateKeeper:
         rows = await asyncio.get_running_loop().run_in_executor(None, self.store.load, self._wall())
         self.apply(rows, sessions=False)
 
-    async def _guarded(self, step) -> None:
+    async def _guarded(self, step):
         try:
-            await step()
+            result = await step()
         except Exception as exc:  # noqa: BLE001 - state is a convenience: serving never depends on it
             if not self._retry:
                 log.warning("codex-failover: pool state store unavailable (%s: %s); serving on this proxy's own "
@@ -215,6 +243,15 @@ class StateKeeper:
         if self._retry:
             log.warning("codex-failover: pool state store is back; sharing again")
             self._retry = 0.0
+        return result
+
+
+def next_interval(current: float, wrote: bool, shared: bool) -> float:
+    """How long the flush loop waits next: FLUSH while there are changes, and always for a shared
+    store (the others read them: docs/state.md); doubling up to IDLE_FLUSH while there are none."""
+    if wrote or shared:
+        return FLUSH
+    return min(current * 2, IDLE_FLUSH)
 
 
 def open_keeper(pool: PoolConfig, current: StateKeeper | None, health: Health, usage: UsageBook,

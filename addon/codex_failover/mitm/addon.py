@@ -245,6 +245,7 @@ class FailoverAddon:
     async def _gate_upgrade(self, flow: http.HTTPFlow) -> None:
         """Open the upstream socket now (any credential, any route that works); 426 if none can."""
         self._refresh_auth_files()
+        _poke(self.keeper)
         await self.relay.start()
         try:
             session, why = await self.ws_gate.open(flow, self.shared())
@@ -279,6 +280,7 @@ class FailoverAddon:
         n = next(self._ids)
         await self.relay.start()
         self._held += 1
+        _poke(self.keeper)
         run = RequestRun(flow, self.shared(), body, f"r{n}", rotation=n, client_auth=client_auth)
         task = start_run(run, self._release_hold)
         self._tasks.add(task)
@@ -290,6 +292,7 @@ class FailoverAddon:
 
     def _release_hold(self, run: RequestRun) -> None:
         self._held -= 1
+        _poke(self.keeper)
 
     def http_connect_upstream(self, flow: http.HTTPFlow) -> None:
         """Proxy credentials of a route endpoint go to that proxy only, on its CONNECT."""
@@ -315,3 +318,9 @@ class FailoverAddon:
         text = status.render(self.status_report())
         log.info(text)
         return text
+
+
+def _poke(keeper: StateKeeper | None) -> None:
+    """A request or a WebSocket began or ended: the pool's state may change (StateKeeper.poke)."""
+    if keeper is not None:
+        keeper.poke()
