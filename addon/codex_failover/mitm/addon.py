@@ -280,7 +280,6 @@ class FailoverAddon:
         n = next(self._ids)
         await self.relay.start()
         self._held += 1
-        _poke(self.keeper)
         run = RequestRun(flow, self.shared(), body, f"r{n}", rotation=n, client_auth=client_auth)
         task = start_run(run, self._release_hold)
         self._tasks.add(task)
@@ -289,6 +288,7 @@ class FailoverAddon:
         # request hooks, the hop): those have until the first output, the upstream is waiting now.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(run.dispatched.wait(), DISPATCH_FIRST)
+        _poke(self.keeper)  # the run will change the pool's state: written FLUSH seconds from now
 
     def _release_hold(self, run: RequestRun) -> None:
         self._held -= 1
