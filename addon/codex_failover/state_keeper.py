@@ -198,8 +198,9 @@ class StateKeeper:
             self.interval = next_interval(self.interval, wrote is not False, shared)  # None: failed, still to write
 
     def poke(self) -> None:
-        """Something that may change the pool began or ended (a request, a WebSocket): look for
-        changes at the FLUSH pace again."""
+        """Something that may change the pool began (a request, a WebSocket) or ended (a request):
+        look for changes at the FLUSH pace again. A WebSocket's later turns are written within
+        IDLE_FLUSH seconds."""
         self.interval = FLUSH
         if self._poked is not None:
             self._poked.set()

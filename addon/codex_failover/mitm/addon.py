@@ -321,6 +321,6 @@ class FailoverAddon:
 
 
 def _poke(keeper: StateKeeper | None) -> None:
-    """A request or a WebSocket began or ended: the pool's state may change (StateKeeper.poke)."""
+    """A request began or ended, or a WebSocket began: the pool's state may change (StateKeeper.poke)."""
     if keeper is not None:
         keeper.poke()
