@@ -193,6 +193,12 @@ class CodexRun:
     records: list[dict]  # what the recorder saw
     fake: FakeUpstreamProcess
     proxy_log: str
+    session_start: int = 0  # where in proxy_log the lines written while Codex ran begin
+
+    @property
+    def session_log(self) -> list[str]:
+        """The proxy's log lines from Codex's start to its end (start-up lines left out)."""
+        return self.proxy_log[self.session_start:].splitlines()
 
     @property
     def events(self) -> list[dict]:
@@ -228,7 +234,7 @@ class CodexRun:
 
 
 def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] = (), prepare=None,
-              output: tuple[str, ...] = ("--json",), **policy) -> CodexRun:
+              output: tuple[str, ...] = ("--json",), client_key: str = CLIENT_KEY, **policy) -> CodexRun:
     """Start the fake and mitmdump (pool `creds`), run `codex exec "say hi"` with CLIENT_KEY, stop both.
     `prepare(fake)` runs before Codex starts (e.g. to queue scenarios)."""
     fake = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "5")
@@ -263,12 +269,12 @@ def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] 
         env = {  # clean: none of the developer's keys, proxies or ~/.codex leak in
             "PATH": f"{Path(shutil.which('node')).parent}:/usr/bin:/bin",
             "HOME": str(home), "CODEX_HOME": str(codex_home), "LANG": "C.UTF-8",
-            "CODEX_API_KEY": CLIENT_KEY, "CODEX_CA_CERTIFICATE": str(ca),
+            "CODEX_API_KEY": client_key, "CODEX_CA_CERTIFICATE": str(ca),
             "HTTPS_PROXY": proxy_url, "https_proxy": proxy_url, "HTTP_PROXY": proxy_url, "http_proxy": proxy_url,
             "ALL_PROXY": proxy_url, "all_proxy": proxy_url, "NO_PROXY": "", "no_proxy": "",
         }
         cmd = [str(codex_bin), "exec", *output, "--skip-git-repo-check", "--sandbox", "read-only", "--cd", str(work), "say hi"]
-        started = time.monotonic()
+        started, session_start = time.monotonic(), len(proxy.log())
         try:
             run = _run_bounded(cmd, CODEX_TIMEOUT, env=env, cwd=work)
         except subprocess.TimeoutExpired as exc:
@@ -276,7 +282,7 @@ def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] 
                         f"\n--- codex stderr ---\n{(exc.stderr or '')[-3000:]}\n--- mitmdump log ---\n{proxy.log()[-6000:]}")
         took = time.monotonic() - started
         time.sleep(0.2)  # the proxy's last log lines (socket ends)
-        return CodexRun(run, took, _records(record_path), fake, proxy.log())
+        return CodexRun(run, took, _records(record_path), fake, proxy.log(), session_start)
     finally:
         if proxy is not None:
             proxy.stop()
@@ -321,6 +327,60 @@ def test_real_codex_turn_completes_with_the_spare_when_its_own_key_is_overloaded
         print(f"[codex-cli] WebSocket upgrade -> 426, HTTP POST ({posts[0]['http_version']}) "
               f"{(posts[0]['t'] - upgrades[0]['t']) * 1000:.0f} ms later")
     codex.assert_loopback_only()
+
+
+# -- the log: a few lines per model request ----------------------------------------------------------
+# The default log is the addon's lines (one per attempt or turn, one per decision), warnings and
+# errors. A session of several tool calls with one failover stays within LINES_PER_MODEL_REQUEST:
+# before the quiet log (mitmproxy's connection lines, the flow echo) it was about 24.
+
+LINES_PER_MODEL_REQUEST = 3
+HEALTHY_KEY = "sk-test-client-ok"
+TOOL_CALLS = 3
+
+
+def _tool_session(fake, websocket: bool = False) -> None:
+    """The client's first request is overloaded; then, whichever credential serves, TOOL_CALLS tool
+    calls (each answered by a follow-up request of Codex) before the final answer."""
+    if websocket:  # the socket's warm-up turn takes the first forced scenario
+        fake.overload_next(HEALTHY_KEY, 1, "warmup")
+    fake.overload_next(HEALTHY_KEY, 1, "overload")
+    fake.overload_next(HEALTHY_KEY, TOOL_CALLS, "toolcall")
+    fake.overload_next(SPARE_KEY, TOOL_CALLS, "toolcall")
+
+
+def _lines_per_model_request(codex: CodexRun) -> tuple[float, int, list[str]]:
+    posts = [r for r in codex.asked if r["method"] == "POST" and r["url"].split("?")[0].endswith("/responses")]
+    lines = [line for line in codex.session_log if line.strip()]
+    assert posts, codex.context
+    return len(lines) / len(posts), len(posts), lines
+
+
+@pytest.mark.parametrize("websocket", ["downgrade", "gate"])
+def test_real_codex_session_logs_a_few_lines_per_model_request(tmp_path, codex_bin, capsys, websocket):
+    if websocket == "gate":  # the gate dials its own sockets: both credentials pooled, on the fake
+        codex = run_codex(tmp_path, codex_bin, [("primary", HEALTHY_KEY), ("spare", SPARE_KEY)], extra=GATE,
+                          prepare=lambda fake: _tool_session(fake, websocket=True), use_client_credential=False)
+    else:
+        codex = run_codex(tmp_path, codex_bin, [("spare", SPARE_KEY)], prepare=_tool_session, client_key=HEALTHY_KEY)
+    assert codex.run.returncode == 0, codex.context
+    assert [e for e in codex.events if e.get("type") == "turn.completed"], codex.context
+    if websocket == "gate":  # on the socket: count turns (the fake's ws_turn records), warm-ups left out
+        turns = [r for r in codex.fake.requests() if r.get("event") == "ws_turn" and r.get("generate") is not False]
+        requests = len(turns)
+        lines = [line for line in codex.session_log if line.strip()]
+    else:
+        per, requests, lines = _lines_per_model_request(codex)
+    assert requests > TOOL_CALLS, codex.context  # the tool calls' follow-ups went through the proxy
+    per = len(lines) / requests
+    with capsys.disabled():
+        print(f"\n[codex-cli] websocket={websocket}: {len(lines)} log lines for {requests} model requests "
+              f"({per:.2f} per request):\n  " + "\n  ".join(lines))
+    assert per <= LINES_PER_MODEL_REQUEST, "\n".join(lines)
+    for chatter in ("client connect", "server connect", "WebSocket text message", "stream reset by client",
+                    "cannot move", "<< 200"):
+        assert chatter not in "\n".join(lines), "\n".join(lines)
+    assert "sk-test-" not in codex.proxy_log
 
 
 # -- failover_websocket: gate -----------------------------------------------------------------------

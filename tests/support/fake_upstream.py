@@ -68,7 +68,7 @@ SCENARIOS = {
     "http-502": "synchronous HTTP 502",
     "http-503": "synchronous HTTP 503 that is not an overload (service unavailable, no code)",
     "http-504": "synchronous HTTP 504",
-    "toolcall": "WebSocket turns: a call to an unknown tool (Codex answers it with a follow-up turn)",
+    "toolcall": "a call to an unknown tool, POST or WebSocket turn (Codex answers it with a follow-up request)",
     "held-many": "WebSocket turns: 61 holdable messages, then the deltas, all in one burst",
     "good": "a normal streamed answer (reasoning summary + text)",
     # WebSocket turns only (a POST with these gets a normal answer); `overload`, `usage-limit`,
@@ -399,6 +399,10 @@ class FakeUpstream:
             if not await self._stall(reader, label):
                 return False
             events = answer[7:]
+        elif scenario == "toolcall":
+            call = {"id": "fc_1", "type": "function_call", "status": "completed", "call_id": f"call_{turn.rid[-8:]}",
+                    "name": "fake_unknown_tool", "arguments": "{}"}
+            events += [turn.ev("response.output_item.done", output_index=0, item=call), turn.completed([call])]
         elif scenario == "garbage":
             events += [b"this line is not SSE at all\n", b"data: {not json}\n\n", b"data: \xff\xfe\xc3(\n\n"] + turn.answer()
         elif scenario == "huge-line":

@@ -76,7 +76,7 @@ class FailoverAddon:
         self._tls = None  # (options it was built from, upstream TLS context) for gated WebSockets
         self.quiet = quiet_log.QuietLog()
         self.tls = TlsScope()  # a nested addon: which TLS connections are decrypted, and upstream trust
-        self.hops = RelayHops(self.quiet)  # nested addons, each for the flows of one kind
+        self.hops = RelayHops()  # nested addons, each for the flows of one kind
         self.addons = [self.tls, AttemptHooks(self.attempts), self.hops]
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
@@ -90,6 +90,7 @@ class FailoverAddon:
 
     def load(self, loader) -> None:
         add_options(loader)
+        self.quiet.install()  # before the proxy listens: its first connections are chatter too
 
     def configure(self, updated: set[str]) -> None:
         try:
@@ -149,7 +150,6 @@ class FailoverAddon:
         self._running = True
         self._open_state()
         self._serve_metrics()
-        self.quiet.install(lambda: self.relay.port)
         self._spawn(self.relay.start())
         for host in self._listen_hosts():
             if not is_loopback_host(host):

@@ -137,8 +137,10 @@ class GateSession:
                 continue
             if turn is not None:
                 self.dialer.new_turn(self.up.cand.key)
-                log.info("[%s] turn %d on %s%s", self.sid, turn.n, self.up.cand.name,
-                         "" if turn.movable else f" (cannot move: {turn.why_pinned})")
+                # The turn's one line is its verdict (_attempt_line); a pin is news only when a
+                # rejection could not move (_decided, _exhausted).
+                log.debug("[%s] turn %d on %s%s", self.sid, turn.n, self.up.cand.name,
+                          "" if turn.movable else f" (cannot move: {turn.why_pinned})")
                 if turn.stays_home and not self.up.cand.is_client:
                     await self._go_home(turn)
                     continue
@@ -285,7 +287,9 @@ class GateSession:
         rejection as upstream sent it (the rest of that response follows from there); if it closed,
         the last rejection seen (a status-bearing `error` frame for a failed upgrade), then a close."""
         last = rejection if up.conn.open or self.dialer.last is None else self.dialer.last
-        self._note(f"no other credential can serve turn {self.gate.turn.n if self.gate.turn else 0}: "
+        turn = self.gate.turn
+        pinned = f", and it cannot move ({turn.why_pinned})" if turn is not None and not turn.movable else ""
+        self._note(f"no other credential can serve turn {turn.n if turn else 0}{pinned}: "
                    f"delivering the rejection ({last.reason})")
         for frame in as_frames(last):
             await self.down.send(frame)
