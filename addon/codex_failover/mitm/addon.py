@@ -23,6 +23,7 @@ from ..core.affinity import Affinity
 from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
 from ..core.auth import AuthMaterial, auth_from_headers
 from ..auth_watch import AuthWatch
+from ..pool_watch import PoolWatch
 from ..core.client_access import ClientAccess, is_loopback_host
 from ..core.codex_request import EndpointMatcher, asks_to_stream, is_websocket_upgrade, parse_body
 from ..config import ConfigError, PoolConfig, load_pool
@@ -70,6 +71,7 @@ class FailoverAddon:
         self._notices: set = set()
         self._held = 0  # requests held right now
         self.auth_watch = AuthWatch()
+        self.pool_watch = PoolWatch()
         self._auth_checked = 0.0
         self._tasks: set[asyncio.Task] = set()
         self.ws_gate = WebsocketGate()
@@ -124,6 +126,7 @@ class FailoverAddon:
                 ctx.options.connection_strategy = "lazy"
 
     def _load_files(self) -> None:
+        self.pool_watch.remember(ctx.options.failover_config or None)  # before reading: an edit meanwhile is seen
         try:
             pool = load_pool(ctx.options.failover_config or None)
             rules = load_rules(ctx.options.failover_rules or None)
@@ -268,11 +271,24 @@ class FailoverAddon:
                       self.metrics)
 
     def _refresh_auth_files(self) -> None:
-        """At most once a second: reload auth files that changed (auth_watch.py)."""
+        """At most once a second: reload the pool file and auth files that changed (pool_watch.py,
+        auth_watch.py)."""
         now = time.monotonic()
         if now - self._auth_checked >= 1.0:
             self._auth_checked = now
+            if self.pool_watch.changed():
+                self._reload_pool_file()
             self.pool = self.auth_watch.refresh_pool(self.pool, self.health)
+
+    def _reload_pool_file(self) -> None:
+        """The pool file changed on disk: load it as at start; a file that does not load leaves the
+        pool in force (one warning per change: pool_watch.py)."""
+        log.info("codex-failover: pool file changed on disk; loading it again")
+        try:
+            self._load_files()
+        except exceptions.OptionsError as exc:
+            log.warning("codex-failover: the changed pool file cannot be used, the pool loaded before stays "
+                        "in force: %s", exc)
 
     async def _hold(self, flow: http.HTTPFlow, body: dict, client_auth: AuthMaterial) -> None:
         """Start the held request's run and return: the client flow gets its stand-in server
