@@ -234,9 +234,12 @@ class CodexRun:
 
 
 def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] = (), prepare=None,
-              output: tuple[str, ...] = ("--json",), client_key: str = CLIENT_KEY, **policy) -> CodexRun:
+              output: tuple[str, ...] = ("--json",), client_key: str = CLIENT_KEY, shell: list[str] | None = None,
+              **policy) -> CodexRun:
     """Start the fake and mitmdump (pool `creds`), run `codex exec "say hi"` with CLIENT_KEY, stop both.
-    `prepare(fake)` runs before Codex starts (e.g. to queue scenarios)."""
+    `prepare(fake)` runs before Codex starts (e.g. to queue scenarios). With `shell` (e.g. `zsh -l
+    -c`), Codex runs in that shell with no proxy variables or CA of its own: only what README.md's
+    shell block, run in its HOME, gives every shell."""
     fake = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "5")
     proxy = None
     try:
@@ -274,6 +277,14 @@ def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] 
             "ALL_PROXY": proxy_url, "all_proxy": proxy_url, "NO_PROXY": "", "no_proxy": "",
         }
         cmd = [str(codex_bin), "exec", *output, "--skip-git-repo-check", "--sandbox", "read-only", "--cd", str(work), "say hi"]
+        if shell is not None:
+            from test_readme_block import readme_block
+            block = readme_block().replace("127.0.0.1:8080", f"127.0.0.1:{proxy.port}")
+            subprocess.run(["env", "-i", f"HOME={home}", "PATH=/usr/bin:/bin", "bash", "-c", block], check=True,
+                           timeout=20, stdin=subprocess.DEVNULL)
+            (home / ".mitmproxy").symlink_to(proxy.confdir)  # where the block says mitmproxy's CA is
+            env = {k: env[k] for k in ("PATH", "HOME", "CODEX_HOME", "LANG", "CODEX_API_KEY")}
+            cmd = [*shell, 'exec "$@"', "codex", *cmd]
         started, session_start = time.monotonic(), len(proxy.log())
         try:
             run = _run_bounded(cmd, CODEX_TIMEOUT, env=env, cwd=work)
@@ -381,6 +392,16 @@ def test_real_codex_session_logs_a_few_lines_per_model_request(tmp_path, codex_b
                     "cannot move", "<< 200"):
         assert chatter not in "\n".join(lines), "\n".join(lines)
     assert "sk-test-" not in codex.proxy_log
+
+
+@pytest.mark.parametrize("shell", [["zsh", "-l", "-c"], ["bash", "-l", "-c"]], ids=["zsh -l", "bash -l"])
+def test_real_codex_on_the_readme_variables_alone(tmp_path, codex_bin, shell):
+    """README.md's block is all Codex gets (the proxy variables and CODEX_CA_CERTIFICATE): it works."""
+    if not shutil.which(shell[0]):
+        pytest.skip(f"{shell[0]} is not installed")
+    codex = run_codex(tmp_path, codex_bin, [("spare", SPARE_KEY)], shell=shell)
+    codex.assert_completed_with(SPARE_KEY)
+    codex.assert_loopback_only()
 
 
 # -- failover_websocket: gate -----------------------------------------------------------------------
