@@ -35,6 +35,7 @@ from ..shared import Shared
 from ..core.recovery import Slots
 from ..net.relay import Relay
 from ..core.routes import RouteHealth
+from ..core.run_ids import run_id
 from ..core.rules import RulesError, load_rules
 from ..metrics import Metrics, MetricsListener, snapshot_on_loop
 from ..options import add_options, parse_options
@@ -68,13 +69,14 @@ class FailoverAddon:
         self.matcher = EndpointMatcher()
         self.attempts: dict[str, Attempt] = {}
         self._ids = itertools.count(1)
+        self.run = run_id()  # in front of request and WebSocket ids: unique across restarts (run_ids.py)
         self._notices: set = set()
         self._held = 0  # requests held right now
         self.auth_watch = AuthWatch()
         self.pool_watch = PoolWatch()
         self._auth_checked = 0.0
         self._tasks: set[asyncio.Task] = set()
-        self.ws_gate = WebsocketGate()
+        self.ws_gate = WebsocketGate(self.run)
         self._tls = None  # (options it was built from, upstream TLS context) for gated WebSockets
         self.quiet = quiet_log.QuietLog()
         self.tls = TlsScope()  # a nested addon: which TLS connections are decrypted, and upstream trust
@@ -296,7 +298,7 @@ class FailoverAddon:
         n = next(self._ids)
         await self.relay.start()
         self._held += 1
-        run = RequestRun(flow, self.shared(), body, f"r{n}", rotation=n, client_auth=client_auth)
+        run = RequestRun(flow, self.shared(), body, f"{self.run}-r{n}", rotation=n, client_auth=client_auth)
         task = start_run(run, self._release_hold)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -42,13 +42,14 @@ TICK = object()  # the hold's time budget ran out while waiting for the upstream
 
 
 class WebsocketGate:
-    def __init__(self) -> None:
+    def __init__(self, run: str = "") -> None:
         self.sessions: dict[str, GateSession] = {}
         self._ids = itertools.count(1)
+        self._prefix = f"{run}-" if run else ""  # the proxy's run id (core/run_ids.py)
 
     async def open(self, flow: http.HTTPFlow, ctx: Shared) -> tuple["GateSession | None", str]:
         """The session for a gated upgrade with its upstream open, or None and why not."""
-        sid = f"w{next(self._ids)}"
+        sid = f"{self._prefix}w{next(self._ids)}"
         session = GateSession(sid, flow, ctx, self)
         why = await session.connect_first()
         if why is not None:
