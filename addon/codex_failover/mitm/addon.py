@@ -36,6 +36,7 @@ from ..core.recovery import Slots
 from ..net.relay import Relay
 from ..core.routes import RouteHealth
 from ..core.run_ids import run_id
+from ..core.token_expiry import ExpiryWatch
 from ..core.rules import RulesError, load_rules
 from ..metrics import Metrics, MetricsListener, snapshot_on_loop
 from ..options import add_options, parse_options
@@ -74,6 +75,7 @@ class FailoverAddon:
         self._held = 0  # requests held right now
         self.auth_watch = AuthWatch()
         self.pool_watch = PoolWatch()
+        self.expiry = ExpiryWatch()  # ChatGPT spares' token ends, said ahead of time (token_expiry.py)
         self._auth_checked = 0.0
         self._tasks: set[asyncio.Task] = set()
         self.ws_gate = WebsocketGate(self.run)
@@ -148,6 +150,11 @@ class FailoverAddon:
             log.warning("codex-failover: %s", note)
         names = ", ".join(f"{c.name} ({c.kind})" for c in pool.credentials) or "none (client credential only)"
         log.info("codex-failover: pool %s: credentials: %s", pool.source or "(no file)", names)
+        for warn, text in self.expiry.at_start(pool.credentials, time.time()):
+            (log.warning if warn else log.info)("codex-failover: %s", text)
+        # An expired one is said now; the first request that skips it need not say it again.
+        self._notices.update((c.name, c.auth.expires_at) for c in pool.credentials
+                             if c.auth.expires_at is not None and c.auth.expires_at <= time.time())
 
     # `running`/`done` stay synchronous: a script hot reload calls them outside the event loop's
     # await chain (docs/architecture.md#hooks-and-tasks). Async work is started as a task.
@@ -281,6 +288,8 @@ class FailoverAddon:
             if self.pool_watch.changed():
                 self._reload_pool_file()
             self.pool = self.auth_watch.refresh_pool(self.pool, self.health)
+            for text in self.expiry.check(self.pool.credentials, time.time()):
+                log.warning("codex-failover: %s", text)
 
     def _reload_pool_file(self) -> None:
         """The pool file changed on disk: load it as at start; a file that does not load leaves the
