@@ -68,6 +68,9 @@ SCENARIOS = {
     "http-502": "synchronous HTTP 502",
     "http-503": "synchronous HTTP 503 that is not an overload (service unavailable, no code)",
     "http-504": "synchronous HTTP 504",
+    "spaced": "a normal answer in JSON with spaces after ':' and ',' (as Python's json.dumps writes it), then the "
+              "stream stays open --stall seconds before it ends",
+    "linger": "a normal answer through response.completed, then the stream stays open --stall seconds before it ends",
     "toolcall": "a call to an unknown tool, POST or WebSocket turn (Codex answers it with a follow-up request)",
     "held-many": "WebSocket turns: 61 holdable messages, then the deltas, all in one burst",
     "good": "a normal streamed answer (reasoning summary + text)",
@@ -100,6 +103,10 @@ def label_of(headers: dict[str, str]) -> str:
 
 def sse(obj: dict) -> bytes:
     return f"event: {obj['type']}\ndata: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+
+
+def sse_spaced(obj: dict) -> bytes:
+    return f"event: {obj['type']}\ndata: {json.dumps(obj)}\n\n".encode()
 
 
 def ws_text(obj: dict) -> str:
@@ -363,7 +370,7 @@ class FakeUpstream:
     async def _stream(self, scenario: str, label: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         if scenario == "stall-headers" and not await self._stall(reader, label):
             return False
-        turn = Turn(label, self.deltas)
+        turn = Turn(label, self.deltas, sse_spaced if scenario == "spaced" else sse)
         used = b"100" if scenario == "window-full" else b"10"
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
                      b"x-codex-primary-used-percent: " + used + b"\r\nx-codex-primary-reset-after-seconds: 120\r\n"
@@ -403,6 +410,11 @@ class FakeUpstream:
             call = {"id": "fc_1", "type": "function_call", "status": "completed", "call_id": f"call_{turn.rid[-8:]}",
                     "name": "fake_unknown_tool", "arguments": "{}"}
             events += [turn.ev("response.output_item.done", output_index=0, item=call), turn.completed([call])]
+        elif scenario in ("linger", "spaced"):  # as a real upstream may: the last event well before the stream's end
+            await self._send(writer, events + turn.answer(), label)
+            if not await self._stall(reader, label):
+                return False
+            events = []
         elif scenario == "garbage":
             events += [b"this line is not SSE at all\n", b"data: {not json}\n\n", b"data: \xff\xfe\xc3(\n\n"] + turn.answer()
         elif scenario == "huge-line":

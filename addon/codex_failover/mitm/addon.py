@@ -30,6 +30,7 @@ from ..config import ConfigError, PoolConfig, load_pool
 from ..core.health import Health
 from ..core.intercept_scope import InterceptScope
 from .held_client import RelayHops, point_at_relay
+from .passthrough_redact import PassThroughRedaction
 from .request_run import RequestRun, start_run
 from ..shared import Shared
 from ..core.recovery import Slots
@@ -83,7 +84,8 @@ class FailoverAddon:
         self.quiet = quiet_log.QuietLog()
         self.tls = TlsScope()  # a nested addon: which TLS connections are decrypted, and upstream trust
         self.hops = RelayHops()  # nested addons, each for the flows of one kind
-        self.addons = [self.tls, AttemptHooks(self.attempts), self.hops]
+        self.addons = [self.tls, AttemptHooks(self.attempts), self.hops,
+                       PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host))]
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
         self.seen_clients = SeenClients()
