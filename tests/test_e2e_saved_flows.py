@@ -292,7 +292,8 @@ def test_a_held_flow_keeps_its_real_url_and_is_answered_in_process(tmp_path):
     fake = FakeUpstreamProcess(tmp_path, "--stall", "30")
     spare_key = "sk-proj-SPARESECRET2-stall-after-output"  # streams one delta, then waits
     text, env = spare_pool(fake, spare_key)
-    web = MitmwebProcess(tmp_path / "web", text, env)
+    # verbose: mitmproxy's connection lines are in the log, so a relay connection would show
+    web = MitmwebProcess(tmp_path / "web", text, env, extra=["--set", "failover_verbose=true"])
     sock = start_raw_post(web.port, f"{fake.base}/v1/responses", CLIENT_KEY)
     try:
         read_until(sock, b"reasoning_summary_text.delta")  # streaming to the client now
