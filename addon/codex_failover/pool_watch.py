@@ -1,4 +1,5 @@
-"""Re-reading the pool file when it changes on disk, as auth files are (auth_watch.py).
+"""Re-reading the pool file when it changes on disk, as auth files are (auth_watch.py; both are run
+for the addon by mitm/file_watch.py).
 
 A proxy that runs all day as a service should not need a restart for an edited pool. The addon asks
 `changed()` at most once a second, on the requests that use the pool; when the file's stamp moved it
@@ -46,3 +47,4 @@ class PoolWatch:
             return False
         self._seen = stamp
         return True
+

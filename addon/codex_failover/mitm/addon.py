@@ -22,8 +22,7 @@ from ..core import status
 from ..core.affinity import Affinity
 from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
 from ..core.auth import AuthMaterial, auth_from_headers
-from ..auth_watch import AuthWatch
-from ..pool_watch import PoolWatch
+from .file_watch import FileWatch
 from ..core.client_access import ClientAccess, is_loopback_host
 from ..core.codex_request import EndpointMatcher, asks_to_stream, is_websocket_upgrade, parse_body
 from ..config import ConfigError, PoolConfig, load_pool
@@ -37,7 +36,6 @@ from ..core.recovery import Slots
 from ..net.relay import Relay
 from ..core.routes import RouteHealth
 from ..core.run_ids import run_id
-from ..core.token_expiry import ExpiryWatch
 from ..core.rules import RulesError, load_rules
 from ..metrics import Metrics, MetricsListener, snapshot_on_loop
 from ..options import add_options, parse_options
@@ -74,10 +72,7 @@ class FailoverAddon:
         self.run = run_id()  # in front of request and WebSocket ids: unique across restarts (run_ids.py)
         self._notices: set = set()
         self._held = 0  # requests held right now
-        self.auth_watch = AuthWatch()
-        self.pool_watch = PoolWatch()
-        self.expiry = ExpiryWatch()  # ChatGPT spares' token ends, said ahead of time (token_expiry.py)
-        self._auth_checked = 0.0
+        self.files = FileWatch()  # the pool file, auth files, token ends (file_watch.py)
         self._tasks: set[asyncio.Task] = set()
         self.ws_gate = WebsocketGate(self.run)
         self._tls = None  # (options it was built from, upstream TLS context) for gated WebSockets
@@ -132,7 +127,7 @@ class FailoverAddon:
                 ctx.options.connection_strategy = "lazy"
 
     def _load_files(self) -> None:
-        self.pool_watch.remember(ctx.options.failover_config or None)  # before reading: an edit meanwhile is seen
+        self.files.before_load(ctx.options.failover_config or None)
         try:
             pool = load_pool(ctx.options.failover_config or None)
             rules = load_rules(ctx.options.failover_rules or None)
@@ -144,7 +139,6 @@ class FailoverAddon:
         self.warm.close_all()  # connections through old endpoints or bridges are not used again
         if self._running:
             self._open_state()
-        self.auth_watch.remember(pool.credentials)
         self.affinity.idle, self.affinity.max_sessions = pool.policy.session_idle, pool.policy.max_sessions
         self.route_health.floor, self.route_health.cap = pool.policy.route_backoff, pool.policy.route_backoff_max
         self.matcher = EndpointMatcher(pool.gated_base_urls)
@@ -152,11 +146,7 @@ class FailoverAddon:
             log.warning("codex-failover: %s", note)
         names = ", ".join(f"{c.name} ({c.kind})" for c in pool.credentials) or "none (client credential only)"
         log.info("codex-failover: pool %s: credentials: %s", pool.source or "(no file)", names)
-        for warn, text in self.expiry.at_start(pool.credentials, time.time()):
-            (log.warning if warn else log.info)("codex-failover: %s", text)
-        # An expired one is said now; the first request that skips it need not say it again.
-        self._notices.update((c.name, c.auth.expires_at) for c in pool.credentials
-                             if c.auth.expires_at is not None and c.auth.expires_at <= time.time())
+        self.files.loaded(pool.credentials, self._notices)
 
     # `running`/`done` stay synchronous: a script hot reload calls them outside the event loop's
     # await chain (docs/architecture.md#hooks-and-tasks). Async work is started as a task.
@@ -282,26 +272,8 @@ class FailoverAddon:
                       self.metrics)
 
     def _refresh_auth_files(self) -> None:
-        """At most once a second: reload the pool file and auth files that changed (pool_watch.py,
-        auth_watch.py)."""
-        now = time.monotonic()
-        if now - self._auth_checked >= 1.0:
-            self._auth_checked = now
-            if self.pool_watch.changed():
-                self._reload_pool_file()
-            self.pool = self.auth_watch.refresh_pool(self.pool, self.health)
-            for text in self.expiry.check(self.pool.credentials, time.time()):
-                log.warning("codex-failover: %s", text)
-
-    def _reload_pool_file(self) -> None:
-        """The pool file changed on disk: load it as at start; a file that does not load leaves the
-        pool in force (one warning per change: pool_watch.py)."""
-        log.info("codex-failover: pool file changed on disk; loading it again")
-        try:
-            self._load_files()
-        except exceptions.OptionsError as exc:
-            log.warning("codex-failover: the changed pool file cannot be used, the pool loaded before stays "
-                        "in force: %s", exc)
+        """At most once a second: the pool file and auth files that changed, reloaded (file_watch.py)."""
+        self.pool = self.files.refresh(lambda: self.pool, self._load_files, self.health)
 
     async def _hold(self, flow: http.HTTPFlow, body: dict, client_auth: AuthMaterial) -> None:
         """Start the held request's run and return: the client flow gets its stand-in server
