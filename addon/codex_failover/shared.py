@@ -9,7 +9,7 @@ No part creates private state of its own.
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .core.affinity import Affinity
@@ -17,6 +17,7 @@ from .config import PoolConfig
 from .core.health import Health
 from .metrics import Metrics
 from .core.pool_feedback import PoolFeedback
+from .core.provenance import Provenance
 from .core.recovery import Slots
 from .net.relay import Relay
 from .core.routes import RouteHealth
@@ -44,6 +45,7 @@ class Shared:
     recovery_slots: Slots
     upstream_tls: ssl.SSLContext | None  # the gated WebSocket's upstream TLS (the system and certifi roots)
     metrics: Metrics | None = None  # Prometheus counters (failover_metrics), if on
+    provenance: Provenance = field(default_factory=Provenance)  # which credential made which artifact
 
     @property
     def feedback(self) -> PoolFeedback:

@@ -20,11 +20,12 @@ from . import quiet_log
 
 from ..core import status
 from ..core.affinity import Affinity
+from ..core.provenance import Provenance
 from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
 from ..core.auth import AuthMaterial, auth_from_headers
 from ..auth_watch import AuthWatch
 from ..core.client_access import ClientAccess, is_loopback_host
-from ..core.codex_request import EndpointMatcher, asks_to_stream, is_websocket_upgrade, parse_body
+from ..core.codex_request import EndpointMatcher, asks_to_stream, is_compact, is_websocket_upgrade, parse_body
 from ..config import ConfigError, PoolConfig, load_pool
 from ..core.health import Health
 from ..core.intercept_scope import InterceptScope
@@ -58,6 +59,7 @@ class FailoverAddon:
         self.rules = load_rules()
         self.health = Health()
         self.affinity = Affinity()
+        self.provenance = Provenance()  # which credential made each response id / encrypted item
         self.usage = UsageBook()
         self.route_health = RouteHealth()
         self.bridges = SocksBridges()
@@ -136,6 +138,7 @@ class FailoverAddon:
             self._open_state()
         self.auth_watch.remember(pool.credentials)
         self.affinity.idle, self.affinity.max_sessions = pool.policy.session_idle, pool.policy.max_sessions
+        self.provenance.idle = pool.policy.session_idle  # an artifact lives as long as its session may
         self.route_health.floor, self.route_health.cap = pool.policy.route_backoff, pool.policy.route_backoff_max
         self.matcher = EndpointMatcher(pool.gated_base_urls)
         for note in pool.notes:
@@ -237,7 +240,7 @@ class FailoverAddon:
                         "untouched, without failover", len(req.raw_content), self.max_body)
             return
         body = parse_body(req.get_content(strict=False) or b"")  # decoded (zstd) and parsed once
-        if not asks_to_stream(body):
+        if not asks_to_stream(body) and not (is_compact(req.path) and isinstance(body, dict)):
             return
         self._refresh_auth_files()
         await self._hold(flow, body, client_auth)
@@ -265,7 +268,7 @@ class FailoverAddon:
             self._tls = (key, tls_context(*key))
         return Shared(self.pool, self.rules, self.health, self.route_health, self.affinity, self.usage, self.bridges,
                       self.relay, self.warm, self.attempts, self._notices, self.recovery_slots, self._tls[1],
-                      self.metrics)
+                      self.metrics, self.provenance)
 
     def _refresh_auth_files(self) -> None:
         """At most once a second: reload auth files that changed (auth_watch.py)."""

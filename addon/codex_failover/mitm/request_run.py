@@ -11,7 +11,6 @@ docs/architecture.md, "The path of a model request".
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import traceback
@@ -24,13 +23,15 @@ from . import client_answers
 from ..core.affinity import session_of
 from .attempt import END, ERROR, Attempt, Item, copy_request, hide_secrets
 from ..core.auth import AuthMaterial, auth_from_headers
-from ..core.codex_request import swap_credential
+from ..core.body_edit import remove_members
+from ..core.codex_request import COMPACT, swap_credential
+from ..core.provenance import artifacts_of_compact
 from ..core.failover_loop import (AllCooling, Exhausted, FailoverLoop, Final, RecoveryExhausted, Rejection, RouteDown, Try,
                             Wait, cools, own_refusal)
 from .held_client import HeldClient, shown_changed
 from ..core.planner import Candidate, Plan, make_plan
 from ..core.recovery import RECOVERABLE_STATUS
-from ..core.replay_safety import PIN_HEADER, MovePolicy, assess, strip_encrypted_reasoning
+from ..core.replay_safety import PIN_HEADER, MovePolicy, assess, removals
 from ..core.routes import Endpoint
 from ..core.run_log import AttemptEnd, RunLog
 from ..shared import Shared
@@ -80,10 +81,12 @@ class RequestRun:
             self.hold()
         req = self.original
         hide_secrets(self.flow.request)
-        self.move = assess(self.body, req.headers, self.pool.policy.encrypted_reasoning)
+        self.move = assess(self.body, req.headers, self.pool.policy.encrypted_reasoning, self.shared.provenance.owner)
         self.log.why_pinned = self.move.why_pinned
         if not self.move.movable:
-            log.info("[%s] stays on its own credential: %s", self.request_id, self.move.why_pinned)
+            where = self.home_name()
+            log.info("[%s] %s: %s", self.request_id, "stays on its own credential" if where is None
+                     else f"goes only to credential {where}", self.move.why_pinned)
             self.log.tell()
         if self.client_auth is None:
             self.client_auth = auth_from_headers(req.headers)
@@ -122,6 +125,10 @@ class RequestRun:
                     return self._answer(answer, "exhausted")
                 case AllCooling(states, retry_after):
                     answer = client_answers.all_cooling(list(states), retry_after, self.move.why_pinned)
+                    if not self.move.movable and states:
+                        name, status, reason = states[0]
+                        what = f"credential {name}, which holds this request's state, is {status}"
+                        return self._answer(answer, what + (f" ({reason})" if reason else ""), " (not dialled)")
                     return self._answer(answer, "every credential cooling or out", " (not dialled)")
 
     def _tell(self, level: int, text: str) -> None:
@@ -130,8 +137,9 @@ class RequestRun:
 
     def _plan(self) -> Plan:
         shared = self.shared
-        plan = make_plan(self.client_auth, self.pool, self.health, self.move.movable, shared.affinity.get(self.session),
-                         self.rotation)
+        sticky = shared.affinity.get(self.session) or self.move.prefers
+        plan = make_plan(self.client_auth, self.pool, self.health, self.move.movable, sticky, self.rotation,
+                         self.move.bound_to)
         self.last_plan = plan
         for cand, why in plan.skipped:
             state = self.health.state(cand.key)
@@ -229,6 +237,8 @@ class RequestRun:
             self.reject(attempt, cand, rejection)
             return AttemptEnd("rejected", rejection)
         # Success without a stream, another 4xx, or the client's own 401/403: as is.
+        if 200 <= resp.status_code < 300 and self.flow.request.path.split("?", 1)[0].endswith(COMPACT):
+            self.made(cand, artifacts_of_compact(resp.get_content(strict=False) or b""))
         self.client.respond(resp.copy())
         self.succeeded(cand)
         self.log.record(attempt, cand, "deliver", verdict.reason, resp.status_code, ok=True)
@@ -254,6 +264,16 @@ class RequestRun:
 
     def succeeded(self, cand: Candidate) -> None:
         self.shared.feedback.succeeded(cand.key, self.session)
+
+    def made(self, cand: Candidate, artifacts: list[str]) -> None:
+        """`cand`'s credential made these artifacts (response ids, compaction and reasoning items)."""
+        if artifacts:
+            self.shared.provenance.record(artifacts, cand.key)
+
+    def home_name(self) -> str | None:
+        """The pooled credential a request that cannot move goes to; None: the client's own."""
+        bound = self.move.bound_to
+        return bound if bound and any(c.name == bound for c in self.pool.credentials) else None
 
     # -- answers ------------------------------------------------------------------------------
 
@@ -346,29 +366,37 @@ class AttemptMaker:
     def __init__(self, run: RequestRun, original: http.Request):
         self.run, self.original, self.shared, self.pool = run, original, run.shared, run.pool
         self.body, self.move = run.body, run.move
-        self.moved_body: bytes | None = None
+        self.bodies: dict[tuple, bytes] = {}  # what each kind of attempt sends, built once
 
     def make(self, cand: Candidate, n: int) -> Attempt:
         req = copy_request(self.original)
         if cand.base_url:
-            req.url = cand.base_url + "/responses"
+            req.url = cand.base_url + (COMPACT if self.original.path.split("?", 1)[0].endswith(COMPACT) else "/responses")
         if cand.auth is not None:
             swap_credential(req.headers, cand.auth, moved=not cand.is_client)
-        if not cand.is_client and self.move.strip_reasoning:
-            req.content = self._moved_body()
+        content = self._body_for(cand)
+        if content is not None:
+            req.content = content
         req.headers.pop(PIN_HEADER, None)
         attempt = self.shared.engine.attempt(self.run.flow, req, f"{self.run.request_id}#{n}", n)
         attempt.dial_timeout = self.pool.policy.connect_timeout
         return attempt
 
-    def _moved_body(self) -> bytes:
-        """The body a moved attempt sends (encrypted reasoning stripped): built once per request,
-        after which the parsed body is let go (it is the largest thing a request holds)."""
-        if self.moved_body is None:
-            stripped = strip_encrypted_reasoning(self.body)
-            self.moved_body = json.dumps(stripped, separators=(",", ":"), ensure_ascii=False).encode()
-            self.body = stripped = None
-        return self.moved_body
+    def _body_for(self, cand: Candidate) -> bytes | None:
+        """The body an attempt on `cand` sends, when it differs from the client's: without the
+        encrypted reasoning that credential did not make, and on another account without the
+        client's turn state. Cut from the client's own bytes, nothing else changed (body_edit)."""
+        if not isinstance(self.body, dict):
+            return None
+        strip = tuple(self.move.strips(cand.key, cand.is_client))
+        foreign = not cand.is_client
+        cuts = removals(self.body, list(strip), foreign)
+        if not cuts:
+            return None
+        key = (strip, foreign)
+        if key not in self.bodies:
+            self.bodies[key] = remove_members(self.original.get_content(strict=False) or b"", self.body, cuts)
+        return self.bodies[key]
 
     async def via(self, ep: Endpoint | None):
         """mitmproxy's per-connection upstream proxy for `ep` (SOCKS goes through a local bridge)."""

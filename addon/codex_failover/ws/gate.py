@@ -30,6 +30,7 @@ from .conn import ABNORMAL, HANDSHAKE_HEADERS, Message, WsConn
 from ..core.failover_loop import Rejection
 from ..shared import Shared
 from .dial import Dialer, Upstream, as_frames
+from ..core.provenance import artifacts_of_message
 from ..core.ws_turns import Step, Turn, TurnGate
 
 log = logging.getLogger("codex_failover")
@@ -78,7 +79,8 @@ class GateSession:
     def __post_init__(self) -> None:
         self.dialer = Dialer(self.sid, self.flow.request, self.ctx, self.history)
         policy = self.ctx.pool.policy
-        self.gate = TurnGate(self.ctx.rules, policy.bootstrap_timeout, time.monotonic, policy.encrypted_reasoning)
+        self.gate = TurnGate(self.ctx.rules, policy.bootstrap_timeout, time.monotonic, policy.encrypted_reasoning,
+                             self.ctx.provenance.owner)
         self.started = time.monotonic()
 
     async def connect_first(self) -> str | None:
@@ -139,7 +141,7 @@ class GateSession:
                 self.dialer.new_turn(self.up.cand.key)
                 log.info("[%s] turn %d on %s%s", self.sid, turn.n, self.up.cand.name,
                          "" if turn.movable else f" (cannot move: {turn.why_pinned})")
-                if turn.stays_home and not self.up.cand.is_client:
+                if turn.stays_home and not self.up.cand.is_client and turn.bound_to != self.up.cand.key:
                     await self._go_home(turn)
                     continue
                 message = turn.message_for(new_socket=False, foreign=not self.up.cand.is_client)
@@ -160,6 +162,7 @@ class GateSession:
             else:
                 step = self.gate.server_message(*message)
                 self._watch_usage(up, message)
+                self.ctx.provenance.record(artifacts_of_message(message[0]), up.cand.key)
             for out in step.release:
                 await self.down.send(out)
             if step.decision is not None:
