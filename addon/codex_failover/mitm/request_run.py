@@ -14,7 +14,6 @@ import asyncio
 import logging
 import time
 import traceback
-from urllib.parse import urlsplit
 
 from mitmproxy import http
 from mitmproxy.connection import ConnectionState
@@ -22,26 +21,26 @@ from mitmproxy.connection import ConnectionState
 from . import client_answers
 from ..core.affinity import session_of
 from .attempt import END, ERROR, Attempt, Item, copy_request, hide_secrets
+from .attempt_maker import AttemptMaker
 from ..core.auth import AuthMaterial, auth_from_headers
-from ..core.body_edit import remove_members
-from ..core.codex_request import COMPACT, swap_credential
+from ..core.codex_request import COMPACT
 from ..core.provenance import artifacts_of_compact
 from ..core.failover_loop import (AllCooling, Exhausted, FailoverLoop, Final, RecoveryExhausted, Rejection, RouteDown, Try,
                             Wait, cools, own_refusal)
 from .held_client import HeldClient, shown_changed
 from ..core.planner import Candidate, Plan, make_plan
 from ..core.recovery import RECOVERABLE_STATUS
-from ..core.replay_safety import PIN_HEADER, MovePolicy, assess, removals
+from ..core.replay_safety import MovePolicy, assess
 from ..core.routes import Endpoint
 from ..core.run_log import AttemptEnd, RunLog
 from ..shared import Shared
 from .sse_hold import SseHold
+from ..core import story
 from ..core.story import Skipped
 from ..core.taxonomy import FAILOVER, UPSTREAM_5XX, classify_response
 from ..core.transport import (HOST_NETWORK, INCOMPLETE_RESPONSE, PRE_DISPATCH, RESPONSE_TIMEOUT, TLS_FAILED,
                         classify_connection_error)
 from ..core.usage import Window, from_headers
-from .warm_conn import WarmKey
 
 log = logging.getLogger("codex_failover")
 
@@ -84,9 +83,7 @@ class RequestRun:
         self.move = assess(self.body, req.headers, self.pool.policy.encrypted_reasoning, self.shared.provenance.owner)
         self.log.why_pinned = self.move.why_pinned
         if not self.move.movable:
-            where = self.home_name()
-            log.info("[%s] %s: %s", self.request_id, "stays on its own credential" if where is None
-                     else f"goes only to credential {where}", self.move.why_pinned)
+            log.info("[%s] %s: %s", self.request_id, story.bound_to(self.move.bound_to, self.pool), self.move.why_pinned)
             self.log.tell()
         if self.client_auth is None:
             self.client_auth = auth_from_headers(req.headers)
@@ -125,11 +122,7 @@ class RequestRun:
                     return self._answer(answer, "exhausted")
                 case AllCooling(states, retry_after):
                     answer = client_answers.all_cooling(list(states), retry_after, self.move.why_pinned)
-                    if not self.move.movable and states:
-                        name, status, reason = states[0]
-                        what = f"credential {name}, which holds this request's state, is {status}"
-                        return self._answer(answer, what + (f" ({reason})" if reason else ""), " (not dialled)")
-                    return self._answer(answer, "every credential cooling or out", " (not dialled)")
+                    return self._answer(answer, story.nobody_to_serve(states, self.move.movable), " (not dialled)")
 
     def _tell(self, level: int, text: str) -> None:
         """A line the failover loop logs about this request."""
@@ -270,11 +263,6 @@ class RequestRun:
         if artifacts:
             self.shared.provenance.record(artifacts, cand.key)
 
-    def home_name(self) -> str | None:
-        """The pooled credential a request that cannot move goes to; None: the client's own."""
-        bound = self.move.bound_to
-        return bound if bound and any(c.name == bound for c in self.pool.credentials) else None
-
     # -- answers ------------------------------------------------------------------------------
 
     def _give_up(self, step: RecoveryExhausted) -> None:
@@ -356,73 +344,3 @@ async def _guarded(run: RequestRun) -> str | None:
         run.client.internal_error(type(exc).__name__)
         return type(exc).__name__
     return None
-
-
-class AttemptMaker:
-    """Builds each attempt of one request: the client's request with the candidate's credential,
-    base URL and (moved) body, and the way to its upstream; dials the next candidate's connection
-    ahead of need (docs/architecture.md#warm-connections)."""
-
-    def __init__(self, run: RequestRun, original: http.Request):
-        self.run, self.original, self.shared, self.pool = run, original, run.shared, run.pool
-        self.body, self.move = run.body, run.move
-        self.bodies: dict[tuple, bytes] = {}  # what each kind of attempt sends, built once
-
-    def make(self, cand: Candidate, n: int) -> Attempt:
-        req = copy_request(self.original)
-        if cand.base_url:
-            req.url = cand.base_url + (COMPACT if self.original.path.split("?", 1)[0].endswith(COMPACT) else "/responses")
-        if cand.auth is not None:
-            swap_credential(req.headers, cand.auth, moved=not cand.is_client)
-        content = self._body_for(cand)
-        if content is not None:
-            req.content = content
-        req.headers.pop(PIN_HEADER, None)
-        attempt = self.shared.engine.attempt(self.run.flow, req, f"{self.run.request_id}#{n}", n)
-        attempt.dial_timeout = self.pool.policy.connect_timeout
-        return attempt
-
-    def _body_for(self, cand: Candidate) -> bytes | None:
-        """The body an attempt on `cand` sends, when it differs from the client's: without the
-        encrypted reasoning that credential did not make, and on another account without the
-        client's turn state. Cut from the client's own bytes, nothing else changed (body_edit)."""
-        if not isinstance(self.body, dict):
-            return None
-        strip = tuple(self.move.strips(cand.key, cand.is_client))
-        foreign = not cand.is_client
-        cuts = removals(self.body, list(strip), foreign)
-        if not cuts:
-            return None
-        key = (strip, foreign)
-        if key not in self.bodies:
-            self.bodies[key] = remove_members(self.original.get_content(strict=False) or b"", self.body, cuts)
-        return self.bodies[key]
-
-    async def via(self, ep: Endpoint | None):
-        """mitmproxy's per-connection upstream proxy for `ep` (SOCKS goes through a local bridge)."""
-        if ep is None:
-            return None
-        if ep.is_socks:
-            return ("http", await self.shared.bridges.address(ep))
-        return (ep.scheme, (ep.host, ep.port))
-
-    def prewarm_next(self, plan: Plan | None, current: Candidate) -> None:
-        """Dial the connection the next candidate (by the plan) would use, if none is open or
-        underway, so a failover pays no handshake."""
-        following = [c for c in plan.candidates if c.key != current.key] if plan is not None else []
-        if following:
-            task = asyncio.get_running_loop().create_task(self._prewarm(following[0]))
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort: never an error
-
-    async def _prewarm(self, cand: Candidate) -> None:
-        if cand.base_url:
-            parts = urlsplit(cand.base_url)
-            scheme, host, port = parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
-        else:
-            scheme, host, port = self.original.scheme, self.original.host, self.original.port
-        endpoints = self.pool.routes.get(cand.route) or [None]
-        ep = next((e for e in endpoints if e is None or self.shared.route_health.healthy(e)), None)
-        if ep is None and endpoints != [None]:
-            return
-        via = await self.via(ep)
-        self.shared.engine.prewarm(WarmKey(scheme, host, port, via), ep, self.pool.policy.connect_timeout)
