@@ -68,7 +68,9 @@ SCENARIOS = {
     "http-502": "synchronous HTTP 502",
     "http-503": "synchronous HTTP 503 that is not an overload (service unavailable, no code)",
     "http-504": "synchronous HTTP 504",
-    "toolcall": "WebSocket turns: a call to an unknown tool (Codex answers it with a follow-up turn)",
+    "toolcall": "a call to an unknown tool (Codex answers it with a follow-up request); on HTTP, a request that "
+                "already carries a tool's output (or a compaction of it) gets a normal answer, and the call reports 500 input tokens "
+                "(so a low model_auto_compact_token_limit compacts mid-turn)",
     "held-many": "WebSocket turns: 61 holdable messages, then the deltas, all in one burst",
     "good": "a normal streamed answer (reasoning summary + text)",
     # Any model request (POST or WebSocket turn) whose input ends in {"type":"compaction_trigger"} is answered
@@ -228,12 +230,18 @@ def usage(input_tokens: int, output_tokens: int) -> dict:
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": input_tokens + output_tokens}
 
 
-def other_body(path: str) -> dict:
+def other_body(path: str, account: str | None = None) -> dict:
     """The answer to anything that is not a model request. Codex's model catalog
-    (`GET …/codex/models`) needs a `models` list: an empty one makes it use its bundled catalog."""
+    (`GET …/codex/models`) needs a `models` list: an empty one makes it use its bundled catalog.
+    ChatGPT mode's workspace routing discovery (`GET …/wham/accounts/check`) must list the account
+    Codex is signed in with, on chatgpt.com."""
     body = {"data": [], "path": path}
     if path.split("?")[0].endswith("/codex/models"):
         body["models"] = []
+    if path.split("?")[0].endswith("/wham/accounts/check") and account:
+        body = {"accounts": [{"id": account, "plan_type": "plus", "workspace_backend_origin": "https://chatgpt.com",
+                              "account_routing_override": "NO_CONSTRAINT", "name": None, "structure": "personal"}],
+                "account_ordering": [account], "default_account_id": account}
     return body
 
 
@@ -338,7 +346,7 @@ class FakeUpstream:
         if not path.split("?")[0].endswith(("/responses", COMPACT)) or method != "POST":
             record["scenario"] = "other"
             self._log(record)
-            status, hdrs, data = (200, {"content-type": "application/json"}, json.dumps(other_body(path)).encode())
+            status, hdrs, data = (200, {"content-type": "application/json"}, json.dumps(other_body(path, headers.get("chatgpt-account-id"))).encode())
             await write_full(writer, status, hdrs, data)
             return True
         if self.forced.get(record["credential"]):
@@ -362,6 +370,8 @@ class FakeUpstream:
         if path.split("?")[0].endswith(COMPACT):
             await write_full(writer, 200, {"content-type": "application/json"}, compact_answer(label_of(headers)))
             return True
+        if scenario == "toolcall" and (record.get("tool_output") or record.get("compaction")):  # the call was made
+            scenario = "good"
         return await self.stream(scenario, label_of(headers), reader, writer, record.get("compaction_trigger", False),
                                  record.get("encrypted_reasoning_requested", False))
 
@@ -485,6 +495,13 @@ class FakeUpstream:
         elif scenario == "cut":
             events += turn.answer()[:4]
             ending = b""
+        elif scenario == "toolcall" and not compact:
+            call = {"id": "fc_" + turn.rid[-8:], "type": "function_call", "status": "completed",
+                    "call_id": f"call_{turn.rid[-8:]}", "name": "fake_unknown_tool", "arguments": "{}"}
+            events += [turn.ev("response.output_item.added", output_index=0, item=call),
+                       turn.ev("response.output_item.done", output_index=0, item=call),
+                       turn.ev("response.completed", response={"id": turn.rid, "object": "response", "status": "completed",
+                                                               "output": [call], "usage": usage(500, 20)})]
         else:
             events += turn.answer()
         await self._send(writer, events, label)
@@ -749,6 +766,7 @@ def request_facts(body: bytes, headers: dict[str, str]) -> dict:
         "lite": headers.get("x-openai-internal-codex-responses-lite") == "true",
         "turn_state_in_body": metadata.get("x-codex-turn-state"),
         "body_sha256": hashlib.sha256(body).hexdigest(),
+        "tool_output": any(isinstance(i, dict) and i.get("type") == "function_call_output" for i in items),
     }
 
 
