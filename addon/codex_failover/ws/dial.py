@@ -81,11 +81,16 @@ class Dialer:
         """The next candidate's socket, within this turn's attempts; None when none opens."""
         return await self._dial(self._turn())
 
-    async def open_home(self) -> Upstream | None:
-        """A socket on the client's own credential (for a request that may not leave it), counted
+    def home_of(self, bound: str | None) -> str:
+        """The credential key a turn that may not move belongs on: the one that made its state
+        (`bound`), else the client's own (planner.make_plan)."""
+        return make_plan(self.client_auth, self.ctx.pool, self.ctx.health, movable=False, bound=bound).all_keys[0]
+
+    async def open_home(self, bound: str | None = None) -> Upstream | None:
+        """A socket on the credential a turn that may not move belongs on (`home_of`), counted
         from this turn's attempts. (Such a turn never moves, so nothing dials after it.)"""
         made = self._loop.n if self._loop is not None else int(self._first is not None)
-        return await self._dial(self._new_loop(True, (), made))
+        return await self._dial(self._new_loop(True, (), made, bound))
 
     def _turn(self) -> FailoverLoop:
         """This turn's loop: it goes on from the credential the turn started on (one attempt made)."""
@@ -94,7 +99,7 @@ class Dialer:
             self._loop = self._new_loop(False, first, len(first))
         return self._loop
 
-    def _new_loop(self, home: bool, tried: tuple[str, ...], n: int) -> FailoverLoop:
+    def _new_loop(self, home: bool, tried: tuple[str, ...], n: int, bound: str | None = None) -> FailoverLoop:
         """A loop over the policy's candidates, or (`home`) over the client's own credential only."""
         # Closures over plain values, not bound methods: the Dialer keeps its loop, and a cycle
         # through it would keep a finished session's Dialer until the collector runs.
@@ -102,7 +107,7 @@ class Dialer:
 
         def plan() -> Plan:
             if home:
-                return make_plan(client_auth, ctx.pool, ctx.health, movable=False)
+                return make_plan(client_auth, ctx.pool, ctx.health, movable=False, bound=bound)
             return make_plan(client_auth, ctx.pool, ctx.health, movable, ctx.affinity.get(session))
 
         def tell(level: int, text: str) -> None:
