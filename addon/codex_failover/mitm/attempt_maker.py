@@ -42,6 +42,7 @@ class AttemptMaker:
         req.headers.pop(PIN_HEADER, None)
         attempt = self.shared.engine.attempt(self.run.flow, req, f"{self.run.request_id}#{n}", n)
         attempt.dial_timeout = self.pool.policy.connect_timeout
+        attempt.account = cand.key
         return attempt
 
     def _body_for(self, cand: Candidate) -> bytes | None:
@@ -87,4 +88,4 @@ class AttemptMaker:
         if ep is None and endpoints != [None]:
             return
         via = await self.via(ep)
-        self.shared.engine.prewarm(WarmKey(scheme, host, port, via), ep, self.pool.policy.connect_timeout)
+        self.shared.engine.prewarm(WarmKey(scheme, host, port, via, cand.key), ep, self.pool.policy.connect_timeout)

@@ -46,7 +46,10 @@ log = logging.getLogger("codex_failover")
 
 
 class WarmKey(NamedTuple):
-    """What a kept connection can serve: the upstream and the way to it (mitmproxy's `via`).
+    """What a kept connection can serve: the upstream, the way to it (mitmproxy's `via`) and the
+    credential. Connections are kept per credential: one account's GOAWAY, reset or protocol error
+    touches no other account's streams, and the upstream never sees two accounts multiplexed on one
+    connection (which would link them).
 
     Whatever the client speaks, the connection offers HTTP/2 (unlike a plain mitmproxy, which
     mirrors the client's ALPN): on HTTP/1.1 a failover's cancelled attempt closes its connection,
@@ -57,6 +60,7 @@ class WarmKey(NamedTuple):
     host: str
     port: int
     via: tuple | None
+    account: str = ""  # the credential (health key) it carries: one connection never carries two accounts
 
 
 @dataclass
