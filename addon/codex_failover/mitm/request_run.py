@@ -232,6 +232,8 @@ class RequestRun:
         # Success without a stream, another 4xx, or the client's own 401/403: as is.
         if 200 <= resp.status_code < 300 and self.flow.request.path.split("?", 1)[0].endswith(COMPACT):
             self.made(cand, artifacts_of_compact(resp.get_content(strict=False) or b""))
+        if own_refusal(verdict.reason, cand):
+            self.shared.feedback.client_refused(self.client_auth)
         self.client.respond(resp.copy())
         self.succeeded(cand)
         self.log.record(attempt, cand, "deliver", verdict.reason, resp.status_code, ok=True)
