@@ -19,7 +19,7 @@ from mitmproxy import http
 from mitmproxy.connection import ConnectionState
 
 from . import client_answers
-from ..core.affinity import session_of
+from ..core.affinity import affinity_key, session_of
 from .attempt import END, ERROR, Attempt, Item, copy_request, hide_secrets
 from .attempt_maker import AttemptMaker
 from ..core.auth import AuthMaterial, auth_from_headers
@@ -64,7 +64,7 @@ class RequestRun:
         self.log = RunLog(request_id, flow, shared.metrics, shown_changed)
         self.original: http.Request | None = None  # the request as the client sent it (attempts copy it)
         self.move = MovePolicy(True)
-        self.session: str | None = None  # the Codex session (thread) id, for affinity
+        self.session: str | None = None  # the client's key and its Codex session (thread) id: affinity's key
         self.winner: Attempt | None = None  # the committed attempt, streaming through the relay
         self.last_plan: Plan | None = None  # for pre-warming the next candidate's connection
         self.dispatched = asyncio.Event()  # the first attempt's head was written, or the run ended
@@ -88,7 +88,8 @@ class RequestRun:
         if self.client_auth is None:
             self.client_auth = auth_from_headers(req.headers)
         self.log.client_auth = self.client_auth
-        self.session = session_of(req.headers, self.body)
+        self.session = affinity_key(self.client_auth.fingerprint if self.client_auth else None,
+                                    session_of(req.headers, self.body))
         self.maker = AttemptMaker(self, req)
         self.body = None  # the maker has it (for a moved copy), and lets it go once built
         loop = FailoverLoop(self._plan, self.health, self.shared.route_health, self.pool, tell=self._tell)
