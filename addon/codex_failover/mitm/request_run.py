@@ -29,6 +29,7 @@ from ..core.failover_loop import (AllCooling, Exhausted, FailoverLoop, Final, Re
                             Wait, cools, own_refusal)
 from .held_client import HeldClient, shown_changed
 from ..core.planner import Candidate, Plan, make_plan
+from ..core.pool_reach import unreachable
 from ..core.recovery import RECOVERABLE_STATUS
 from ..core.replay_safety import MovePolicy, assess
 from ..core.routes import Endpoint
@@ -121,6 +122,10 @@ class RequestRun:
                 case Exhausted(last, retry_after):
                     answer = client_answers.exhausted(last, self.log.history, retry_after, self.move.why_pinned)
                     return self._answer(answer, "exhausted")
+                case AllCooling(states, _) if not states and (why := unreachable(self.client_auth, self.pool,
+                                                                                 self.move.movable)):
+                    return self._answer(client_answers.no_pool_credential(why), "no pool credential for it",
+                                        " (not dialled)")
                 case AllCooling(states, retry_after):
                     answer = client_answers.all_cooling(list(states), retry_after, self.move.why_pinned)
                     return self._answer(answer, story.nobody_to_serve(states, self.move.movable), " (not dialled)")
