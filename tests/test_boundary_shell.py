@@ -6,7 +6,7 @@ from __future__ import annotations
 from mitmproxy import connection
 from mitmproxy.test import taddons, tflow
 
-from codex_failover.core.client_boundary import TOKEN, UID
+from codex_failover.core.client_boundary import TOKEN, UID, RejectedKeys
 from codex_failover.mitm.boundary import ClientBoundary
 
 HEAD = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
@@ -84,9 +84,14 @@ def test_a_refused_key_the_upstream_serves_again_is_forgotten():
     flow.client_conn = client(50000)
     flow.request.headers["authorization"] = "Bearer sk-x"
     assert found.passed_by(flow, auth) == "refused_key"
+    now = [0.0]
+    found.rejected = RejectedKeys(keep=60, clock=lambda: now[0])
+    found.rejected.refused(auth.fingerprint)
+    now[0] = 50
     flow.response = tutils.tresp(status_code=401)
     found.response(flow)
-    assert auth.fingerprint in found.rejected  # refused again: still remembered
+    now[0] = 100
+    assert auth.fingerprint in found.rejected  # refused again at 50: remembered from then
     flow.response = tutils.tresp(status_code=200)
     found.response(flow)
     assert auth.fingerprint not in found.rejected

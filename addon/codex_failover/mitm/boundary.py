@@ -65,11 +65,17 @@ class ClientBoundary:
         self._own.pop(client.id, None)
 
     def response(self, flow: http.HTTPFlow) -> None:
-        """A refused key passed through, and the upstream served it after all: forgotten."""
-        if flow.metadata.get(PASSED) == "refused_key" and flow.response and flow.response.status_code < 400:
-            auth = auth_from_headers(flow.request.headers)
-            if auth is not None:
-                self.rejected.accepted(auth.fingerprint)
+        """A refused key passed through: refused again, it is remembered from now; served after all
+        (under 400), it is forgotten."""
+        if flow.metadata.get(PASSED) != "refused_key" or flow.response is None:
+            return
+        auth = auth_from_headers(flow.request.headers)
+        if auth is None:
+            return
+        if flow.response.status_code in (401, 403):
+            self.rejected.refused(auth.fingerprint)
+        elif flow.response.status_code < 400:
+            self.rejected.accepted(auth.fingerprint)
 
     # -- what the request hook asks ----------------------------------------------------------
 
