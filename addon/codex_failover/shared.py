@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .core.affinity import Affinity
+from .core.client_boundary import RejectedKeys
 from .config import PoolConfig
 from .core.health import Health
 from .metrics import Metrics
@@ -46,7 +47,8 @@ class Shared:
     upstream_tls: ssl.SSLContext | None  # the gated WebSocket's upstream TLS (the system and certifi roots)
     metrics: Metrics | None = None  # Prometheus counters (failover_metrics), if on
     provenance: Provenance = field(default_factory=Provenance)  # which credential made which artifact
+    rejected_keys: RejectedKeys | None = None  # client credentials the upstream refused (never lent the pool)
 
     @property
     def feedback(self) -> PoolFeedback:
-        return PoolFeedback(self.health, self.affinity, self.usage)
+        return PoolFeedback(self.health, self.affinity, self.usage, self.rejected_keys)

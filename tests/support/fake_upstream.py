@@ -3,7 +3,8 @@
 
 Each request's behaviour is chosen by its credential: the first scenario name found in the
 bearer token or the ChatGPT-Account-ID header (e.g. a key `sk-test-overload-1` is overloaded).
-Without one, it streams a normal answer. Every request is logged as one JSON line.
+Without one, it streams a normal answer. Every request is logged as one JSON line. Like api.openai.com,
+it answers CORS preflights and lets any web origin read its answers (`access-control-allow-origin: *`).
 
 Model requests come as `POST …/responses` (an SSE answer) or, as Codex prefers, as a WebSocket
 (`GET …/responses` + `Upgrade: websocket`, see WsSession): a synchronous scenario rejects the upgrade with
@@ -340,6 +341,13 @@ class FakeUpstream:
             self._log({"ts": time.time(), "event": "control", **order})
             await write_full(writer, 200, {"content-type": "application/json"}, b"{}")
             return True
+        if method == "OPTIONS":  # a CORS preflight: allowed from anywhere, as api.openai.com does
+            record["scenario"] = "other"
+            self._log(record)
+            await write_full(writer, 204, {"access-control-allow-methods": "POST, GET, OPTIONS",
+                                           "access-control-allow-headers": headers.get("access-control-request-headers", "*"),
+                                           "access-control-max-age": "0"}, b"")
+            return True
         if method == "GET" and path.split("?")[0].endswith("/responses") and headers.get("upgrade", "").lower() == "websocket":
             await self.websocket(head, path, headers, reader, writer)
             return False
@@ -434,6 +442,7 @@ class FakeUpstream:
         turn = Turn(label, self.deltas, compact=compact, encrypted=encrypted)
         used = b"100" if scenario == "window-full" else b"10"
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+                     b"access-control-allow-origin: *\r\n"
                      b"x-codex-primary-used-percent: " + used + b"\r\nx-codex-primary-reset-after-seconds: 120\r\n"
                      b"x-codex-turn-state: ts-" + label.encode()[-8:] + b"\r\ntransfer-encoding: chunked\r\n\r\n")
         await writer.drain()
@@ -771,6 +780,7 @@ def request_facts(body: bytes, headers: dict[str, str]) -> dict:
 
 
 async def write_full(writer: asyncio.StreamWriter, status: int, headers: dict[str, str], body: bytes) -> None:
+    headers = {"access-control-allow-origin": "*", **headers}  # any web origin may read it, as api.openai.com allows
     head = [f"HTTP/1.1 {status} X"] + [f"{k}: {v}" for k, v in headers.items()] + [f"content-length: {len(body)}", "", ""]
     writer.write("\r\n".join(head).encode() + body)
     await writer.drain()

@@ -15,6 +15,7 @@ from mitmproxy import command, ctx, exceptions, http
 from mitmproxy.proxy.mode_specs import ProxyMode
 
 from . import client_answers, client_hop
+from .boundary import ClientBoundary, not_own_user
 
 from . import quiet_log
 
@@ -79,7 +80,8 @@ class FailoverAddon:
         self.quiet = quiet_log.QuietLog()
         self.tls = TlsScope()  # a nested addon: which TLS connections are decrypted, and upstream trust
         self.hops = RelayHops(self.quiet)  # nested addons, each for the flows of one kind
-        self.addons = [self.tls, AttemptHooks(self.attempts), self.hops]
+        self.boundary = ClientBoundary()  # whose requests are the user's own programs' (docs/machine-proxy.md)
+        self.addons = [self.tls, AttemptHooks(self.attempts), self.hops, self.boundary]
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
         self.seen_clients = SeenClients()
@@ -187,7 +189,8 @@ class FailoverAddon:
         if ctx.options.failover_metrics and self.metrics is None:
             self.metrics = Metrics(snapshot_on_loop(asyncio.get_running_loop(), self.status_report))
         # The same rule as the pool and the status page (read at each scrape: options may change).
-        self.listener.serve(self.metrics, ctx.options.failover_metrics, lambda peer: self.clients.allows(peer))
+        self.listener.serve(self.metrics, ctx.options.failover_metrics, lambda peer: self.clients.allows(peer),
+                            self.boundary.owns)
 
     def _open_state(self) -> None:
         """Open the pool's state store (or keep the open one) and restore what is still in force."""
@@ -219,12 +222,12 @@ class FailoverAddon:
             flow.response = client_answers.client_not_allowed()
             return
         if is_status:
-            flow.response = http.Response.make(200, json.dumps(self.status_report(), indent=2).encode(),
-                                               {"content-type": "application/json"})
+            flow.response = not_own_user() if not self.boundary.is_own(flow.client_conn) else http.Response.make(
+                200, json.dumps(self.status_report(), indent=2).encode(), {"content-type": "application/json"})
             return
         client_auth = auth_from_headers(req.headers)
-        if client_auth is None:
-            return  # no credential of its own: never served from the pool; passed on as a plain proxy would
+        if client_auth is None or self.boundary.passed_by(flow, client_auth):
+            return  # no key of its own, a browser's, another user's, refused lately: untouched, never the pool's
         pooled = next((c.name for c in self.pool.credentials if c.auth.fingerprint == client_auth.fingerprint), None)
         self.seen_clients.saw(client_auth, pooled)
         if is_websocket_upgrade(req.method, req.headers):
@@ -268,7 +271,7 @@ class FailoverAddon:
             self._tls = (key, tls_context(*key))
         return Shared(self.pool, self.rules, self.health, self.route_health, self.affinity, self.usage, self.bridges,
                       self.relay, self.warm, self.attempts, self._notices, self.recovery_slots, self._tls[1],
-                      self.metrics, self.provenance)
+                      self.metrics, self.provenance, self.boundary.rejected)
 
     def _refresh_auth_files(self) -> None:
         """At most once a second: reload auth files that changed (auth_watch.py)."""

@@ -19,7 +19,7 @@ from mitmproxy import http
 from mitmproxy.connection import ConnectionState
 
 from . import client_answers
-from ..core.affinity import session_of
+from ..core.affinity import affinity_key, session_of
 from .attempt import END, ERROR, Attempt, Item, copy_request, hide_secrets
 from .attempt_maker import AttemptMaker
 from ..core.auth import AuthMaterial, auth_from_headers
@@ -29,6 +29,7 @@ from ..core.failover_loop import (AllCooling, Exhausted, FailoverLoop, Final, Re
                             Wait, cools, own_refusal)
 from .held_client import HeldClient, shown_changed
 from ..core.planner import Candidate, Plan, make_plan
+from ..core.pool_reach import unreachable
 from ..core.recovery import RECOVERABLE_STATUS
 from ..core.replay_safety import MovePolicy, assess
 from ..core.routes import Endpoint
@@ -64,7 +65,7 @@ class RequestRun:
         self.log = RunLog(request_id, flow, shared.metrics, shown_changed)
         self.original: http.Request | None = None  # the request as the client sent it (attempts copy it)
         self.move = MovePolicy(True)
-        self.session: str | None = None  # the Codex session (thread) id, for affinity
+        self.session: str | None = None  # the client's key and its Codex session (thread) id: affinity's key
         self.winner: Attempt | None = None  # the committed attempt, streaming through the relay
         self.last_plan: Plan | None = None  # for pre-warming the next candidate's connection
         self.dispatched = asyncio.Event()  # the first attempt's head was written, or the run ended
@@ -88,7 +89,8 @@ class RequestRun:
         if self.client_auth is None:
             self.client_auth = auth_from_headers(req.headers)
         self.log.client_auth = self.client_auth
-        self.session = session_of(req.headers, self.body)
+        self.session = affinity_key(self.client_auth.fingerprint if self.client_auth else None,
+                                    session_of(req.headers, self.body))
         self.maker = AttemptMaker(self, req)
         self.body = None  # the maker has it (for a moved copy), and lets it go once built
         loop = FailoverLoop(self._plan, self.health, self.shared.route_health, self.pool, tell=self._tell)
@@ -120,6 +122,10 @@ class RequestRun:
                 case Exhausted(last, retry_after):
                     answer = client_answers.exhausted(last, self.log.history, retry_after, self.move.why_pinned)
                     return self._answer(answer, "exhausted")
+                case AllCooling(states, _) if not states and (why := unreachable(self.client_auth, self.pool,
+                                                                                 self.move.movable)):
+                    return self._answer(client_answers.no_pool_credential(why), "no pool credential for it",
+                                        " (not dialled)")
                 case AllCooling(states, retry_after):
                     answer = client_answers.all_cooling(list(states), retry_after, self.move.why_pinned)
                     return self._answer(answer, story.nobody_to_serve(states, self.move.movable), " (not dialled)")
@@ -232,6 +238,8 @@ class RequestRun:
         # Success without a stream, another 4xx, or the client's own 401/403: as is.
         if 200 <= resp.status_code < 300 and self.flow.request.path.split("?", 1)[0].endswith(COMPACT):
             self.made(cand, artifacts_of_compact(resp.get_content(strict=False) or b""))
+        if own_refusal(verdict.reason, cand):
+            self.shared.feedback.client_refused(self.client_auth)
         self.client.respond(resp.copy())
         self.succeeded(cand)
         self.log.record(attempt, cand, "deliver", verdict.reason, resp.status_code, ok=True)

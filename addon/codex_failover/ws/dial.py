@@ -12,12 +12,12 @@ import ssl
 from collections import deque
 from dataclasses import dataclass
 
-from ..core.affinity import Affinity, session_of
+from ..core.affinity import Affinity, affinity_key, session_of
 from ..core.auth import auth_from_headers
 from ..core.codex_request import swap_credential
 from ..config import PoolConfig
 from ..shared import Shared
-from ..core.failover_loop import SERVED, FailoverLoop, Rejected, Rejection, RouteDown, Try, cools
+from ..core.failover_loop import SERVED, FailoverLoop, Rejected, Rejection, RouteDown, Try, cools, own_refusal
 from ..core.health import Health
 from ..core.pool_feedback import PoolFeedback
 from ..core.planner import Candidate, Plan, make_plan
@@ -62,7 +62,8 @@ class Dialer:
         self.url = request.url
         self.headers = request.headers.copy()
         self.client_auth = auth_from_headers(request.headers)
-        self.session = session_of(request.headers, None)
+        self.session = affinity_key(self.client_auth.fingerprint if self.client_auth else None,
+                                    session_of(request.headers, None))  # affinity's key
         self.pinned = not assess(None, request.headers).movable  # the pin header, as on HTTP
         self.last: Rejection | None = None
         self._first: str | None = None  # the credential whose socket this turn started on
@@ -172,6 +173,8 @@ class Dialer:
 
     def _rejected(self, cand: Candidate, label: str, rejection: Rejection) -> None:
         self.last = rejection
+        if own_refusal(rejection.reason, cand):
+            self.ctx.feedback.client_refused(self.client_auth)
         if cools(cand, rejection):
             self.ctx.feedback.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
                                        rejection.retry_after, self.ctx.pool.policy, f"[{self.sid}] ")
