@@ -75,6 +75,7 @@ def test_after_a_failover_the_compaction_and_the_requests_after_it_stay_on_the_c
     served = [(r["credential"], r.get("compaction"), r.get("foreign_encrypted")) for r in fake.model_requests()]
     assert served == [(OWN_LIMITED, 0, 0), (WORK, 0, 0), (WORK, 0, 0), (WORK, 1, 0)], served
     assert "goes only to credential work: carries a compaction item made by credential work" in log
+    assert "not tried: client cooling (usage_limit, 59m left)" in log  # the compaction's own credential, skipped
 
 
 def test_when_the_credential_holding_the_state_cannot_serve_the_client_gets_its_condition(fake, tmp_path):

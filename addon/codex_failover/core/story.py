@@ -110,3 +110,15 @@ def nobody_to_serve(states, movable: bool) -> str:
         return "every credential cooling or out"
     name, status, reason = states[0]
     return f"credential {name}, which holds this request's state, is {status}" + (f" ({reason})" if reason else "")
+
+
+def skipped_line(name: str, status: str, state, now: float) -> str:
+    """A credential the plan passed over, for the request's log line: `client cooling (usage_limit,
+    59m left)`."""
+    left = ""
+    if status == "cooling" and state.until is not None:
+        seconds = max(0, int(state.until - now))
+        left = f"{seconds // 3600}h{seconds % 3600 // 60:02d}m left" if seconds >= 3600 else (
+            f"{seconds // 60}m left" if seconds >= 60 else f"{seconds}s left")
+    detail = ", ".join(x for x in (state.reason, left) if x)
+    return f"{name} {status}" + (f" ({detail})" if detail else "")

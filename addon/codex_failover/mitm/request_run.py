@@ -139,7 +139,10 @@ class RequestRun:
         sticky = shared.affinity.get(self.session) or self.move.prefers
         plan = make_plan(self.client_auth, self.pool, self.health, self.move.movable, sticky, self.rotation,
                          self.move.bound_to)
-        self.last_plan = plan
+        first, self.last_plan = self.last_plan is None, plan
+        if first and plan.skipped and plan.candidates:  # (with nothing to try, the answer says it)
+            log.info("[%s] not tried: %s", self.request_id, "; ".join(
+                story.skipped_line(c.name, why, self.health.state(c.key), self.health.now()) for c, why in plan.skipped))
         for cand, why in plan.skipped:
             state = self.health.state(cand.key)
             self.log.skipped[cand.name] = Skipped(cand.name, why, state.until, state.reason)
