@@ -8,8 +8,11 @@ import logging
 from dataclasses import dataclass
 
 from .affinity import Affinity
+from .auth import AuthMaterial
+from .client_boundary import RejectedKeys
 from ..config import Policy
 from .health import Health
+from .seen_clients import label
 from .taxonomy import AUTH_REJECTED, cooldown_seconds
 from .usage import UsageBook, Window
 
@@ -22,6 +25,7 @@ class PoolFeedback:
     health: Health
     affinity: Affinity
     usage: UsageBook
+    rejected_keys: RejectedKeys | None = None
 
     def rejected(self, key: str, name: str, reason: str, status: int | None, error: dict | None,
                  retry_after: str | None, policy: Policy, where: str = "") -> None:
@@ -50,3 +54,13 @@ class PoolFeedback:
         if state.status == "cooling" and state.reason != USAGE_WINDOW_FULL:
             self.health.restore(key)
         self.affinity.set(session, key)
+
+    def client_refused(self, auth: AuthMaterial | None) -> None:
+        """The upstream refused the client's own credential (401/403): it is never lent the pool while
+        remembered (client_boundary.RejectedKeys, by fingerprint)."""
+        if self.rejected_keys is None or auth is None:
+            return
+        if auth.fingerprint not in self.rejected_keys:
+            log.info("client credential %s was refused by the upstream: not lent the pool for %d min (its "
+                     "requests pass through on their own)", label(auth), self.rejected_keys.keep // 60)
+        self.rejected_keys.refused(auth.fingerprint)

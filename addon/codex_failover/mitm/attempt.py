@@ -116,6 +116,7 @@ class Attempt:
         self.flow.metadata[ATTEMPT_TAG] = label
         self.n = n
         self.endpoint = None  # the route endpoint (routes.Endpoint) this attempt goes through, if any
+        self.account = ""  # the credential it carries (its health key): its kept connection is that credential's
         self.connected = False  # the way to the upstream is up (TCP, any tunnel, TLS): the request head left
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self._stashed: Item | None = None  # see next_batch
@@ -149,7 +150,7 @@ class Attempt:
         if self.flow.server_conn.address != (req.host, req.port):  # changed since the flow was made
             self.flow.server_conn = Server(address=(req.host, req.port))
         self.flow.server_conn.via = via
-        key = WarmKey(req.scheme, req.host, req.port, via)
+        key = WarmKey(req.scheme, req.host, req.port, via, self.account)
         self._task = asyncio.get_running_loop().create_task(self._send(key))
 
     async def _send(self, key: WarmKey) -> None:

@@ -71,6 +71,13 @@ def all_cooling(skipped, retry_after: int | None, pinned: str | None = None) -> 
     return _json(exhausted_status(reason or ""), error, _retry_after(retry_after))
 
 
+def no_pool_credential(why: str) -> http.Response:
+    """Pool-only mode, and no pooled credential can serve this kind of request (core/pool_reach.py)."""
+    error = {"type": "service_unavailable_error", "code": "no_pool_credential_for_request",
+             "message": f"codex-failover: {why}; not dialled."}
+    return _json(503, error)
+
+
 def upstream_failed(message: str, history) -> http.Response:
     """A failure that must not be replayed (or nothing else could serve): the real reason."""
     error = {"type": "upstream_error", "code": "upstream_connection_failed",

@@ -36,7 +36,6 @@ from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import Http2Server, HttpLayer, HttpStream
 
-from . import hook_chain
 from .attempt import Capture
 from ..net.relay import HOP_BY_HOP, UNCLAIMED_TTL, UpstreamBroken
 
@@ -140,7 +139,6 @@ class ClientHop:
         flow.metadata[HOP_TAG] = True
         _by_flow[flow.id] = hop
         hop.flow_id = flow.id
-        hook_chain.speed_up(handler)  # the client flow's responseheaders hook is on the first output's way
         return hop
 
     def detach(self) -> None:
@@ -364,11 +362,6 @@ class _HeldHttpLayer(HttpLayer):
                 yield from hop.flush(final=False)
                 continue
             yield from hop.flush(final=True)  # anything else keeps its place after the head
-            if isinstance(command, commands.StartHook) and command.blocking is child and self.debug is None \
-                    and hook_chain.sped_up(hop.handler):  # (proxy_debug logs the way up and down: mitmproxy's way)
-                above = [(outer, outer.connections[hop.conn]) for outer in hop.layers[:-1]]
-                yield from hook_chain.in_place(self, child, command, hop.handler, above)
-                continue
             yield command  # executed (written) before the loop goes on
         yield from hop.flush(final=not hop.delivering)
         hop.written()

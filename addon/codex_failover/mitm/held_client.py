@@ -16,7 +16,7 @@ from mitmproxy import ctx, http
 from mitmproxy.connection import Server
 from mitmproxy.hooks import UpdateHook
 
-from . import client_answers, client_hop, hook_chain
+from . import client_answers, client_hop
 from .attempt import PLACEHOLDER, SECRET_HEADERS, Capture
 from .client_hop import HOP_TAG, ClientHop
 from .heartbeat import STREAM_HEADERS, HeartbeatSink
@@ -26,11 +26,9 @@ RELAY_TAG = "codex_failover.relay"
 
 
 def shown_changed(flow: http.HTTPFlow) -> None:
-    """Tell mitmweb (its view addon) that a live flow's comment or mark changed between hooks;
-    nothing to do when no addon listens (mitmdump)."""
+    """Tell mitmweb (its view addon) that a live flow's comment or mark changed between hooks."""
     try:
-        if hook_chain.listens(ctx.master.addons, "update"):
-            ctx.master.addons.trigger(UpdateHook([flow]))
+        ctx.master.addons.trigger(UpdateHook([flow]))
     except AttributeError:  # no master (unit tests without taddons)
         pass
 
