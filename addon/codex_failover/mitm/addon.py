@@ -12,7 +12,6 @@ import time
 import traceback
 
 from mitmproxy import command, ctx, exceptions, http
-from mitmproxy.proxy.mode_specs import ProxyMode
 
 from . import client_answers, client_hop
 from .boundary import ClientBoundary, not_own_user
@@ -167,15 +166,7 @@ class FailoverAddon:
 
     @staticmethod
     def _listen_hosts() -> list[str]:
-        hosts = []
-        for spec in ctx.options.mode:
-            try:
-                host = ProxyMode.parse(spec).listen_host(ctx.options.listen_host)
-            except ValueError:
-                continue
-            if host not in hosts:
-                hosts.append(host)
-        return hosts
+        return client_hop.listen_hosts(ctx.options.mode, ctx.options.listen_host)
 
     def done(self) -> None:
         # Before mitmproxy's Save writes the flows still in flight (it comes after scripts).

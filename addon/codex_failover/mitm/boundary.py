@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from mitmproxy import connection, ctx, http
+from mitmproxy import ctx, http
 
 from . import client_answers
 from ..core import client_boundary as rules
@@ -61,7 +61,7 @@ class ClientBoundary:
     def running(self) -> None:
         log.info("codex-failover: %s", rules.describe_rule(self.rule, self.proxy_uid))
 
-    def client_disconnected(self, client: connection.Client) -> None:
+    def client_disconnected(self, client) -> None:
         self._own.pop(client.id, None)
 
     def response(self, flow: http.HTTPFlow) -> None:
@@ -79,7 +79,7 @@ class ClientBoundary:
 
     # -- what the request hook asks ----------------------------------------------------------
 
-    def is_own(self, client: connection.Client) -> bool:
+    def is_own(self, client) -> bool:
         """Is this client connection the user's own program (rule in force)? Looked up once per connection."""
         known = self._own.get(client.id)
         if known is None:

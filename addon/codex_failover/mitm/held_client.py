@@ -13,7 +13,6 @@ import json
 import time
 
 from mitmproxy import ctx, http
-from mitmproxy.connection import Server
 from mitmproxy.hooks import UpdateHook
 
 from . import client_answers, client_hop
@@ -48,7 +47,7 @@ def point_at_relay(flow: http.HTTPFlow, port: int, token: str) -> None:
     # The relay never reads the body (the attempts carry it): the hop forwards none.
     req.raw_content = b""
     req.headers["content-length"] = "0"
-    flow.server_conn = Server(address=("127.0.0.1", port))
+    flow.server_conn = client_hop.relay_server(port)
 
 
 class HeldClient:
@@ -81,11 +80,6 @@ class HeldClient:
             timer = asyncio.get_running_loop().call_later(timeout, self.hop.first_out.set)
             await self.hop.first_out.wait()
             timer.cancel()
-
-    def prepare(self, status: int, reason: str, headers: list) -> None:
-        """A head `stream` may soon be given (an attempt's, while it is held): built ahead if the hop can."""
-        if isinstance(self.hop, ClientHop):
-            self.hop.prepare(status, reason, headers)
 
     def stream(self, status: int, reason: str, headers: list, body, first: bytes = b"") -> None:
         """The winner: its head and `first` (the held bytes) now, its live rest (`body`) as it

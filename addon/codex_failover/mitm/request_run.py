@@ -16,9 +16,9 @@ import time
 import traceback
 
 from mitmproxy import http
-from mitmproxy.connection import ConnectionState
 
 from . import client_answers
+from .client_hop import client_can_read
 from ..core.affinity import affinity_key, session_of
 from .attempt import END, ERROR, Attempt, Item, copy_request, hide_secrets
 from .attempt_maker import AttemptMaker
@@ -146,12 +146,8 @@ class RequestRun:
         for cand, why in plan.skipped:
             state = self.health.state(cand.key)
             self.log.skipped[cand.name] = Skipped(cand.name, why, state.until, state.reason)
-            if why == "expired" and (cand.name, cand.auth.expires_at) not in shared.notices:
-                shared.notices.add((cand.name, cand.auth.expires_at))
-                log.warning("credential %s: its ChatGPT access token expired at %s; it is skipped until refreshed. "
-                            "Refresh it with `codex login` for that account (CODEX_HOME set to the folder of its "
-                            "auth.json); codex-failover never refreshes tokens itself.", cand.name,
-                            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(cand.auth.expires_at)))
+            if why == "expired":
+                _expired_once(shared.notices, cand)
         return plan
 
     # -- one attempt -----------------------------------------------------------------------
@@ -323,8 +319,18 @@ class RequestRun:
             self._check_client()
 
     def _check_client(self) -> None:
-        if not self.flow.client_conn.state & ConnectionState.CAN_READ:
+        if not client_can_read(self.flow):
             raise ClientGone()
+
+
+def _expired_once(notices: set, cand: Candidate) -> None:
+    """One warning per expired token (the plan skips it at every request until it is refreshed)."""
+    if (cand.name, cand.auth.expires_at) not in notices:
+        notices.add((cand.name, cand.auth.expires_at))
+        log.warning("credential %s: its ChatGPT access token expired at %s; it is skipped until refreshed. "
+                    "Refresh it with `codex login` for that account (CODEX_HOME set to the folder of its "
+                    "auth.json); codex-failover never refreshes tokens itself.", cand.name,
+                    time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(cand.auth.expires_at)))
 
 
 def start_run(run: RequestRun, on_done) -> asyncio.Task:

@@ -48,8 +48,6 @@ class SseHold:
     async def run_hold(self) -> AttemptEnd:
         run, attempt, state = self.run, self.attempt, self.state
         clf = BootstrapClassifier(run.rules, timeout=run.pool.policy.bootstrap_timeout)
-        resp = attempt.flow.response
-        run.client.prepare(resp.status_code, resp.reason, list(resp.headers.fields))
         decision: Decision | None = None
         while decision is None or not decision.final:
             item = await run.next_item(attempt, clf.deadline)

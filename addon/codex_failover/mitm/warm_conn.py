@@ -331,6 +331,20 @@ class WarmConnection(server.ConnectionHandler):
             replay_level(level, ctx.options.failover_verbose), f"[warm {self.key.host}] {message}", exc_info=exc_info)
 
 
+def server_at(address: tuple[str, int]):
+    """A server connection object for `address` (an attempt flow's, before it is sent)."""
+    return Server(address=address)
+
+
+async def end_unsent(flow, message: str) -> None:
+    """The hooks mitmproxy runs for a request whose connection failed, in its order: for an attempt
+    cancelled before it was handed to a connection (not one byte of it left)."""
+    await run_hook(http_layers.HttpRequestHeadersHook(flow))
+    await run_hook(http_layers.HttpRequestHook(flow))
+    flow.error = mitmflow.Error(message)
+    await run_hook(http_layers.HttpErrorHook(flow))
+
+
 async def run_hook(hook) -> None:
     """An attempt flow's hook, as mitmproxy runs a flow's hooks (its AddonManager, and the update)."""
     await ctx.master.addons.handle_lifecycle(hook)
