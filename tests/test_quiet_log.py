@@ -36,12 +36,14 @@ def test_connection_lines_go_to_debug(message):
     assert (r.levelno, r.levelname) == (logging.DEBUG, "DEBUG")
 
 
-def test_warnings_and_the_untrusted_ca_line_keep_their_level():
+def test_warnings_the_untrusted_ca_and_an_unreachable_upstream_keep_their_level():
     quiet = QuietLog()
     quiet.configure(options())
     warning = record("Client TLS handshake failed. The client does not trust the proxy's certificate", logging.WARNING)
     info = record("Client TLS handshake failed. The client disconnected during the handshake.")
-    for r, level in ((warning, logging.WARNING), (info, logging.INFO), (record("boom", logging.ERROR), logging.ERROR)):
+    unreachable = record("error establishing server connection: [Errno 111] Connection refused")
+    for r, level in ((warning, logging.WARNING), (info, logging.INFO), (unreachable, logging.INFO),
+                     (record("boom", logging.ERROR), logging.ERROR)):
         quiet.filter(r)
         assert r.levelno == level
 

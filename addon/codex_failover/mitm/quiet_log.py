@@ -11,8 +11,9 @@ session logs some 24 lines per model request, one of them the addon's.
 Two public knobs keep them out, and both are undone by `failover_verbose=true`:
 
 - every INFO record of mitmproxy's connection loggers is lowered to DEBUG (the event log at
-  `termlog_verbosity=debug`, or mitmweb's debug view, still has them). The TLS handshake lines that
-  say a client does not trust the CA keep their level: they are how a missing CA shows.
+  `termlog_verbosity=debug`, or mitmweb's debug view, still has them). Two kinds keep their level:
+  the TLS handshake lines that say a client does not trust the CA (how a missing CA shows), and a
+  server connection that could not be made (how a broken egress shows).
 - mitmdump's flow echo is off (`flow_detail=0`) while `flow_detail` and `dumper_filter` are at their
   defaults: a user who sets either (or `-v`, which sets `flow_detail=2`) asked for flows, and then
   only the addon's own attempts are left out of the echo (`dumper_filter=!~replayq`).
@@ -25,7 +26,9 @@ import logging
 # Everything a connection's layers log (connects, HTTP/2 resets, streaming) goes through the first;
 # replays started with mitmproxy's own client playback log through the second.
 CONNECTION_LOGGERS = ("mitmproxy.proxy.server", "mitmproxy.addons.clientplayback")
-KEPT = ("Client TLS handshake failed",)  # INFO lines that stay: a client that does not trust the CA
+# INFO lines that stay: a client that does not trust the CA, and an upstream the proxy cannot reach
+# (with every program on the proxy, a broken egress must show in the log).
+KEPT = ("Client TLS handshake failed", "error establishing server connection")
 DUMPER_FILTER = "!~replayq"  # the dumper's echo: every flow but replayed requests (our attempts)
 DEFAULT_FLOW_DETAIL = 1  # mitmdump's default
 
