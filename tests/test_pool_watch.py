@@ -66,6 +66,7 @@ def test_a_pool_edit_is_picked_up_without_a_restart_and_a_broken_edit_keeps_the_
             time.sleep(0.4)
         broken = [line for line in proxy.log().splitlines() if "cannot be used" in line]
         assert len(broken) == 1, proxy.log()[-3000:]
+        assert proxy.log().count("pool file changed on disk") == 1  # the good edit's line only
         assert str(pool) in broken[0]
         served = [r["credential"] for r in fake.model_requests() if r["scenario"] == "good"]
         assert served[-3:] == ["sk-test-second-good"] * 3  # the pool in force stayed

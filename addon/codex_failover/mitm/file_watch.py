@@ -52,12 +52,13 @@ class FileWatch:
             return current()
         self._checked = now
         if self.pool.changed():
-            log.info("codex-failover: pool file changed on disk; loading it again")
             try:
-                reload_pool()
-            except exceptions.OptionsError as exc:
+                reload_pool()  # logs the pool's line, as at start
+            except exceptions.OptionsError as exc:  # the one line a broken edit gets
                 log.warning("codex-failover: the changed pool file cannot be used, the pool loaded before stays "
                             "in force: %s", exc)
+            else:
+                log.info("codex-failover: pool file changed on disk; reloaded")
         pool = self.auth.refresh_pool(current(), health)
         for text in self.expiry.check(pool.credentials, time.time()):
             log.warning("codex-failover: %s", text)
