@@ -90,3 +90,14 @@ def test_start_up_log_and_status_page_say_when_each_spare_expires(tmp_path):
     assert 5 * 3600 - 60 < by_name["soon"]["token_expires_in_s"] <= 5 * 3600
     assert by_name["later"]["refresh"] == f"CODEX_HOME={tmp_path / '.codex-later'} codex login"
     assert "eyJ" not in log
+
+
+def test_failover_status_prints_the_token_end_and_its_command():
+    from codex_failover.core import status
+
+    entry = {"name": "work", "kind": CHATGPT, "base_url": "https://chatgpt.com/backend-api/codex", "state": "ready",
+             "reason": None, "usage": "no usage seen", **describe(cred(exp=NOW + 5 * 3600), NOW)}
+    report = {"pool": "/x/pool.yaml", "credentials": [entry], "clients": [], "routes": [], "websockets": [],
+              "held_requests": 0, "attempts_in_flight": 0, "relay_streaming": 0, "relay_unclaimed": 0}
+    text = status.render(report)
+    assert "token expires in 5.0 h (CODEX_HOME=~/.codex-work codex login)" in text
