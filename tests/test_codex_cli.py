@@ -40,7 +40,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import FakeUpstreamProcess, ProxyProcess, pool_yaml
+from harness import FakeUpstreamProcess, MitmwebProcess, ProxyProcess, pool_yaml
 
 pytestmark = pytest.mark.e2e
 
@@ -237,13 +237,13 @@ class CodexRun:
 def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] = (), prepare=None,
               output: tuple[str, ...] = ("--json",), pool_file=None, auth_json: dict | None = None,
               codex_args: tuple[str, ...] = (), client_key: str = CLIENT_KEY, shell: list[str] | None = None,
-              **policy) -> CodexRun:
+              proxy_class=ProxyProcess, **policy) -> CodexRun:
     """Start the fake and mitmdump (pool `creds`), run `codex exec "say hi"` with CLIENT_KEY, stop both.
     `prepare(fake)` runs before Codex starts (e.g. to queue scenarios). `pool_file(fake, tmp_path)` gives
     (pool text, env) instead of API-key `creds`; with `auth_json`, Codex is logged in with that
     auth.json (ChatGPT mode) instead of CLIENT_KEY (`client_key`: another key). With `shell` (e.g.
     `zsh -l -c`), Codex runs in that shell with no proxy variables or CA of its own: only what
-    README.md's shell block, run in its HOME, gives every shell."""
+    README.md's shell block, run in its HOME, gives every shell. `proxy_class`: e.g. a mitmweb."""
     fake = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "5")
     proxy = None
     try:
@@ -256,7 +256,7 @@ def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] 
         # dial the named host itself, even if the addon failed to load. failover_intercept=all: Codex
         # also calls github.com and telemetry hosts, which the default (models) would tunnel out of
         # the machine; intercepted, map_remote keeps them on the fake.
-        proxy = ProxyProcess(tmp_path, pool, {**pool_env, "CODEX_TEST_RECORD": str(record_path)},
+        proxy = proxy_class(tmp_path, pool, {**pool_env, "CODEX_TEST_RECORD": str(record_path)},
                              extra=["--set", "connection_strategy=lazy", "--set", f"map_remote={to_fake}",
                                     "--set", "failover_intercept=all",
                                     "-s", str(recorder), *extra])
@@ -411,6 +411,34 @@ def test_real_codex_on_the_readme_variables_alone(tmp_path, codex_bin, shell):
     codex = run_codex(tmp_path, codex_bin, [("spare", SPARE_KEY)], shell=shell)
     codex.assert_completed_with(SPARE_KEY)
     codex.assert_loopback_only()
+
+
+# -- mitmweb: no false alarm, no credential -----------------------------------------------------------
+
+class _Mitmweb(MitmwebProcess):
+    """mitmweb whose flows (its API's view, as the browser gets it) are read just before it stops."""
+
+    flows: list = []
+
+    def stop(self) -> None:
+        time.sleep(0.5)  # the last hooks
+        type(self).flows = self.api("/flows")
+        super().stop()
+
+
+def test_real_codex_in_mitmweb_shows_the_winner_without_error_and_no_credential(tmp_path, codex_bin):
+    """The spare's upstream writes its JSON with spaces and keeps the stream open after its last
+    event, so Codex's reset at response.completed cancels the winner: it still shows no error. Every
+    flow to a model host (127.0.0.1 here: the pool's base_url) is free of the key once finished."""
+    codex = run_codex(tmp_path, codex_bin, [("spare", "sk-test-spare-spaced")], proxy_class=_Mitmweb)
+    codex.assert_completed_with("sk-test-spare-spaced")
+    flows, context = _Mitmweb.flows, codex.context
+    winner = next(f for f in flows if f.get("marked") == "✅")
+    assert winner.get("error") is None, (winner.get("error"), context)
+    assert next(f for f in flows if f.get("marked") == "❌")["error"]["msg"] == "codex-failover: rejected: overloaded"
+    model_flows = [f for f in flows if f["request"]["host"] in ("127.0.0.1", "api.openai.com", "chatgpt.com")]
+    assert len(model_flows) >= 5, [f["request"]["path"] for f in flows]  # models, the upgrade, the POST, its attempts
+    assert "sk-test-" not in json.dumps(model_flows), context
 
 
 # -- failover_websocket: gate -----------------------------------------------------------------------
