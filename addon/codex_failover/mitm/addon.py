@@ -8,7 +8,6 @@ import itertools
 import json
 import logging
 import sys
-import time
 import traceback
 
 from mitmproxy import command, ctx, exceptions, http
