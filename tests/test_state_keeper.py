@@ -467,3 +467,32 @@ def test_a_read_only_file_is_restored_read_only_with_one_warning(tmp_path, caplo
                              "in memory only") == 1, caplog.text
     assert "unavailable" not in caplog.text and "could not" not in caplog.text, caplog.text
     assert ids_in(path) == ["out"]  # untouched
+
+
+def test_a_store_that_cannot_be_read_at_start_is_read_once_it_answers(monkeypatch, caplog):
+    """Redis not up yet when the proxy starts: its rows are restored once it answers."""
+    monkeypatch.setattr(state_keeper, "RETRY_FIRST", 0.05)
+    row = Row("out", "client:abc", {"reason": "HTTP 401", "fingerprint": "abc"}, None)
+
+    class LateStore(CountingStore):
+        loads = 0
+
+        def load(self, now):
+            LateStore.loads += 1
+            if LateStore.loads == 1:
+                raise ConnectionError("Connection refused")
+            return [row]
+    monkeypatch.setattr(state_keeper, "open_store", lambda spec, namespace: LateStore())
+    pool = parse_pool({**POOL, "state": {"store": "redis://127.0.0.1:1/0"}}, "pool.yaml", {"K": "sk-test-secret-1"},
+                      None)
+    health = Health()
+
+    async def go():
+        keeper = open_keeper(pool, None, health, UsageBook(), RouteHealth(), Affinity())
+        await asyncio.sleep(0.5)
+        close_keeper(keeper)
+    with caplog.at_level(logging.INFO, "codex_failover"):
+        asyncio.run(go())
+    assert health.state("client:abc").status == "out"
+    assert caplog.text.count("pool state store unavailable: redis://127.0.0.1:1/0: ConnectionError") == 1
+    assert "1 entry restored" in caplog.text

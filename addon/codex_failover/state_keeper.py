@@ -398,22 +398,16 @@ def open_keeper(pool: PoolConfig, current: StateKeeper | None, health: Health, u
     keeper.bind(pool)
     try:
         store = keeper.opener()
-    except (OSError, ValueError, ImportError, sqlite3.Error) as exc:
+        keeper.store = store
+        say_restored(keeper, keeper.start(store.load(time.time())))
+    except Exception as exc:  # noqa: BLE001 - sqlite3, OSError or Redis: never keep the proxy from starting
         log.warning("codex-failover: pool state store unavailable: %s: %s; keeping state in memory, retrying",
                     keeper.where, describe_fault(exc))
+        if keeper.store is not None:
+            keeper.store.close()
+            keeper.store = None  # opened and read again by the flush loop (`_open`)
         keeper._retry = RETRY_FIRST
         keeper._down_until = keeper._mono() + keeper._retry
-        keeper._whole = True
-        store = None
-    if store is not None:
-        keeper.store = store
-        try:
-            applied = keeper.start(store.load(time.time()))
-        except Exception as exc:  # noqa: BLE001 - sqlite3 or Redis: never keep the proxy from starting
-            log.warning("codex-failover: could not read pool state from %s (%s); starting clean, retrying",
-                        keeper.where, describe_fault(exc))
-            applied = 0
-        say_restored(keeper, applied)
     try:
         keeper.task = asyncio.get_running_loop().create_task(keeper.run())
     except RuntimeError:  # no event loop (a configure outside it): flushed at close
