@@ -35,7 +35,7 @@ Reported per configuration and concurrency (ms: median / p95):
 Timestamps from different processes are wall-clock (time.time()) on one machine.
 
     scripts/bench [--quick] [--png docs/bench.png] [--json FILE]
-    scripts/bench --cost [--sessions N] [--baseline OTHER/addon/failover.py]   (scripts/bench_cost.py)
+    scripts/bench --cost [--sessions N] [--baseline OTHER/addon/failover.py ...]   (scripts/bench_cost.py)
 """
 
 from __future__ import annotations

@@ -4,8 +4,10 @@ side in one run, fresh and after N sessions, and idle CPU afterwards. Run as
 
 Configurations, each its own mitmdump process, all against the same fake upstreams on 127.0.0.1:
   plain     mitmdump without -s (bodies streamed: --set stream_large_bodies=1, as the addon streams)
+  script    plain with an empty `-s` script (mitmproxy checks a script for changes once a second):
+            what "idle like plain mitmdump with a script" is measured against
   addon     mitmdump -s addon/failover.py (this checkout), a pool of two spares, the default SQLite store
-  baseline  (with --baseline) the same with another checkout's addon/failover.py: an A/B in one run
+  base-<commit>  (each --baseline) the same with another checkout's addon/failover.py: an A/B in one run
 
 Every request is a Codex-like streamed POST .../responses (absolute-form http:// URL) on a kept-alive
 client connection, with its own `session-id` (a day of Codex sessions), answered healthy by the
@@ -16,8 +18,9 @@ Phases: fresh (`--requests` of each length per configuration), then each proxy i
 `--sessions` more requests (new sessions, short streams, 4 connections), then the same measured
 requests again ("after N"), then `--idle` seconds with no traffic. Reported per configuration:
 CPU per request in ms (utime+stime of the mitmdump process from /proc, over the phase, divided by
-its requests) and its ratio to plain mitmdump's; idle CPU in ms per second; RSS (MiB) fresh, after
-N, after idle; the host's load average and how busy its CPUs were.
+its requests) and its ratio to plain mitmdump's; idle CPU in ms per second and wake-ups per second
+(context switches of all the process's threads, from /proc/PID/task/*/status); RSS (MiB) fresh,
+after N, after idle; the state file's size; the host's load average and how busy its CPUs were.
 """
 
 from __future__ import annotations
@@ -96,6 +99,30 @@ async def requests(port: int, fake_port: int, tag: str, count: int, connections:
             c.close()
 
 
+def checkout_label(failover_py: Path) -> str:
+    """The commit a checkout's addon/failover.py is at (its folder's name when it is no git checkout)."""
+    import subprocess
+
+    root = failover_py.resolve().parents[1]
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return root.name
+
+
+def wakeups(pid: int) -> int:
+    """Context switches of every thread of `pid` so far (each one a wake-up, or a preemption)."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue  # a thread that just ended
+        total += sum(int(line.split()[1]) for line in text.splitlines() if "ctxt_switches:" in line)
+    return total
+
+
 def load_average() -> str:
     with open("/proc/loadavg") as fh:
         return " ".join(fh.read().split()[:3])
@@ -132,7 +159,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--sessions", type=int, default=10_000, help="sessions each proxy is given between the phases")
     ap.add_argument("--requests", type=int, default=200, help="measured requests per length, configuration and phase")
     ap.add_argument("--idle", type=float, default=20.0, help="seconds of idle CPU measured at the end")
-    ap.add_argument("--baseline", type=Path, help="another checkout's addon/failover.py, measured alongside")
+    ap.add_argument("--baseline", type=Path, action="append", default=[],
+                    help="another checkout's addon/failover.py, measured alongside (may be given more than once)")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     args = ap.parse_args(argv)
     began = time.monotonic()
@@ -147,10 +175,13 @@ def main(argv: list[str]) -> int:
         try:
             text, env = pool_text(fakes)
             proxies["plain"] = ProxyProcess(tmp / "plain", None, addon=False, extra=["--set", "stream_large_bodies=1"])
+            (tmp / "empty.py").write_text("addons = []\n")
+            proxies["script"] = ProxyProcess(tmp / "script", None, addon=False,
+                                             extra=["--set", "stream_large_bodies=1", "-s", str(tmp / "empty.py")])
             proxies["addon"] = ProxyProcess(tmp / "addon", text, env)
-            if args.baseline:
-                proxies["baseline"] = ProxyProcess(tmp / "baseline", text, env, addon=False,
-                                                   extra=["-s", str(args.baseline.resolve())])
+            for path in args.baseline:
+                name = f"base-{checkout_label(path)}"
+                proxies[name] = ProxyProcess(tmp / name, text, env, addon=False, extra=["-s", str(path.resolve())])
             for proxy in proxies.values():  # warm up: imports, first connections
                 for fake in fakes.values():
                     asyncio.run(requests(proxy.port, fake.port, "warm", 5))
@@ -169,11 +200,13 @@ def main(argv: list[str]) -> int:
             time.sleep(1.0)
             stats = {cfg: ProcStats(p.proc.pid) for cfg, p in proxies.items()}
             c0 = {cfg: s.cpu() for cfg, s in stats.items()}
+            w0 = {cfg: wakeups(p.proc.pid) for cfg, p in proxies.items()}
             t0 = time.monotonic()
             time.sleep(args.idle)
             took = time.monotonic() - t0
             for cfg, s in stats.items():
                 out[cfg]["idle ms/s"] = (s.cpu() - c0[cfg]) / took * 1000
+                out[cfg]["idle wakeups/s"] = (wakeups(proxies[cfg].proc.pid) - w0[cfg]) / took
                 out[cfg]["rss idle"] = s.mem()["VmRSS"]
             for cfg, proxy in proxies.items():
                 folder = tmp / cfg / "state" / "codex-failover"  # the file and its WAL
@@ -190,18 +223,18 @@ def main(argv: list[str]) -> int:
           f"host busy {busy:.0%}, {time.monotonic() - began:.0f} s")
     phases = ["fresh", f"after {args.sessions}"]
     print(f"\nCPU per request, ms (ratio to plain mitmdump); {args.requests} requests per cell, each a new session")
-    print(f"{'':<10}" + "".join(f"{p + ' ' + length:>22}" for p in phases for length in LENGTHS))
+    print(f"{'':<14}" + "".join(f"{p + ' ' + length:>22}" for p in phases for length in LENGTHS))
     for cfg in proxies:
         cells = []
         for p in phases:
             for length in LENGTHS:
                 v, base = out[cfg][f"{p} {length}"], out["plain"][f"{p} {length}"]
                 cells.append(f"{v:8.2f} ({v / base:4.2f}x)")
-        print(f"{cfg:<10}" + "".join(f"{c:>22}" for c in cells))
-    print(f"\n{'':<10}{'idle CPU ms/s':>15}{'RSS fresh':>11}{'RSS after':>11}{'RSS idle':>10}{'state KiB':>11}")
+        print(f"{cfg:<14}" + "".join(f"{c:>22}" for c in cells))
+    print(f"\n{'':<14}{'idle CPU ms/s':>15}{'wakeups/s':>11}{'RSS fresh':>11}{'RSS after':>11}{'RSS idle':>10}{'state KiB':>11}")
     for cfg in proxies:
         o = out[cfg]
-        print(f"{cfg:<10}{o['idle ms/s']:>15.2f}{o['rss fresh']:>11.0f}{o[f'rss after {args.sessions}']:>11.0f}"
+        print(f"{cfg:<14}{o['idle ms/s']:>15.2f}{o['idle wakeups/s']:>11.1f}{o['rss fresh']:>11.0f}{o[f'rss after {args.sessions}']:>11.0f}"
               f"{o['rss idle']:>10.0f}{o['state file KiB']:>11.0f}")
     if args.json:
         args.json.write_text(json.dumps({"load": loads, "host_busy": busy, "figures": out}, indent=1))
