@@ -150,11 +150,8 @@ def test_endpoint_ids_leave_the_password_out():
 
 import asyncio  # noqa: E402
 import logging  # noqa: E402
-import os  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 

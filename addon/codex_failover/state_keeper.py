@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Callable, Hashable
