@@ -158,6 +158,7 @@ import pytest  # noqa: E402
 from codex_failover import state_keeper  # noqa: E402
 from codex_failover.core.affinity import seen_step  # noqa: E402
 from codex_failover.state_keeper import FLUSH, open_keeper, close_keeper  # noqa: E402
+from codex_failover.state_rows import Kind  # noqa: E402
 from codex_failover.state_store import describe_fault  # noqa: E402
 
 
@@ -236,7 +237,7 @@ def test_ten_thousand_sessions_and_one_changed_is_one_row_converted_and_written(
     converted = []
     session_kind = keeper.kinds[-1]
     rows = session_kind.rows
-    keeper.kinds[-1] = state_keeper.Kind(session_kind.source, lambda s: converted.append(s) or rows(s), session_kind.ids)
+    keeper.kinds[-1] = Kind(session_kind.source, lambda s: converted.append(s) or rows(s), session_kind.ids)
     later(wall, mono, 61)
     keeper.affinity.set("thread-5000", "spare")
     t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """Where pool state outlives the process: rows of (kind, id) -> JSON value with an expiry, in SQLite
 (the default) or nowhere (`memory`). docs/state.md.
 
-The store knows nothing of credentials: `state_keeper.py` turns the in-memory health, usage,
+The store knows nothing of credentials: `state_rows.py` turns the in-memory health, usage,
 route backoff and affinity into rows with non-secret ids, and back. SQLite runs in WAL mode, so
 several proxies on one machine may share a file; each writes its own changes and reads the file at
 start. Calls are blocking and short: the keeper runs them off the event loop.
