@@ -28,6 +28,7 @@ from .state_store import Store, describe_fault, location, open_store
 log = logging.getLogger("codex_failover")
 FLUSH = 0.2  # seconds from the first change to its write (what one request changes: one write)
 REFRESH = 0.5  # a shared store (Redis): how often the others' rows are read (a local cache, <= 1 s old)
+PASS_KEYS = 2000  # marked keys converted in one pass at most (about 5 ms on the event loop)
 RETRY_FIRST = 1.0  # a store that fails is tried again after this, doubling
 RETRY_MAX = 30.0  # up to this
 
@@ -85,7 +86,7 @@ class StateKeeper(StateRows):
 
     async def flush(self) -> bool:
         """Write what changed; True if anything had."""
-        taken = self._take()
+        taken = self._take(PASS_KEYS)
         upserts, deletes = self._convert(taken)
         if not (upserts or deletes):
             return False

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Callable, Hashable
@@ -230,13 +231,27 @@ class StateRows:
 
     # -- what changed ----------------------------------------------------------------------
 
-    def _take(self) -> list[tuple[Kind, set]]:
+    def _take(self, limit: int | None = None) -> list[tuple[Kind, set]]:
+        """The keys marked since the last take, at most `limit` of them (the rest stay marked, and
+        `changed` stays set for them: a whole rewrite of 10,000 sessions is several short passes,
+        not one long one on the event loop)."""
         if self._whole:
             self._whole = False
             for kind in self.kinds:
                 kind.source.dirty.update(kind.source.keys())
         self.changed.clear()  # marks from here on wake the next pass
-        return [(kind, kind.source.take()) for kind in self.kinds]
+        taken, left = [], limit
+        for kind in self.kinds:
+            source = kind.source
+            if left is None or len(source.dirty) <= left:
+                keys = source.take()
+            else:
+                keys = set(itertools.islice(source.dirty, left))
+                source.dirty -= keys
+                self.changed.set()
+            taken.append((kind, keys))
+            left = None if left is None else left - len(keys)
+        return taken
 
     def _convert(self, taken: list[tuple[Kind, set]]) -> tuple[list[Row], list[tuple[str, str]]]:
         upserts: dict[tuple[str, str], Row] = {}
@@ -256,7 +271,7 @@ class StateRows:
         for kind, keys in taken:
             kind.source.dirty |= keys
 
-    def changes(self) -> tuple[list[Row], list[tuple[str, str]]]:
-        """What to write since the last call: changed rows, and the ids of rows gone. Costs the
-        keys marked since, not the entries held."""
-        return self._convert(self._take())
+    def changes(self, limit: int | None = None) -> tuple[list[Row], list[tuple[str, str]]]:
+        """What to write since the last call: changed rows, and the ids of rows gone (of at most
+        `limit` marked keys). Costs the keys marked since, not the entries held."""
+        return self._convert(self._take(limit))
