@@ -72,12 +72,3 @@ def test_a_bug_while_opening_a_gated_websocket_answers_426_not_an_ungated_upgrad
         asyncio.run(addon.request(flow))
     assert flow.response.status_code == 426
     assert b"internal error: RuntimeError" in flow.response.content
-
-
-def test_a_request_that_ends_pokes_the_state_keeper():
-    """What a run changed is written FLUSH seconds after it ended, however long the proxy was idle."""
-    addon, pokes = make_addon(), []
-    addon.keeper = type("Keeper", (), {"poke": lambda self: pokes.append(1)})()
-    addon._held = 1
-    addon._release_hold(None)
-    assert pokes == [1] and addon._held == 0
