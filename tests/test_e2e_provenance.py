@@ -138,3 +138,28 @@ def test_a_moved_lite_request_reaches_the_spare_byte_identical_but_for_what_the_
     assert moved["credential"] == WORK
     assert moved["lite"] and moved["turn_state"] is None and moved["turn_state_in_body"] is None
     assert moved["body_sha256"] == hashlib.sha256(expected_bytes).hexdigest()
+
+
+def test_which_credential_made_the_compaction_survives_a_restart(fake, tmp_path):
+    """In the state store (ids and digests only): after a restart the request carrying work's
+    compaction still goes to work, not back to the client's own account."""
+    url = f"{fake.base}/v1/responses"
+    proxy = proxy_for(tmp_path, fake)
+    try:
+        assert post_responses(proxy.port, url, OWN_LIMITED, turn([USER])).status == 200
+        compact = post_responses(proxy.port, url, OWN_LIMITED, turn([USER, {"type": "compaction_trigger"}]))
+        item = next(i for i in items_done(compact.body) if i["type"] == "compaction")
+    finally:
+        proxy.stop()
+    text, env = pool_yaml(fake.base, [("work", WORK)])
+    again = ProxyProcess(tmp_path / "proxy2", text, {**env, "XDG_STATE_HOME": str(tmp_path / "state")})
+    try:
+        after = post_responses(again.port, url, OWN_OVERLOADED, turn([item, USER]))  # another client key, even
+        assert after.status == 200, after.body[:300]
+        log = again.log()
+    finally:
+        again.stop()
+    assert fake.model_requests()[-1]["credential"] == WORK
+    assert "made by credential work" in log
+    data = (tmp_path / "state" / "codex-failover" / "state.sqlite").read_bytes()
+    assert item["encrypted_content"].encode() not in data and b"sk-test" not in data  # no content, no secret

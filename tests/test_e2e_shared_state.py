@@ -117,3 +117,27 @@ def _b_skips_client(b, fake, url) -> bool:
     before = len(fake.model_requests())
     assert post_responses(b.port, url, "sk-test-client-overload").status == 200
     return [r["credential"] for r in fake.model_requests()[before:]] == ["sk-test-spare-good"]
+
+
+def test_a_compaction_made_through_one_proxy_is_placed_by_the_other(fake, tmp_path, redis_server):
+    """Which credential made a compaction is shared state too: a session that moved between proxies
+    (two machines, one Redis) still goes to the account that holds it."""
+    creds = [("work", "sk-test-work-good")]
+    a = shared_proxy(tmp_path, fake, "a", redis_server.url, creds)
+    b = shared_proxy(tmp_path, fake, "b", redis_server.url, creds)
+    user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go on"}]}
+    body = {"model": "gpt-fake", "stream": True, "store": False, "input": [user, {"type": "compaction_trigger"}]}
+    try:
+        url = f"{fake.base}/v1/responses"
+        compacted = post_responses(a.port, url, "sk-test-own-overload-503", body)  # own 503: work compacts
+        assert compacted.status == 200, compacted.body[:300]
+        item = next(json.loads(line[6:])["item"] for line in compacted.body.decode().splitlines()
+                    if line.startswith("data: ") and '"compaction"' in line and "output_item.done" in line)
+        wait_until(lambda: status(b)["artifacts_known"] >= 2, timeout=5,
+                   what="proxy B to learn who made the compaction")  # its id and its content's digest
+        after = post_responses(b.port, url, "sk-test-own-good", {**body, "input": [item, user]})
+        assert after.status == 200, after.body[:300]
+    finally:
+        a.stop()
+        b.stop()
+    assert served(fake)[-1] == "sk-test-work-good", served(fake)

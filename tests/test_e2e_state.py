@@ -60,8 +60,8 @@ def test_a_cooldown_and_the_sessions_home_survive_a_restart(fake, tmp_path):
 
     again = restart(tmp_path, fake, [("spare", KEYS["spare"])], overload_cooldown="120s")
     try:
-        # The client's cooldown and usage, the spare's usage, the session.
-        assert restored(again).endswith(": 4 entries restored"), again.log()
+        # The client's cooldown and usage, the spare's usage, the session, the spare's response id.
+        assert restored(again).endswith(": 5 entries restored"), again.log()
         reply = post_responses(again.port, url, CLIENT, headers={"session-id": "thread-7"})
         assert reply.status == 200
         assert served(fake)[2:] == [KEYS["spare"]], "the cooling client credential was dialled after the restart"

@@ -19,6 +19,7 @@ from typing import Callable
 
 from .config import PoolConfig
 from .core.affinity import Affinity
+from .core.provenance import Provenance
 from .core.health import Health
 from .core.routes import RouteHealth
 from .core.usage import UsageBook
@@ -38,8 +39,9 @@ class StateKeeper(StateRows):
     rides out the store's faults (docs/state.md#when-the-store-fails)."""
 
     def __init__(self, store: Store | None, health: Health, usage: UsageBook, routes: RouteHealth, affinity: Affinity,
-                 wall: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic):
-        super().__init__(health, usage, routes, affinity, wall, mono)
+                 wall: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic,
+                 provenance: Provenance | None = None):
+        super().__init__(health, usage, routes, affinity, wall, mono, provenance)
         self.store = store
         self._down_until = 0.0  # on the monotonic clock: the store is not tried before this
         self._retry = 0.0  # the current retry delay while the store fails
@@ -156,7 +158,7 @@ def say_restored(keeper: StateKeeper, applied: int) -> None:
 
 
 def open_keeper(pool: PoolConfig, current: StateKeeper | None, health: Health, usage: UsageBook,
-                route_health: RouteHealth, affinity: Affinity) -> StateKeeper:
+                route_health: RouteHealth, affinity: Affinity, provenance: Provenance | None = None) -> StateKeeper:
     """The keeper for `pool`'s state store: the current one if the store is the same, else a new
     one, with what is still in force restored and its flush task running. A store that cannot be
     opened is logged once and tried again with backoff (state in memory meanwhile): the proxy
@@ -166,7 +168,7 @@ def open_keeper(pool: PoolConfig, current: StateKeeper | None, health: Health, u
         current.bind(pool)
         return current
     close_keeper(current)
-    keeper = StateKeeper(None, health, usage, route_health, affinity)
+    keeper = StateKeeper(None, health, usage, route_health, affinity, provenance=provenance)
     keeper.spec, keeper.namespace, keeper.where = spec.store, spec.namespace, location(spec.store)
     keeper.opener = lambda: open_store(spec.store, spec.namespace)
     keeper.bind(pool)

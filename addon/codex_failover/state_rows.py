@@ -32,17 +32,19 @@ from .config import PoolConfig
 from .core.affinity import Affinity
 from .core.auth import CHATGPT, AuthMaterial, jwt_claims
 from .core.health import COOLING, OUT, Health
+from .core.provenance import Provenance
 from .core.routes import Endpoint, RouteHealth
 from .core.tracked import Tracked
 from .core.usage import UsageBook, Window
 from .state_store import Row
 
 USAGE_TTL = 7 * 24 * 3600.0  # a usage window with no reset time is kept this long
+ARTIFACT = "artifact"  # which credential made a response id, a compaction item, encrypted reasoning
 
 
 def _session_order(row: Row) -> float:
-    """Sessions oldest first (affinity keeps the least recently used first); others anywhere."""
-    seen = row.value.get("seen", 0) if row.kind == "session" and isinstance(row.value, dict) else 0
+    """Sessions and artifacts oldest first (both keep the least recently used first); others anywhere."""
+    seen = row.value.get("seen", 0) if row.kind in ("session", ARTIFACT) and isinstance(row.value, dict) else 0
     return seen if isinstance(seen, (int, float)) else 0
 
 
@@ -79,8 +81,10 @@ class StateRows:
     `changes()`. `changed` is set by every mark: the flush loop's wake-up."""
 
     def __init__(self, health: Health, usage: UsageBook, routes: RouteHealth, affinity: Affinity,
-                 wall: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic):
+                 wall: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic,
+                 provenance: Provenance | None = None):
         self.health, self.usage, self.routes, self.affinity = health, usage, routes, affinity
+        self.provenance = provenance if provenance is not None else Provenance(clock=mono)
         self._wall, self._mono = wall, mono
         self._ids: dict[str, str] = {}  # health key (pool name) -> credential id
         self._keys: dict[str, str] = {}  # credential id -> health key
@@ -88,7 +92,8 @@ class StateRows:
         self._endpoints: dict[str, Endpoint] = {}  # endpoint key (route#i) -> endpoint
         self.kinds = [Kind(health, self._health_rows, self._health_ids), Kind(usage, self._usage_rows, self._usage_ids),
                       Kind(routes, self._route_rows, self._route_ids),
-                      Kind(affinity, self._session_rows, lambda s: [("session", s)])]
+                      Kind(affinity, self._session_rows, lambda s: [("session", s)]),
+                      Kind(self.provenance, self._artifact_rows, lambda a: [(ARTIFACT, a)])]
         self.changed = asyncio.Event()  # set by every mark: the flush loop's only wake-up for a local store
         for kind in self.kinds:
             kind.source.on_change = self.changed.set
@@ -160,6 +165,15 @@ class StateRows:
         at = self._wall() + (seen - self._mono())  # converted once, when it moved (Affinity.set)
         return [Row("session", session, {"credential": self._id(key), "seen": at}, at + self.affinity.idle)]
 
+    def _artifact_rows(self, artifact: str) -> list[Row]:
+        """Which credential made a response id or encrypted item (ids and digests only: no content)."""
+        stored = self.provenance.stored(artifact)
+        if stored is None:
+            return []
+        key, seen = stored
+        at = self._wall() + (seen - self._mono())
+        return [Row(ARTIFACT, artifact, {"credential": self._id(key), "seen": at}, at + self.provenance.idle)]
+
     def snapshot(self) -> dict[tuple[str, str], Row]:
         """Every row still in force (a whole rewrite; tests). O(entries): not for every pass."""
         wall = self._wall()
@@ -209,6 +223,9 @@ class StateRows:
             return 1
         if row.kind == "session" and sessions and (key := self._key(value["credential"])) is not None:
             self.affinity.restore(row.id, key, mono + (value["seen"] - wall))
+            return 1
+        if row.kind == ARTIFACT and (key := self._key(value["credential"])) is not None:
+            self.provenance.restore(row.id, key, mono + (value["seen"] - wall))
             return 1
         return 0
 

@@ -25,9 +25,11 @@ import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
+from .affinity import seen_step
 from .framer import FramerError, SSEFramer
+from .tracked import Tracked
 
 RESPONSE = "resp:"  # a response id
 ITEM = "item:"  # an output item's id
@@ -159,29 +161,32 @@ def _bare(item: dict) -> tuple[str, ...]:
     return ("unknown:compaction",)
 
 
-class Provenance:
+class Provenance(Tracked):
     """artifact key -> the credential key (health key) that made it. Bounded (least recently used
     out first) and expiring `idle` seconds after it was last made or asked for, like session
-    affinity (`session_idle`): an artifact outlives neither. Clock injected."""
+    affinity (`session_idle`): an artifact outlives neither. Tracked for the state keeper as
+    affinity is: a new artifact, a new owner, an eviction and a use `seen_step` past the stored one
+    are changes; expiry is not. Clock injected."""
 
     def __init__(self, idle: float = 3600.0, max_entries: int = 50000, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
         self.idle = idle
         self.max_entries = max_entries
         self._clock = clock
-        self._owners: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._owners: OrderedDict[str, tuple[str, float, float]] = OrderedDict()  # owner, last used, stored
 
     def record(self, keys: Iterable[str], owner: str) -> int:
         """`owner` made these artifacts; how many were new or changed owner."""
         if self.idle <= 0:
             return 0
-        now, changed = self._clock(), 0
+        changed = 0
         for key in keys:
-            if self._owners.get(key, ("",))[0] != owner:
-                changed += 1
-            self._owners[key] = (owner, now)
-            self._owners.move_to_end(key)
+            old = self._owners.get(key)
+            changed += old is None or old[0] != owner
+            self._touch(key, owner, old)
         while len(self._owners) > self.max_entries:
-            self._owners.popitem(last=False)
+            gone, _ = self._owners.popitem(last=False)
+            self._changed(gone)
         return changed
 
     def owner(self, keys: Iterable[str]) -> str | None:
@@ -190,21 +195,32 @@ class Provenance:
         for key in keys:
             entry = self._owners.get(key)
             if entry is not None:
-                self._owners[key] = (entry[0], self._clock())  # asked for: still in use
-                self._owners.move_to_end(key)
+                self._touch(key, entry[0], entry)  # asked for: still in use
                 return entry[0]
         return None
 
-    def entries(self) -> Iterator[tuple[str, str, float]]:
-        """(artifact, credential key, last used on this clock), least recently used first."""
-        self._expire()
-        for key, (owner, seen) in self._owners.items():
-            yield key, owner, seen
+    def _touch(self, key: str, owner: str, old: tuple[str, float, float] | None) -> None:
+        now = self._clock()
+        if old is None or old[0] != owner or now - old[2] >= seen_step(self.idle):
+            stored = now
+            self._changed(key)
+        else:
+            stored = old[2]
+        self._owners[key] = (owner, now, stored)
+        self._owners.move_to_end(key)
+
+    def stored(self, key: str) -> tuple[str, float] | None:
+        """(credential key, the last use to store, on this clock) of an artifact held (state keeper)."""
+        entry = self._owners.get(key)
+        return (entry[0], entry[2]) if entry is not None else None
+
+    def keys(self) -> list[str]:
+        return list(self._owners)
 
     def restore(self, key: str, owner: str, seen: float) -> None:
         """An artifact remembered from before a restart (`seen` on this clock), if still live."""
         if self.idle > 0 and seen > self._clock() - self.idle and key not in self._owners:
-            self._owners[key] = (owner, seen)
+            self._owners[key] = (owner, seen, seen)
 
     def _expire(self) -> None:
         horizon = self._clock() - self.idle

@@ -188,7 +188,8 @@ class FailoverAddon:
 
     def _open_state(self) -> None:
         """Open the pool's state store (or keep the open one) and restore what is still in force."""
-        self.keeper = open_keeper(self.pool, self.keeper, self.health, self.usage, self.route_health, self.affinity)
+        self.keeper = open_keeper(self.pool, self.keeper, self.health, self.usage, self.route_health, self.affinity,
+                                  self.provenance)
 
     def _close_state(self) -> None:
         keeper, self.keeper = self.keeper, None
@@ -302,7 +303,7 @@ class FailoverAddon:
         counters = {"held_requests": self._held, "attempts_in_flight": len(self.attempts), "relay_port": self.relay.port,
                     "upstream_connections": self.warm.stats(), "upstream_dials": self.warm.dials,
                     "relay_unclaimed": self.relay.pending, "relay_streaming": self.relay.streaming + client_hop.streaming(),
-                    "recovery_buffering": self.recovery_slots.used, "websockets": self.ws_gate.report()}
+                    "recovery_buffering": self.recovery_slots.used, "artifacts_known": len(self.provenance), "websockets": self.ws_gate.report()}
         return status.build(self.pool, self.health, self.usage, self.seen_clients, self.route_health, self.bridges,
                             counters)
 
