@@ -70,6 +70,10 @@ SCENARIOS = {
     "http-504": "synchronous HTTP 504",
     "toolcall": "WebSocket turns: a call to an unknown tool (Codex answers it with a follow-up turn)",
     "held-many": "WebSocket turns: 61 holdable messages, then the deltas, all in one burst",
+    "overload-400": "HTTP 400 invalid_request_error whose only sign is the message 'Our servers are currently overloaded'",
+    "overload-msg": "an `error` event and a response.failed carrying only the overload message (no type, no code)",
+    "capacity-400": "HTTP 400 'Selected model is at capacity' with code null",
+    "lb-503": "a load balancer's plain-text (HTML) 503 page",
     "good": "a normal streamed answer (reasoning summary + text)",
     # WebSocket turns only (a POST with these gets a normal answer); `overload`, `usage-limit`,
     # `delta-overload`, `capacity`, `slow-down`, `stall` and `overload-once` also apply to WebSocket turns,
@@ -209,6 +213,13 @@ SYNC = {
     "http-502": lambda: json_error(502, {"type": "server_error", "code": "bad_gateway", "message": "Bad gateway."}),
     "http-503": lambda: json_error(503, {"type": "server_error", "code": "upstream_unavailable", "message": "Try again."}),
     "http-504": lambda: json_error(504, {"type": "server_error", "code": "gateway_timeout", "message": "Gateway timeout."}),
+    "overload-400": lambda: json_error(400, {"type": "invalid_request_error",
+                                             "message": "Our servers are currently overloaded. Please try again later."}),
+    "capacity-400": lambda: json_error(400, {"type": "invalid_request_error", "code": None, "param": None,
+                                             "message": "Selected model is at capacity. Please try a different model."}),
+    "lb-503": lambda: (503, {"content-type": "text/html"},
+                       b"<html><head><title>503 Service Temporarily Unavailable</title></head><body>"
+                       b"<center><h1>503 Service Temporarily Unavailable</h1></center><hr><center>nginx</center></body></html>"),
     "invalid": lambda: json_error(400, {"type": "invalid_request_error", "code": "invalid_value",
                                         "message": "Invalid value for 'input'.", "param": "input"}),
     "unauthorized": lambda: json_error(401, {"type": "invalid_request_error", "code": "invalid_api_key",
@@ -383,6 +394,11 @@ class FakeUpstream:
             events += turn.answer()[:8] + [turn.failed("server_error", "An error occurred while processing your request.")]
         elif scenario == "overload-flat":
             events += [turn.ev("error", code="server_is_overloaded", message="Our servers are currently overloaded.")]
+        elif scenario == "overload-msg":
+            message = "Our servers are currently overloaded. Please try again later."
+            events += [turn.ev("error", message=message),
+                       turn.ev("response.failed", response={"id": turn.rid, "object": "response", "status": "failed",
+                                                            "output": [], "error": {"message": message}})]
         elif scenario == "flood":
             answer = turn.answer()
             await self._send(writer, events + answer[:7], label)  # through the first text delta
@@ -563,6 +579,9 @@ class WsSession:
             msgs = [turn.created(), turn.completed([])]
         elif scenario == "overload":
             msgs = [turn.created(), turn.wrapped(503, OVERLOADED)]
+        elif scenario == "overload-msg":
+            message = "Our servers are currently overloaded. Please try again later."
+            msgs = [turn.created(), turn.wrapped(400, {"type": "invalid_request_error", "message": message})]
         elif scenario == "overload-nostatus":
             msgs = [turn.created(), turn.overload_error(), turn.failed("server_is_overloaded", OVERLOADED["message"])]
         elif scenario == "overload-close":

@@ -53,15 +53,26 @@ def error_object(body: bytes) -> dict:
     return {k: doc[k] for k in ("code", "type", "message") if k in doc}
 
 
+def _is_json(body: bytes) -> bool:
+    try:
+        json.loads(body)
+    except ValueError:
+        return False
+    return True
+
+
 def classify_response(status: int, body: bytes, rules: Rules) -> ResponseVerdict:
     """A synchronous answer (headers and complete body known, not an event stream)."""
     if 200 <= status < 300:
         return ResponseVerdict(COMMIT, OK)
     error = error_object(body)
+    plain = not error and not _is_json(body)
+    # A page that is no JSON error (a gateway's): its text is matched as the message, never kept.
+    message = body[:2048].decode("utf-8", "replace") if plain else error.get("message")
     error.setdefault("status", status)
     if status in (401, 403):
         return ResponseVerdict(FAILOVER, AUTH_REJECTED, error)
-    klass = rules.rejection_class(error.get("code"), error.get("type"), error.get("message"), status)
+    klass = rules.rejection_class(error.get("code"), error.get("type"), message, status, plain_text=plain)
     if klass:
         return ResponseVerdict(FAILOVER, klass, error)
     if status >= 500:
