@@ -25,7 +25,7 @@ OK = "ok"
 _NO_COOLDOWN = {"closed_before_output", UPSTREAM_5XX, AUTH_REJECTED, "pre_dispatch", "route_down", "host_network"}
 # Status for an exhausted request, by the class of the rejection that decided it. Codex treats
 # 429 as final for the turn and re-sends a 503 four times (docs/architecture.md#what-codex-does-with-our-answers).
-_EXHAUSTED_STATUS = {"usage_limit": 429, "capacity": 429, "rate_limited": 429,
+_EXHAUSTED_STATUS = {"usage_limit": 429, "usage_window_full": 429, "capacity": 429, "rate_limited": 429,
                      "pre_dispatch": 502, "route_down": 502, "host_network": 502}
 _TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
 
@@ -130,5 +130,5 @@ def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
-def exhausted_status(reason: str) -> int:
-    return _EXHAUSTED_STATUS.get(reason, 503)
+def exhausted_status(reason: str | None) -> int:
+    return _EXHAUSTED_STATUS.get(reason or "", 503)

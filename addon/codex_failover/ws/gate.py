@@ -287,7 +287,7 @@ class GateSession:
         last = rejection if up.conn.open or self.dialer.last is None else self.dialer.last
         self._note(f"no other credential can serve turn {self.gate.turn.n if self.gate.turn else 0}: "
                    f"delivering the rejection ({last.reason})")
-        for frame in as_frames(last):
+        for frame in as_frames(last, self.dialer.soonest()):
             await self.down.send(frame)
         if not up.conn.open:
             self.down.close(1011, "codex-failover: upstream closed")
