@@ -57,6 +57,7 @@ class Policy:
     connect_timeout: float = 10.0  # an attempt not connected (to its proxy or upstream) by then failed before dispatch
     route_backoff: float = 30.0  # first backoff of a dead route endpoint; doubles per failure
     route_backoff_max: float = 300.0  # the longest backoff
+    usage_recheck: float = 300.0  # a usage-limit cooldown is re-checked on the account's usage endpoint this often (0: never)
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ _POLICY_FIELDS = {
     "connect_timeout": "duration",
     "route_backoff": "duration",
     "route_backoff_max": "duration",
+    "usage_recheck": "duration",
 }
 
 

@@ -192,6 +192,18 @@ def other_body(path: str) -> dict:
     return body
 
 
+def usage_body(used: float) -> dict:
+    """`GET …/wham/usage` as Codex reads it: the plan, whether it may send, and both windows."""
+    now = int(time.time())
+    limited = used >= 100.0
+    window = lambda seconds, pct: {"used_percent": pct, "limit_window_seconds": seconds,  # noqa: E731
+                                   "reset_after_seconds": 3600, "reset_at": now + 3600}
+    return {"plan_type": "plus", "rate_limit": {"allowed": not limited, "limit_reached": limited,
+                                                "primary_window": window(18000, used),
+                                                "secondary_window": window(604800, min(used, 50.0))},
+            "credits": {"has_credits": False, "unlimited": False, "balance": "0"}}
+
+
 def json_error(status: int, error: dict, extra: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
     return status, {"content-type": "application/json", **(extra or {})}, json.dumps({"error": error}).encode()
 
@@ -236,6 +248,7 @@ class FakeUpstream:
         self.trace_events = trace_events  # log when every event is written (credential, sequence_number)
         self.seen: dict[str, int] = {}  # requests per credential (for overload-once)
         self.forced: dict[str, list[str]] = {}  # credential label -> scenarios of its next model requests
+        self.used: dict[str, float] = {}  # credential label -> used percent its usage endpoint reports
         self._digests: dict[int, "hashlib._Hash"] = {}  # per open response: sha256 of its body
         self.requests: list[dict] = []  # in-process users read this
         self.sockets = 0  # WebSocket connections so far (their ids in the log)
@@ -293,6 +306,19 @@ class FakeUpstream:
             queue += [order.get("scenario", "overload")] * int(order.get("count", 1))
             self._log({"ts": time.time(), "event": "control", **order})
             await write_full(writer, 200, {"content-type": "application/json"}, b"{}")
+            return True
+        if path == "/_fake/usage" and method == "POST":
+            # Test control: what the credential's usage endpoint reports from now on (used percent).
+            order = json.loads(body or b"{}")
+            self.used[order["credential"]] = float(order["used_percent"])
+            self._log({"ts": time.time(), "event": "control", **order})
+            await write_full(writer, 200, {"content-type": "application/json"}, b"{}")
+            return True
+        if method == "GET" and path.split("?")[0].endswith(("/wham/usage", "/api/codex/usage")):
+            record["scenario"] = "usage"
+            self._log(record)
+            await write_full(writer, 200, {"content-type": "application/json"},
+                             json.dumps(usage_body(self.used.get(record["credential"], 10.0))).encode())
             return True
         if method == "GET" and path.split("?")[0].endswith("/responses") and headers.get("upgrade", "").lower() == "websocket":
             await self.websocket(head, path, headers, reader, writer)

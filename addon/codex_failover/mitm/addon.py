@@ -20,6 +20,7 @@ from . import quiet_log
 
 from ..core import status
 from ..core.affinity import Affinity
+from .account_back import AccountBack
 from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
 from ..core.auth import AuthMaterial, auth_from_headers
 from ..auth_watch import AuthWatch
@@ -77,7 +78,9 @@ class FailoverAddon:
         self.quiet = quiet_log.QuietLog()
         self.tls = TlsScope()  # a nested addon: which TLS connections are decrypted, and upstream trust
         self.hops = RelayHops(self.quiet)  # nested addons, each for the flows of one kind
-        self.addons = [self.tls, AttemptHooks(self.attempts), self.hops]
+        self.back = AccountBack(lambda: self.pool, lambda: self.health, self.usage, self.shared,
+                                lambda: _poke(self.keeper))  # cooldowns that end early; failover.reset
+        self.addons = [self.tls, AttemptHooks(self.attempts), self.hops, self.back]
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
         self.seen_clients = SeenClients()
@@ -151,6 +154,7 @@ class FailoverAddon:
         self._serve_metrics()
         self.quiet.install(lambda: self.relay.port)
         self._spawn(self.relay.start())
+        self.back.start()
         for host in self._listen_hosts():
             if not is_loopback_host(host):
                 log.warning("codex-failover: listening on %s; the pool and the status page serve %s",
@@ -173,6 +177,7 @@ class FailoverAddon:
         for attempt in self.attempts.values():
             attempt.redact()
         self._close_state()
+        self.back.stop()
         self.listener.stop()
         self.quiet.uninstall()
         self._spawn(self.relay.close())
@@ -214,6 +219,9 @@ class FailoverAddon:
             return
         if not self.clients.allows(flow.client_conn.peername[0] if flow.client_conn.peername else None):
             flow.response = client_answers.client_not_allowed()
+            return
+        if is_status and req.method == "POST" and req.path.startswith("/reset/"):
+            flow.response = self.back.reset_from_status_page(flow)
             return
         if is_status:
             flow.response = http.Response.make(200, json.dumps(self.status_report(), indent=2).encode(),
@@ -310,7 +318,7 @@ class FailoverAddon:
                     "relay_unclaimed": self.relay.pending, "relay_streaming": self.relay.streaming + client_hop.streaming(),
                     "recovery_buffering": self.recovery_slots.used, "websockets": self.ws_gate.report()}
         return status.build(self.pool, self.health, self.usage, self.seen_clients, self.route_health, self.bridges,
-                            counters)
+                            counters, self.back.report())
 
     @command.command("failover.status")
     def status(self) -> str:

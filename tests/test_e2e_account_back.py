@@ -1,0 +1,114 @@
+"""End to end: cooldowns that end when the account is back. Two pooled ChatGPT accounts on the fake
+upstream (pool only, fill-first: `a` first); `a` is cooled by a 429 usage_limit_reached (reset in an
+hour), then brought back by a redeemed reset credit, by its usage endpoint, or by hand."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import time
+
+import pytest
+
+from harness import ProxyProcess, post_responses, proxy_status, request, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def jwt(claims: dict) -> str:
+    enc = lambda d: base64.urlsafe_b64encode(json.dumps(d).encode()).rstrip(b"=").decode()  # noqa: E731
+    return f"{enc({'alg': 'none'})}.{enc(claims)}.sig"
+
+
+def start(fake, tmp_path, **policy) -> tuple[ProxyProcess, dict[str, str]]:
+    tokens = {}
+    lines = ["credentials:"]
+    for name in ("a", "b"):
+        tokens[name] = jwt({"exp": time.time() + 3600, "sub": name})
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"tokens": {"access_token": tokens[name], "account_id": f"acct-{name}"}}))
+        lines += [f"  - name: {name}", f"    auth_file: {path}", f"    base_url: {fake.base}/backend-api/codex"]
+    lines += ["policy:", "  use_client_credential: false", "  bootstrap_timeout: 5s",
+              *(f"  {k}: {v}" for k, v in policy.items())]
+    return ProxyProcess(tmp_path, "\n".join(lines) + "\n"), tokens
+
+
+def turn(proxy, fake) -> str:
+    """One model request from a ChatGPT client; the account that served it."""
+    reply = post_responses(proxy.port, f"{fake.base}/backend-api/codex/responses", jwt({"exp": time.time() + 60}),
+                           headers={"chatgpt-account-id": "acct-client"})
+    assert reply.status == 200, reply.body[:300]
+    return fake.model_requests()[-1]["credential"]
+
+
+def cool_a(proxy, fake) -> None:
+    fake.overload_next("acct-a", 1, "usage-limit")
+    assert turn(proxy, fake) == "acct-b"  # a answered 429 usage_limit_reached: the turn moved
+    assert turn(proxy, fake) == "acct-b"  # and a is skipped while it cools
+    assert {c["name"]: c["state"] for c in proxy_status(proxy.port)["credentials"]}["a"] == "cooling"
+
+
+def status_of(proxy, name: str) -> dict:
+    return next(c for c in proxy_status(proxy.port)["credentials"] if c["name"] == name)
+
+
+def test_a_redeemed_reset_credit_ends_the_cooldown_at_once(fake, tmp_path):
+    proxy, tokens = start(fake, tmp_path)
+    try:
+        cool_a(proxy, fake)
+        consumed = request(proxy.port, "POST", f"{fake.base}/backend-api/wham/rate-limit-reset-credits/consume",
+                           {"authorization": f"Bearer {tokens['a']}", "chatgpt-account-id": "acct-a",
+                            "content-type": "application/json"}, b"{}")
+        assert consumed.status == 200
+        assert "credential a: cooldown ended (reset credit redeemed; was usage_limit)" in proxy.log()
+        assert turn(proxy, fake) == "acct-a"
+        assert status_of(proxy, "a")["cooldown_ended"]["how"] == "reset credit redeemed"
+    finally:
+        proxy.stop()
+
+
+def test_the_usage_endpoint_reporting_headroom_ends_the_cooldown(fake, tmp_path):
+    proxy, _ = start(fake, tmp_path, usage_recheck="1s")
+    try:
+        cool_a(proxy, fake)
+        wait_until(lambda: "credential a: cooldown ended (usage endpoint reports headroom" in proxy.log(), 10,
+                   "the usage re-check")
+        asked = [r for r in fake.requests() if r.get("scenario") == "usage"]
+        assert asked and {r["credential"] for r in asked} == {"acct-a"}  # a's own token, and only a is asked
+        assert asked[0]["path"] == "/backend-api/wham/usage"
+        assert turn(proxy, fake) == "acct-a"
+        assert status_of(proxy, "a")["cooldown_ended"]["how"] == "usage endpoint reports headroom"
+    finally:
+        proxy.stop()
+
+
+def test_the_usage_endpoint_still_limited_keeps_the_cooldown(fake, tmp_path):
+    proxy, _ = start(fake, tmp_path, usage_recheck="1s")
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", fake.port, timeout=5)
+        conn.request("POST", "/_fake/usage", body=json.dumps({"credential": "acct-a", "used_percent": 100}))
+        conn.getresponse().read()
+        conn.close()
+        cool_a(proxy, fake)
+        wait_until(lambda: any(r.get("scenario") == "usage" for r in fake.requests()), 10, "the usage re-check")
+        time.sleep(0.3)
+        assert status_of(proxy, "a")["state"] == "cooling"
+        assert "cooldown ended" not in proxy.log()
+    finally:
+        proxy.stop()
+
+
+def test_a_cooldown_ended_by_hand_from_the_status_page(fake, tmp_path):
+    proxy, _ = start(fake, tmp_path)
+    try:
+        cool_a(proxy, fake)
+        answer = request(proxy.port, "POST", "http://codex-failover.status/reset/a")
+        assert answer.status == 200
+        assert "cooldown ended (ended by hand; was usage_limit)" in json.loads(answer.body)["result"]
+        assert "credential a: cooldown ended (ended by hand; was usage_limit)" in proxy.log()
+        assert turn(proxy, fake) == "acct-a"
+        unknown = request(proxy.port, "POST", "http://codex-failover.status/reset/nobody")
+        assert "no credential named 'nobody'" in json.loads(unknown.body)["result"]
+    finally:
+        proxy.stop()
