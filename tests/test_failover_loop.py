@@ -17,6 +17,7 @@ from codex_failover.config import Credential, Policy, PoolConfig
 from codex_failover.core.failover_loop import (BACKOFF, RECOVERING, RECOVERY_RETRY, SERVED, AllCooling, Exhausted,
                                           FailoverLoop, Final, RecoveryExhausted, Rejected, Rejection, RouteDown,
                                           Served, Transient, Try, Wait, cools, own_refusal)
+from codex_failover.core.cooldown_policy import OverloadPolicy
 from codex_failover.core.health import Health
 from codex_failover.core.pool_feedback import PoolFeedback
 from codex_failover.core.planner import Candidate, make_plan
@@ -53,10 +54,14 @@ class World:
         self.clock = Clock()
         self.health = Health(self.clock)
         self.route_health = RouteHealth(floor=30, cap=300, clock=self.clock)
+        # The loop's cases are written against a fixed overload cooldown and no share held out
+        # (the cooldown policy has its own tests: test_cooldown_policy.py).
+        fixed = policy.get("overload_cooldown", 60.0)
+        policy.setdefault("overload", OverloadPolicy(first=fixed, factor=1.0, max=max(fixed, 1.0), max_held_out=1.0))
         self.pool = PoolConfig(tuple(creds), Policy(use_client_credential=use_client, **policy),
                                routes=parse_routes(routes), recovery=recovery or RecoveryPolicy())
         self.movable = movable
-        self.feedback = PoolFeedback(self.health, Affinity(clock=self.clock), UsageBook())
+        self.feedback = PoolFeedback(self.health, Affinity(clock=self.clock), UsageBook(), len(creds) + use_client)
         self.told: list[str] = []
 
     def plan(self):
@@ -230,9 +235,9 @@ CASES = [
          {"a@corp[0]": [rej(PRE_DISPATCH)], "a@corp[1]": [rej(PRE_DISPATCH)], "b": [SERVED]},
          ["try a@corp[0] #1", "try a@corp[1] #1", "route down a", "try b #2"], ROUTED,
          states={"a": "ready", "b": "ready"}),
-    Case("the only credential's route down: exhausted with route_down (502), not retried",
+    Case("the only credential's route down: exhausted with route_down (502), not retried, no Retry-After (a is not cooling: no promise)",
          {"a@corp[0]": [rej(PRE_DISPATCH)], "a@corp[1]": [rej(PRE_DISPATCH)]},
-         ["try a@corp[0] #1", "try a@corp[1] #1", "route down a", "exhausted: route_down, retry-after 1"],
+         ["try a@corp[0] #1", "try a@corp[1] #1", "route down a", "exhausted: route_down, retry-after None"],
          {"creds": [cred("a", "corp")], "routes": ROUTES}, states={"a": "ready"}),
     Case("no endpoint may be dialled: route down without an attempt on it",
          {"b": [SERVED]}, ["route down a", "try b #2"], ROUTED,

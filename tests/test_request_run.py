@@ -212,10 +212,13 @@ def test_every_credential_rejected_answers_with_the_last_rejection_and_the_time(
     error = json.loads(body)["error"]
     assert error["code"] == "server_is_overloaded", error
     assert run.client.hop.headers, "the answer carries its headers"
-    # Every credential cools for the 60 s overload_cooldown, past max_retry_after: no Retry-After
-    # promise (Codex would sit through it), but the body says when the first one is back.
-    assert not any(k.lower() == b"retry-after" for k, _ in run.client.hop.headers), run.client.hop.headers
-    assert 55 <= error["retry_after_seconds"] <= 60, error
+    # One credential rests (15 s, the first of an overload streak; the others are back early: at
+    # most a quarter of the pool rests for overload, and those just tried promise nothing): within
+    # this pool's max_retry_after (30 s), so Retry-After says so, as the body does.
+    headers = dict((k.lower(), v) for k, v in run.client.hop.headers)
+    assert 10 <= error["retry_after_seconds"] <= 15, error
+    assert int(headers[b"retry-after"]) == error["retry_after_seconds"], headers
+    assert "The first credential is back in" in error["message"]
     assert "The first credential is back in" in error["message"]
 
 

@@ -47,4 +47,5 @@ class Shared:
 
     @property
     def feedback(self) -> PoolFeedback:
-        return PoolFeedback(self.health, self.affinity, self.usage)
+        size = len(self.pool.credentials) + (1 if self.pool.policy.use_client_credential else 0)
+        return PoolFeedback(self.health, self.affinity, self.usage, size)

@@ -249,6 +249,9 @@ class FakeUpstream:
         self.seen: dict[str, int] = {}  # requests per credential (for overload-once)
         self.forced: dict[str, list[str]] = {}  # credential label -> scenarios of its next model requests
         self.used: dict[str, float] = {}  # credential label -> used percent its usage endpoint reports
+        self.episodes: dict[str, list[tuple[float, float]]] = {}  # credential label -> overloaded windows (monotonic)
+        self.max_per_s: dict[str, float] = {}  # credential label -> model requests a second it takes
+        self.recent: dict[str, list[float]] = {}  # credential label -> its model requests' times, the last second
         self._digests: dict[int, "hashlib._Hash"] = {}  # per open response: sha256 of its body
         self.requests: list[dict] = []  # in-process users read this
         self.sockets = 0  # WebSocket connections so far (their ids in the log)
@@ -307,6 +310,18 @@ class FakeUpstream:
             self._log({"ts": time.time(), "event": "control", **order})
             await write_full(writer, 200, {"content-type": "application/json"}, b"{}")
             return True
+        if path == "/_fake/episodes" and method == "POST":
+            # Test control: the credential is overloaded during each [start, end) window (seconds from
+            # now), and, with `max_per_s`, whenever it already serves that many model requests this
+            # second (load it cannot take: spilled load overloads it).
+            order = json.loads(body or b"{}")
+            now = time.monotonic()
+            self.episodes[order["credential"]] = [(now + a, now + b) for a, b in order.get("windows", [])]
+            if order.get("max_per_s"):
+                self.max_per_s[order["credential"]] = float(order["max_per_s"])
+            self._log({"ts": time.time(), "event": "control", **order})
+            await write_full(writer, 200, {"content-type": "application/json"}, b"{}")
+            return True
         if path == "/_fake/usage" and method == "POST":
             # Test control: what the credential's usage endpoint reports from now on (used percent).
             order = json.loads(body or b"{}")
@@ -331,6 +346,8 @@ class FakeUpstream:
             return True
         if self.forced.get(record["credential"]):
             scenario = record["scenario"] = self.forced[record["credential"]].pop(0)
+        elif self._overloaded_now(record["credential"]):
+            scenario = record["scenario"] = "overload"
         record["body_bytes"] = len(body)
         record["session"] = headers.get("session-id") or headers.get("session_id")
         record["proxy_authorization"] = "proxy-authorization" in headers  # must never arrive here
@@ -361,6 +378,21 @@ class FakeUpstream:
             await write_full(writer, *SYNC[scenario]())
             return
         await WsSession(self, self.sockets, label, scenario, reader, writer).run(head)
+
+    def _overloaded_now(self, label: str) -> bool:
+        """In one of the credential's overload episodes, or over the load it takes (/_fake/episodes)."""
+        now = time.monotonic()
+        if any(a <= now < b for a, b in self.episodes.get(label, ())):
+            return True
+        limit = self.max_per_s.get(label)
+        if limit is None:
+            return False
+        recent = self.recent.setdefault(label, [])
+        recent[:] = [t for t in recent if now - t < 1.0]
+        if len(recent) >= limit:
+            return True  # a rejection costs it nothing: only the requests it serves count
+        recent.append(now)
+        return False
 
     def _trace(self, ev: bytes, label: str, traced: set[str]) -> None:
         for kind, markers in (("rejection_sent", _REJECTION), ("first_output_sent", _OUTPUT)):

@@ -136,6 +136,13 @@ class FakeUpstreamProcess:
                 return sent
             time.sleep(0.05)
 
+    def control(self, path: str, order: dict) -> None:
+        """POST a test control (`/_fake/...`) to the fake upstream."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        conn.request("POST", path, body=json.dumps(order))
+        conn.getresponse().read()
+        conn.close()
+
     def overload_next(self, credential: str, count: int = 1, scenario: str = "overload") -> None:
         """Make the next `count` model requests of `credential` (its label) follow `scenario`
         (default: overloaded in-stream)."""

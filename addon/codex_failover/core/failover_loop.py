@@ -397,4 +397,8 @@ class FailoverLoop:
         """Seconds for Retry-After: the soonest recovery, when it is within `max_retry_after`; None (no
         header) when it is later (a promise nobody keeps: Codex would sit through it silently before
         each of its re-sends, docs/architecture.md#what-codex-does-with-our-answers) or the cap is 0."""
-        return true_retry_after((self.health.recovers_in(k) for k in self.plan.all_keys), self.policy.max_retry_after)
+        # A credential this request just tried that is ready again (back early: the share held out
+        # for overload; or not cooled: its route is down) is no promise that a re-send is served.
+        waits = [w for k in self.plan.all_keys if (w := self.health.recovers_in(k)) is not None
+                 and not (w == 0 and k in self.tried)]
+        return true_retry_after(waits, self.policy.max_retry_after)

@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from .cooldown_policy import OverloadStreaks
+
 READY = "ready"
 COOLING = "cooling"
 OUT = "out"
@@ -23,6 +25,7 @@ class Health:
         self._clock = clock
         self._cooling: dict[str, tuple[float, str]] = {}
         self._out: dict[str, str] = {}
+        self.streaks = OverloadStreaks()  # each credential's overload streak (cooldown_policy.py)
 
     def now(self) -> float:
         return self._clock()
