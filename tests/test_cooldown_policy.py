@@ -121,3 +121,26 @@ def test_a_bad_overload_section_names_the_field(doc, needle, tmp_path):
     with pytest.raises(ConfigError) as info:
         parse_pool({"overload": doc}, "pool.yaml", {}, tmp_path)
     assert needle in str(info.value)
+
+
+def test_an_older_pool_files_overload_cooldown_is_the_first_rest(tmp_path):
+    pool = parse_pool({"policy": {"overload_cooldown": "1s"}}, "pool.yaml", {}, tmp_path)
+    assert (pool.policy.overload.first, pool.policy.overload.max) == (1.0, 900.0)
+    pool = parse_pool({"policy": {"overload_cooldown": "1h"}, "overload": {"first": "5s"}}, "pool.yaml", {}, tmp_path)
+    assert pool.policy.overload.first == 5.0
+    assert parse_pool({"policy": {"overload_cooldown": "20m"}}, "p", {}, tmp_path).policy.overload.max == 1200.0
+
+
+def test_another_clients_own_key_never_counts_against_this_pools_share():
+    clock = Clock()
+    health = Health(clock)
+    feedback = PoolFeedback(health, Affinity(clock=clock), UsageBook(), 2, frozenset({"spare"}))
+    policy = Policy()
+    for key in ("client:one", "client:two", "client:three"):
+        feedback.rejected(key, key, "overloaded", 200, {}, None, policy)
+        clock.now += 1
+    assert all(health.state(k).status == "cooling" for k in ("client:one", "client:two", "client:three"))
+    feedback.rejected("spare", "spare", "overloaded", 200, {}, None, policy)
+    # Other clients' own keys are not this pool's: the spare's rest brings none of them back early.
+    assert health.state("spare").status == "cooling"
+    assert all(health.state(k).status == "cooling" for k in ("client:one", "client:two", "client:three"))

@@ -237,9 +237,14 @@ def _parse_pool(doc: object, source: str, environ: Mapping[str, str], base_dir: 
         raise ConfigError(f"{where}: {exc}") from None
     policy = _policy({} if top.get("policy") is None else top["policy"], f"{where}: policy")
     try:
-        policy = replace(policy, overload=parse_overload(top.get("overload"), f"{where}: overload"))
+        overload = parse_overload(top.get("overload"), f"{where}: overload")
     except OverloadConfigError as exc:
         raise ConfigError(str(exc)) from None
+    if "overload_cooldown" in (top.get("policy") or {}) and "first" not in (top.get("overload") or {}):
+        # A pool file written before `overload:` existed: its overload_cooldown is a streak's first rest.
+        first = policy.overload_cooldown
+        overload = replace(overload, first=first, max=max(overload.max, first))
+    policy = replace(policy, overload=overload)
     creds = top.get("credentials")
     creds = [] if creds is None else creds
     if not isinstance(creds, list):

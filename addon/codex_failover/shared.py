@@ -47,5 +47,5 @@ class Shared:
 
     @property
     def feedback(self) -> PoolFeedback:
-        size = len(self.pool.credentials) + (1 if self.pool.policy.use_client_credential else 0)
-        return PoolFeedback(self.health, self.affinity, self.usage, size)
+        names = frozenset(c.name for c in self.pool.credentials)
+        return PoolFeedback(self.health, self.affinity, self.usage, max(1, len(names)), names)

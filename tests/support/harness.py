@@ -562,10 +562,13 @@ def make_test_pki(tmp: Path, names: tuple[str, ...] = ("localhost",)) -> tuple[P
     return ca_path, server_path
 
 
-def pool_yaml(base_url: str, creds: list[tuple[str, str]], routes: dict | None = None, **policy) -> tuple[str, dict[str, str]]:
+def pool_yaml(base_url: str, creds: list[tuple[str, str]], routes: dict | None = None, overload: dict | None = None,
+              **policy) -> tuple[str, dict[str, str]]:
     """A pool file with API-key credentials (name, key[, route]) pointing at `base_url`, and the env
-    it needs. `routes`: {name: [proxy urls] or "direct"}."""
+    it needs. `routes`: {name: [proxy urls] or "direct"}; `overload`: the `overload:` section."""
     lines, env = [], {}
+    if overload:
+        lines += ["overload:", *(f"  {k}: {v}" for k, v in overload.items())]
     if routes:
         lines.append("routes:")
         for name, value in routes.items():

@@ -35,7 +35,7 @@ class OverloadPolicy:
     factor: float = 2.0  # each overload of the streak rests it this many times longer
     max: float = 900.0  # the longest overload rest
     streak_window: float = 600.0  # an overload within this of the account's previous one continues its streak
-    max_held_out: float = 0.25  # share of the pool held out for overload at once (at least one account)
+    max_held_out: float = 0.25  # share of the pooled credentials held out for overload at once (at least one)
 
     def cooldown(self, streak: int) -> float:
         return min(self.max, self.first * self.factor ** max(0, streak - 1))

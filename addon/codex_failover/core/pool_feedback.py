@@ -23,7 +23,8 @@ class PoolFeedback:
     health: Health
     affinity: Affinity
     usage: UsageBook
-    pool_size: int = 1  # the credentials a request may use (for the share held out for overload)
+    pool_size: int = 1  # the pooled credentials (for the share held out for overload)
+    pool_keys: frozenset[str] = frozenset()  # the pooled credentials' keys (empty: every key counts)
 
     def rejected(self, key: str, name: str, reason: str, status: int | None, error: dict | None,
                  retry_after: str | None, policy: Policy, where: str = "") -> None:
@@ -45,7 +46,9 @@ class PoolFeedback:
         rest = self.health.streaks.overloaded(key, now, policy.overload)
         hinted = hinted_seconds(error or {}, retry_after, now)
         self.health.cool(key, min(max(hinted if hinted is not None else rest, 1.0), policy.max_cooldown), reason)
-        for back in over_cap(held_out(self.health.entries()), self.health.streaks, self.pool_size, policy.overload):
+        # Held out of the pool: its credentials only (a client's own key rests by its streak alone).
+        held = [k for k in held_out(self.health.entries()) if not self.pool_keys or k in self.pool_keys]
+        for back in over_cap(held, self.health.streaks, self.pool_size, policy.overload):
             self.health.restore(back)
             log.info("%scredential %s is back in rotation early: more than %g%% of the pool is resting for "
                      "overload", where, back, policy.overload.max_held_out * 100)
