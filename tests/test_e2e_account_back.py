@@ -112,3 +112,16 @@ def test_a_cooldown_ended_by_hand_from_the_status_page(fake, tmp_path):
         assert "no credential named 'nobody'" in json.loads(unknown.body)["result"]
     finally:
         proxy.stop()
+
+
+def test_the_status_page_refuses_a_reset_from_another_machine_and_answers_404_for_other_posts(fake, tmp_path):
+    from codex_failover.mitm.account_back import AccountBack
+
+    class Flow:  # what reset_from_status_page reads
+        def __init__(self, peer, path):
+            self.client_conn = type("C", (), {"peername": (peer, 1)})()
+            self.request = type("R", (), {"path": path})()
+
+    back = AccountBack(type("Owner", (), {"pool": None, "keeper": None})())
+    assert back.reset_from_status_page(Flow("192.0.2.7", "/reset/a")).status_code == 403
+    assert back.reset_from_status_page(Flow("127.0.0.1", "/other")).status_code == 404

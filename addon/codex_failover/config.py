@@ -229,24 +229,15 @@ def _parse_pool(doc: object, source: str, environ: Mapping[str, str], base_dir: 
     top = _mapping(doc, where, {"credentials", "policy", "base_urls", "routes", "recovery", "state", "overload"})
     try:
         recovery, notes = parse_recovery(top.get("recovery"), f"{where}: recovery")
-    except RecoveryConfigError as exc:
+        overload = parse_overload(top.get("overload"), f"{where}: overload", top.get("policy"))
+    except (RecoveryConfigError, OverloadConfigError) as exc:
         raise ConfigError(str(exc)) from None
     try:
         routes = parse_routes(top.get("routes"))
     except RouteError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    policy = _policy({} if top.get("policy") is None else top["policy"], f"{where}: policy")
-    try:
-        overload = parse_overload(top.get("overload"), f"{where}: overload")
-    except OverloadConfigError as exc:
-        raise ConfigError(str(exc)) from None
-    if "overload_cooldown" in (top.get("policy") or {}) and "first" not in (top.get("overload") or {}):
-        # A pool file written before `overload:` existed: its overload_cooldown is a streak's first rest.
-        first = policy.overload_cooldown
-        overload = replace(overload, first=first, max=max(overload.max, first))
-    policy = replace(policy, overload=overload)
-    creds = top.get("credentials")
-    creds = [] if creds is None else creds
+    policy = replace(_policy({} if top.get("policy") is None else top["policy"], f"{where}: policy"), overload=overload)
+    creds = [] if (creds := top.get("credentials")) is None else creds
     if not isinstance(creds, list):
         raise ConfigError(f"{where}: credentials: expected a list")
     seen: set[str] = set()

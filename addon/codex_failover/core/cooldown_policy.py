@@ -17,7 +17,7 @@ Usage limits, rate limits with a time and everything else keep their own cooldow
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
 from .units import parse_duration
@@ -82,8 +82,22 @@ def over_cap(held_out: Iterable[str], streaks: OverloadStreaks, pool_size: int, 
 _FIELDS = {"first", "factor", "max", "streak_window", "max_held_out"}
 
 
-def parse_overload(doc: object, where: str) -> OverloadPolicy:
-    """The pool file's `overload:` section (absent: the defaults)."""
+def parse_overload(doc: object, where: str, policy_doc: object = None) -> OverloadPolicy:
+    """The pool file's `overload:` section (absent: the defaults). A pool file written before this
+    section existed sets `policy.overload_cooldown` (`policy_doc`): that is a streak's first rest,
+    unless the section names `first`."""
+    policy = _parse(doc, where)
+    older = policy_doc.get("overload_cooldown") if isinstance(policy_doc, Mapping) else None
+    if older is None or (isinstance(doc, Mapping) and "first" in doc):
+        return policy
+    try:
+        first = parse_duration(older)
+    except ValueError:
+        return policy  # the policy section reports it
+    return replace(policy, first=first, max=max(policy.max, first))
+
+
+def _parse(doc: object, where: str) -> OverloadPolicy:
     if doc is None:
         return OverloadPolicy()
     if not isinstance(doc, Mapping):

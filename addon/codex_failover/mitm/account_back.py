@@ -9,7 +9,6 @@ import asyncio
 import json
 import logging
 from urllib.parse import unquote
-from typing import Callable
 
 from mitmproxy import command, http
 
@@ -28,12 +27,30 @@ log = logging.getLogger("codex_failover")
 
 
 class AccountBack:
-    def __init__(self, pool: Callable[[], PoolConfig], health: Callable[[], Health], usage: UsageBook,
-                 shared: Callable[[], object], poke: Callable[[], None]):
-        self._pool, self._health, self.usage, self._shared, self._poke = pool, health, usage, shared, poke
+    def __init__(self, owner):
+        """`owner`: the FailoverAddon, whose pool (it changes on reload), health, usage, shared parts and
+        state keeper this reads."""
+        self.owner = owner
         self.ends = CooldownEnds()
         self.recheck = UsageRecheck()
         self.task: asyncio.Task | None = None
+
+    def _pool(self) -> PoolConfig:
+        return self.owner.pool
+
+    def _health(self) -> Health:
+        return self.owner.health
+
+    @property
+    def usage(self) -> UsageBook:
+        return self.owner.usage
+
+    def _shared(self):
+        return self.owner.shared()
+
+    def _poke(self) -> None:
+        if self.owner.keeper is not None:
+            self.owner.keeper.poke()  # the pool's state changed: written soon
 
     # -- a redeemed reset credit ---------------------------------------------------------
 
@@ -61,11 +78,11 @@ class AccountBack:
     def reset_from_status_page(self, flow: http.HTTPFlow) -> http.Response:
         """`curl -x 127.0.0.1:8080 -X POST http://codex-failover.status/reset/NAME`, from this machine only."""
         peer = flow.client_conn.peername[0] if flow.client_conn.peername else None
+        if not flow.request.path.startswith("/reset/"):
+            return _json(404, {"error": "POST /reset/NAME ends credential NAME's cooldown; GET / is the status"})
         if peer is None or not is_loopback_host(peer.removeprefix("::ffff:")):
-            body = {"error": "ending a cooldown is for this machine only (loopback)"}
-            return http.Response.make(403, json.dumps(body).encode() + b"\n", {"content-type": "application/json"})
-        text = self.reset_by_name(unquote(flow.request.path.removeprefix("/reset/")))
-        return http.Response.make(200, json.dumps({"result": text}).encode() + b"\n", {"content-type": "application/json"})
+            return _json(403, {"error": "ending a cooldown is for this machine only (loopback)"})
+        return _json(200, {"result": self.reset_by_name(unquote(flow.request.path.removeprefix("/reset/")))})
 
     def reset_by_name(self, name: str) -> str:
         key = name if any(c.name == name for c in self._pool().credentials) else None
@@ -138,3 +155,7 @@ class AccountBack:
 
     def report(self) -> dict[str, Ended]:
         return self.ends.last
+
+
+def _json(status: int, doc: dict) -> http.Response:
+    return http.Response.make(status, json.dumps(doc).encode() + b"\n", {"content-type": "application/json"})

@@ -78,8 +78,7 @@ class FailoverAddon:
         self.quiet = quiet_log.QuietLog()
         self.tls = TlsScope()  # a nested addon: which TLS connections are decrypted, and upstream trust
         self.hops = RelayHops(self.quiet)  # nested addons, each for the flows of one kind
-        self.back = AccountBack(lambda: self.pool, lambda: self.health, self.usage, self.shared,
-                                lambda: _poke(self.keeper))  # cooldowns that end early; failover.reset
+        self.back = AccountBack(self)  # cooldowns that end early; failover.reset
         self.addons = [self.tls, AttemptHooks(self.attempts), self.hops, self.back]
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
@@ -220,12 +219,10 @@ class FailoverAddon:
         if not self.clients.allows(flow.client_conn.peername[0] if flow.client_conn.peername else None):
             flow.response = client_answers.client_not_allowed()
             return
-        if is_status and req.method == "POST" and req.path.startswith("/reset/"):
-            flow.response = self.back.reset_from_status_page(flow)
-            return
-        if is_status:
-            flow.response = http.Response.make(200, json.dumps(self.status_report(), indent=2).encode(),
-                                               {"content-type": "application/json"})
+        if is_status:  # a POST ends a cooldown (account_back.py)
+            flow.response = (self.back.reset_from_status_page(flow) if req.method == "POST" else
+                             http.Response.make(200, json.dumps(self.status_report(), indent=2).encode(),
+                                                {"content-type": "application/json"}))
             return
         client_auth = auth_from_headers(req.headers)
         if client_auth is None:
