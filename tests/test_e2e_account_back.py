@@ -125,3 +125,58 @@ def test_the_status_page_refuses_a_reset_from_another_machine_and_answers_404_fo
     back = AccountBack(type("Owner", (), {"pool": None, "keeper": None})())
     assert back.reset_from_status_page(Flow("192.0.2.7", "/reset/a")).status_code == 403
     assert back.reset_from_status_page(Flow("127.0.0.1", "/other")).status_code == 404
+
+
+# -- what Codex is told about its limits (GET …/wham/usage through the proxy) ---------------------
+
+def set_usage(fake, account: str, used: float) -> None:
+    fake.control("/_fake/usage", {"credential": account, "used_percent": used})
+
+
+def ask_usage(proxy, fake, token: str, account: str):
+    return request(proxy.port, "GET", f"{fake.base}/backend-api/wham/usage",
+                   {"authorization": f"Bearer {token}", "chatgpt-account-id": account})
+
+
+def test_a_limited_own_account_is_told_the_usage_of_the_pooled_account_its_next_turn_goes_to(fake, tmp_path):
+    proxy, _ = start(fake, tmp_path)
+    try:
+        set_usage(fake, "acct-client", 100)
+        set_usage(fake, "acct-a", 20)
+        answer = ask_usage(proxy, fake, jwt({"exp": time.time() + 60, "sub": "client"}), "acct-client")
+        assert answer.status == 200
+        doc = json.loads(answer.body)
+        assert doc["rate_limit"]["allowed"] is True and doc["rate_limit"]["limit_reached"] is False
+        assert doc["rate_limit"]["primary_window"]["used_percent"] == 20  # a's window, not the own 100 %
+        assert doc["codex_failover"]["served_by"] == "a" and answer.headers["x-codex-failover-usage"] == "a"
+        assert doc["additional_rate_limits"][0]["limit_name"] == "pool: a"
+        asked = [r["credential"] for r in fake.requests() if r.get("scenario") == "usage"]
+        assert asked == ["acct-client", "acct-a"]  # the own account (passed through), then a with its own token
+        ask_usage(proxy, fake, jwt({"exp": time.time() + 60, "sub": "client"}), "acct-client")
+        assert [r["credential"] for r in fake.requests() if r.get("scenario") == "usage"][2:] == ["acct-client"]  # a cached
+        assert "answered with credential a's" in proxy.log()
+    finally:
+        proxy.stop()
+
+
+def test_an_own_account_with_headroom_gets_its_own_answer_as_it_is(fake, tmp_path):
+    proxy, _ = start(fake, tmp_path)
+    try:
+        set_usage(fake, "acct-client", 30)
+        answer = ask_usage(proxy, fake, jwt({"exp": time.time() + 60, "sub": "client"}), "acct-client")
+        doc = json.loads(answer.body)
+        assert doc["rate_limit"]["primary_window"]["used_percent"] == 30 and "codex_failover" not in doc
+        assert [r["credential"] for r in fake.requests() if r.get("scenario") == "usage"] == ["acct-client"]
+    finally:
+        proxy.stop()
+
+
+def test_a_limited_own_account_with_the_whole_pool_limited_gets_its_own_answer(fake, tmp_path):
+    proxy, _ = start(fake, tmp_path)
+    try:
+        for account in ("acct-client", "acct-a", "acct-b"):
+            set_usage(fake, account, 100)
+        doc = json.loads(ask_usage(proxy, fake, jwt({"exp": time.time() + 60, "sub": "client"}), "acct-client").body)
+        assert doc["rate_limit"]["limit_reached"] is True and "codex_failover" not in doc
+    finally:
+        proxy.stop()

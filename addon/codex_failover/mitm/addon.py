@@ -31,6 +31,7 @@ from ..core.health import Health
 from ..core.intercept_scope import InterceptScope
 from .held_client import RelayHops, point_at_relay
 from .request_run import RequestRun, start_run
+from .usage_answer import UsageAnswer
 from ..shared import Shared
 from ..core.recovery import Slots
 from ..net.relay import Relay
@@ -79,7 +80,7 @@ class FailoverAddon:
         self.tls = TlsScope()  # a nested addon: which TLS connections are decrypted, and upstream trust
         self.hops = RelayHops(self.quiet)  # nested addons, each for the flows of one kind
         self.back = AccountBack(self)  # cooldowns that end early; failover.reset
-        self.addons = [self.tls, AttemptHooks(self.attempts), self.hops, self.back]
+        self.addons = [self.tls, AttemptHooks(self.attempts), self.hops, self.back, UsageAnswer(self)]
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
         self.seen_clients = SeenClients()
