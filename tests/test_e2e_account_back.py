@@ -5,7 +5,6 @@ hour), then brought back by a redeemed reset credit, by its usage endpoint, or b
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import time
 
@@ -71,7 +70,11 @@ def test_a_redeemed_reset_credit_ends_the_cooldown_at_once(fake, tmp_path):
 def test_the_usage_endpoint_reporting_headroom_ends_the_cooldown(fake, tmp_path):
     proxy, _ = start(fake, tmp_path, usage_recheck="1s")
     try:
+        fake.control("/_fake/usage", {"credential": "acct-a", "used_percent": 100})  # still limited at first
         cool_a(proxy, fake)
+        wait_until(lambda: any(r.get("scenario") == "usage" for r in fake.requests()), 10, "the first usage re-check")
+        assert status_of(proxy, "a")["state"] == "cooling"
+        fake.control("/_fake/usage", {"credential": "acct-a", "used_percent": 10})  # its window reset early
         wait_until(lambda: "credential a: cooldown ended (usage endpoint reports headroom" in proxy.log(), 10,
                    "the usage re-check")
         asked = [r for r in fake.requests() if r.get("scenario") == "usage"]
@@ -86,13 +89,9 @@ def test_the_usage_endpoint_reporting_headroom_ends_the_cooldown(fake, tmp_path)
 def test_the_usage_endpoint_still_limited_keeps_the_cooldown(fake, tmp_path):
     proxy, _ = start(fake, tmp_path, usage_recheck="1s")
     try:
-        conn = http.client.HTTPConnection("127.0.0.1", fake.port, timeout=5)
-        conn.request("POST", "/_fake/usage", body=json.dumps({"credential": "acct-a", "used_percent": 100}))
-        conn.getresponse().read()
-        conn.close()
+        fake.control("/_fake/usage", {"credential": "acct-a", "used_percent": 100})
         cool_a(proxy, fake)
-        wait_until(lambda: any(r.get("scenario") == "usage" for r in fake.requests()), 10, "the usage re-check")
-        time.sleep(0.3)
+        wait_until(lambda: sum(r.get("scenario") == "usage" for r in fake.requests()) >= 2, 10, "two usage re-checks")
         assert status_of(proxy, "a")["state"] == "cooling"
         assert "cooldown ended" not in proxy.log()
     finally:

@@ -183,24 +183,29 @@ def usage(input_tokens: int, output_tokens: int) -> dict:
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": input_tokens + output_tokens}
 
 
-def other_body(path: str) -> dict:
+def other_body(path: str, account: str | None = None) -> dict:
     """The answer to anything that is not a model request. Codex's model catalog
     (`GET …/codex/models`) needs a `models` list: an empty one makes it use its bundled catalog."""
     body = {"data": [], "path": path}
     if path.split("?")[0].endswith("/codex/models"):
         body["models"] = []
+    if path.split("?")[0].endswith("/wham/accounts/check"):  # ChatGPT mode's workspace routing discovery
+        ident = account or "acct-test"  # the account the client signed in with
+        entry = {"id": ident, "plan_type": "plus", "workspace_backend_origin": "https://chatgpt.com",
+                 "account_routing_override": "NO_CONSTRAINT", "name": None, "structure": "personal"}
+        body.update(accounts=[entry], account_ordering=[ident], default_account_id=ident)
     return body
 
 
 def usage_body(used: float) -> dict:
     """`GET …/wham/usage` as Codex reads it: the plan, whether it may send, and both windows."""
-    now = int(time.time())
-    limited = used >= 100.0
+    now, used = int(time.time()), int(used)  # whole numbers: Codex reads them as integers
+    limited = used >= 100
     window = lambda seconds, pct: {"used_percent": pct, "limit_window_seconds": seconds,  # noqa: E731
                                    "reset_after_seconds": 3600, "reset_at": now + 3600}
     return {"plan_type": "plus", "rate_limit": {"allowed": not limited, "limit_reached": limited,
                                                 "primary_window": window(18000, used),
-                                                "secondary_window": window(604800, min(used, 50.0))},
+                                                "secondary_window": window(604800, min(used, 50))},
             "credits": {"has_credits": False, "unlimited": False, "balance": "0"}}
 
 
@@ -341,7 +346,7 @@ class FakeUpstream:
         if not path.split("?")[0].endswith("/responses") or method != "POST":
             record["scenario"] = "other"
             self._log(record)
-            status, hdrs, data = (200, {"content-type": "application/json"}, json.dumps(other_body(path)).encode())
+            status, hdrs, data = (200, {"content-type": "application/json"}, json.dumps(other_body(path, headers.get("chatgpt-account-id"))).encode())
             await write_full(writer, status, hdrs, data)
             return True
         if self.forced.get(record["credential"]):
