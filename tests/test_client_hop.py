@@ -51,18 +51,3 @@ def test_an_ended_stand_in_drops_what_its_stream_still_sends():
     assert stopped == [], "an answer that ended is not aborted again"
 
 
-def test_the_cpu_is_yielded_once_when_the_first_output_is_written(monkeypatch):
-    """The client that the first output's write woke is often queued on the proxy's own CPU (the
-    kernel wakes a task where its waker runs): the proxy yields once, so the client reads before the
-    run's bookkeeping (measured in docs/measurements.md). Never before the bytes are written, never again."""
-    yields = []
-    monkeypatch.setattr(client_hop.os, "sched_yield", lambda: yields.append(True), raising=False)
-    outer, inner = http_layer(), http_layer()
-    hop = inner.connections[stand_in(outer, inner, 1, detached=False)].hop
-    hop.written()
-    assert yields == [], "nothing handed over yet"
-    hop._first_handed = True
-    hop.written()
-    hop.written()
-    assert yields == [True]
-    assert hop.first_out.is_set()

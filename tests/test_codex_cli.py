@@ -44,8 +44,9 @@ from harness import FakeUpstreamProcess, ProxyProcess, pool_yaml
 
 pytestmark = pytest.mark.e2e
 
-# 0.169.0 is the version the wire facts and fixtures in shared/fixtures/live-codex-0.169 come from.
-CODEX_VERSION = os.environ.get("CODEX_FAILOVER_CODEX_VERSION", "0.169.0")
+# 0.171.0 is the newest release (Responses Lite, remote compaction v2); 0.169.0, which the wire facts in
+# tests/fixtures/live come from, still runs: CODEX_FAILOVER_CODEX_VERSION=0.169.0.
+CODEX_VERSION = os.environ.get("CODEX_FAILOVER_CODEX_VERSION", "0.171.0")
 CODEX_CACHE = Path(os.environ.get("CODEX_FAILOVER_CODEX_CACHE", Path.home() / ".cache" / "codex-failover-tests"))
 INSTALL_TIMEOUT = 300.0
 CODEX_TIMEOUT = 90.0
@@ -228,16 +229,19 @@ class CodexRun:
 
 
 def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] = (), prepare=None,
-              output: tuple[str, ...] = ("--json",), **policy) -> CodexRun:
+              output: tuple[str, ...] = ("--json",), pool_file=None, auth_json: dict | None = None,
+              codex_args: tuple[str, ...] = (), **policy) -> CodexRun:
     """Start the fake and mitmdump (pool `creds`), run `codex exec "say hi"` with CLIENT_KEY, stop both.
-    `prepare(fake)` runs before Codex starts (e.g. to queue scenarios)."""
+    `prepare(fake)` runs before Codex starts (e.g. to queue scenarios). `pool_file(fake, tmp_path)` gives
+    (pool text, env) instead of API-key `creds`; with `auth_json`, Codex is logged in with that
+    auth.json (ChatGPT mode) instead of CLIENT_KEY."""
     fake = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "5")
     proxy = None
     try:
         recorder = tmp_path / "recorder.py"
         recorder.write_text(RECORDER)
         record_path = tmp_path / "record.jsonl"
-        pool, pool_env = pool_yaml(fake.base, creds, **policy)
+        pool, pool_env = pool_file(fake, tmp_path) if pool_file else pool_yaml(fake.base, creds, **policy)
         to_fake = rf"|^https?://(?!127\.0\.0\.1[:/])[^/]+|{fake.base}"
         # connection_strategy=lazy (the addon sets it too): a CONNECT never makes mitmdump resolve or
         # dial the named host itself, even if the addon failed to load. failover_intercept=all: Codex
@@ -259,6 +263,8 @@ def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] 
         home, codex_home, work = tmp_path / "home", tmp_path / "codex-home", tmp_path / "work"
         for d in (home, codex_home, work):
             d.mkdir()
+        if auth_json is not None:
+            (codex_home / "auth.json").write_text(json.dumps(auth_json))
         proxy_url = f"http://127.0.0.1:{proxy.port}"
         env = {  # clean: none of the developer's keys, proxies or ~/.codex leak in
             "PATH": f"{Path(shutil.which('node')).parent}:/usr/bin:/bin",
@@ -267,7 +273,10 @@ def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] 
             "HTTPS_PROXY": proxy_url, "https_proxy": proxy_url, "HTTP_PROXY": proxy_url, "http_proxy": proxy_url,
             "ALL_PROXY": proxy_url, "all_proxy": proxy_url, "NO_PROXY": "", "no_proxy": "",
         }
-        cmd = [str(codex_bin), "exec", *output, "--skip-git-repo-check", "--sandbox", "read-only", "--cd", str(work), "say hi"]
+        if auth_json is not None:
+            del env["CODEX_API_KEY"]
+        cmd = [str(codex_bin), "exec", *codex_args, *output, "--skip-git-repo-check", "--sandbox", "read-only",
+               "--cd", str(work), "say hi"]
         started = time.monotonic()
         try:
             run = _run_bounded(cmd, CODEX_TIMEOUT, env=env, cwd=work)
@@ -379,6 +388,68 @@ def test_real_codex_reconnects_after_a_rejected_later_turn_and_completes_on_the_
         shown = [e for e in codex.events if e.get("type") not in ("thread.started", "turn.started")]
         print(f"\n[codex-cli] gated WebSocket, later turn rejected: codex exec took {codex.took:.2f}s; turns {turns}; "
               f"codex --json events: {[e.get('type') + ':' + e.get('item', {}).get('type', '') for e in shown]}")
+
+
+# -- ChatGPT login, a long session: a failover, then a compaction mid-turn ---------------------------
+
+
+def _jwt(claims: dict) -> str:
+    """An unsigned test JWT (Codex reads its claims; nothing verifies it here)."""
+    import base64
+
+    def part(obj):
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
+    return f"{part({'alg': 'none', 'typ': 'JWT'})}.{part(claims)}.c2ln"
+
+
+def chatgpt_auth(account: str) -> dict:
+    """A Codex auth.json for ChatGPT account `account`, valid for a day."""
+    now = int(time.time())
+    profile = {"chatgpt_account_id": account, "chatgpt_plan_type": "plus", "chatgpt_user_id": f"user-{account}",
+               "user_id": f"user-{account}"}
+    claims = {"https://api.openai.com/auth": profile, "email": f"{account}@example.com", "iat": now, "exp": now + 86400}
+    return {"auth_mode": "chatgpt", "OPENAI_API_KEY": None,
+            "tokens": {"id_token": _jwt({**claims, "email_verified": True}), "access_token": _jwt(claims),
+                       "refresh_token": "rt-test-not-used", "account_id": account},
+            "last_refresh": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}
+
+
+OWN_ACCOUNT = "own-usage-limit"  # the fake answers this account's model requests with HTTP 429 usage_limit_reached
+WORK_ACCOUNT = "work-toolcall"  # a tool call first, then (once the tool's output comes back) the answer
+
+
+def _work_pool(fake, tmp_path):
+    path = tmp_path / "work-auth.json"
+    path.write_text(json.dumps(chatgpt_auth(WORK_ACCOUNT)))
+    return (f"credentials:\n  - name: work\n    auth_file: {path}\n    base_url: {fake.base}/backend-api/codex\n", {})
+
+
+def test_real_codex_chatgpt_session_compacts_after_a_failover_and_completes_on_the_account_that_holds_it(
+        tmp_path, codex_bin, capsys):
+    """The own account is at its usage limit: the turn fails over to `work`, which calls a tool;
+    Codex then compacts mid-turn (remote_compaction_v2 on 0.171), and the request after the
+    compaction carries work's compaction item: it must go to work (the fake refuses another
+    account's encrypted content with 400), and the session ends with the answer, exit 0."""
+    codex = run_codex(tmp_path, codex_bin, [], pool_file=_work_pool, auth_json=chatgpt_auth(OWN_ACCOUNT),
+                      codex_args=("-c", "model_auto_compact_token_limit=100"))
+    context = codex.context
+    served = [(r["credential"], r["scenario"], r.get("compaction_trigger"), r.get("compaction"), r.get("foreign_encrypted"))
+              for r in codex.fake.model_requests()]
+    with capsys.disabled():
+        print(f"\n[codex-cli] chatgpt session: exit {codex.run.returncode} in {codex.took:.1f}s; model requests: {served}")
+    assert codex.run.returncode == 0, context
+    messages = [e["item"].get("text", "") for e in codex.events
+                if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "agent_message"]
+    assert any(f"Hello from {WORK_ACCOUNT}" in m for m in messages), context
+    assert not [e for e in codex.events if e.get("type") in ("error", "turn.failed")], context
+    triggers = [i for i, r in enumerate(served) if r[2]]
+    assert triggers, f"Codex did not compact: {served}" + context
+    after = served[triggers[0]:]
+    assert all(cred == WORK_ACCOUNT for cred, *_ in after), served
+    assert any(r[3] for r in after[1:]), f"no request carried the compaction item: {served}"
+    assert not any(r[4] for r in served), f"another account's encrypted content was sent: {served}"
+    assert "made by credential work" in codex.proxy_log, context
+    codex.assert_loopback_only()
 
 
 # -- nothing can serve: what the user reads, and how soon -------------------------------------------

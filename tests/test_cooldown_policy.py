@@ -55,7 +55,7 @@ def test_over_cap_brings_back_the_least_recently_failed_first():
 def world(size=4, **policy):
     clock = Clock()
     health = Health(clock)
-    return clock, health, PoolFeedback(health, Affinity(clock=clock), UsageBook(), size), Policy(**policy)
+    return clock, health, PoolFeedback(health, Affinity(clock=clock), UsageBook(), pool_size=size), Policy(**policy)
 
 
 def test_feedback_rests_an_overloaded_account_for_its_streak_and_a_success_resets_it():
@@ -134,7 +134,7 @@ def test_an_older_pool_files_overload_cooldown_is_the_first_rest(tmp_path):
 def test_another_clients_own_key_never_counts_against_this_pools_share():
     clock = Clock()
     health = Health(clock)
-    feedback = PoolFeedback(health, Affinity(clock=clock), UsageBook(), 2, frozenset({"spare"}))
+    feedback = PoolFeedback(health, Affinity(clock=clock), UsageBook(), pool_size=2, pool_keys=frozenset({"spare"}))
     policy = Policy()
     for key in ("client:one", "client:two", "client:three"):
         feedback.rejected(key, key, "overloaded", 200, {}, None, policy)

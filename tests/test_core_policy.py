@@ -164,7 +164,9 @@ def test_endpoint_matcher():
     assert m.matches("chatgpt.com", 443, "/backend-api/codex/responses?x=1")
     assert m.matches("127.0.0.1", 9000, "/v1/responses")
     assert m.matches("proxy.example", 443, "/openai/responses")
-    assert not m.matches("api.openai.com", 443, "/v1/responses/compact")
+    assert m.matches("api.openai.com", 443, "/v1/responses/compact")  # held too: it may fail over
+    assert m.matches("127.0.0.1", 9000, "/v1/responses/compact")
+    assert not m.matches("api.openai.com", 443, "/v1/responses/compacted")
     assert not m.matches("api.openai.com", 443, "/v1/models")
     assert not m.matches("evil.example", 443, "/v1/responses")
     assert not m.matches("127.0.0.1", 9001, "/v1/responses")

@@ -1,9 +1,7 @@
 """End to end: the held flow's hop (mitm/client_hop.py). Its head and first output leave in one write.
-Its own hooks (hook_chain.start): when every addon's `responseheaders` returns at once, the stream
-goes on in the same `server_event`, so the first output is written before the loop turns; when one
-awaits (an async addon, a flow intercepted in mitmweb), the hook completes as mitmproxy completes
-it, and the answer still arrives whole: also through a CONNECT tunnel (Codex's way with HTTPS_PROXY),
-where the hook's end passes the tunnel's own HttpLayer on its way down."""
+Its hooks run as mitmproxy runs every flow's hooks: when one awaits (an async addon, a flow
+intercepted in mitmweb), the answer still arrives whole, also through a CONNECT tunnel (Codex's way
+with HTTPS_PROXY)."""
 
 from __future__ import annotations
 
@@ -99,15 +97,6 @@ def run(fake, tmp_path, mode: str, tls: bool = False) -> tuple[list[dict], objec
     return notes_in(out), reply
 
 
-def test_the_first_output_is_written_in_the_loop_turn_of_the_held_flows_responseheaders(fake, tmp_path):
-    """With mitmproxy's own completion the stream waited one loop turn for the `server_event` lock,
-    so a callback the hook scheduled ran before the first output was handed on (handed == 0)."""
-    notes, reply = run(fake, tmp_path, "sync")
-    assert reply.status == 200 and b"response.completed" in reply.body, reply.body[:300]
-    handed = [n["handed"] for n in notes if "handed" in n]
-    assert handed and handed[0] > 0, notes
-
-
 @pytest.fixture
 def tls_fake(tmp_path):
     """The fake upstream behind TLS (self-signed): the client reaches it through a CONNECT tunnel."""
@@ -177,8 +166,7 @@ import json, os
 
 def update(flows):
     for flow in flows:
-        # The held client flow once it has its answer: its `responseheaders` and `response` run
-        # through hook_chain (its `request` hook through mitmproxy's own, which sends `update` too).
+        # The held client flow once it has its answer (its hooks are mitmproxy's: `update` follows each).
         if "codex_failover.attempt" not in flow.metadata and flow.response is not None:
             with open(os.environ["HOOKS_OUT"], "a") as out:
                 out.write(json.dumps({"update": flow.id}) + "\n")
@@ -186,8 +174,8 @@ def update(flows):
 
 
 def test_a_script_that_gains_a_hook_while_mitmdump_runs_gets_it_on_the_held_flows(fake, tmp_path):
-    """A held flow's hooks run through hook_chain, which remembers which addons implement a hook:
-    a script edited to implement `update` (nothing did before) gets it once mitmproxy reloaded it."""
+    """A script edited to implement `update` (nothing did before) gets it on held flows once
+    mitmproxy reloaded it."""
     script, out = tmp_path / "watcher.py", tmp_path / "hooks.jsonl"
     script.write_text("# no hooks yet\n")
     text, env = pool_yaml(fake.base, [("spare", "sk-test-spare-good")])

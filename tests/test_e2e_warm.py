@@ -103,7 +103,7 @@ def test_a_pool_change_closes_the_kept_connections(tmp_path):
     try:
         url = f"{fake.base}/v1/responses"
         assert post_responses(web.port, url, "sk-test-client-good").status == 200
-        assert open_upstream(web) == 1
+        assert open_upstream(web) == 2  # the client's and the spare's (pre-warmed): one per credential
         changed = tmp_path / "changed.yaml"
         changed.write_text(text)
         web.put("/options", {"failover_config": str(changed)})
@@ -144,3 +144,26 @@ def test_an_http2_client_resetting_its_held_stream_cancels_the_attempt(tmp_path,
         client.close()
         proxy.stop()
         fake.stop()
+
+
+def test_each_credential_has_connections_of_its_own(fake, tmp_path):
+    """The upstream never sees two accounts on one connection: the client's overloaded attempts and
+    the spare's answers, on one upstream host, never share a connection (they did when kept
+    connections were keyed by host alone)."""
+    text, env = pool_yaml(fake.base, [("spare", "sk-test-spare-good"), ("third", "sk-test-third-good")])
+    proxy = ProxyProcess(tmp_path / "proxy", text, env)
+    try:
+        url = f"{fake.base}/v1/responses"
+        for _ in range(3):
+            assert post_responses(proxy.port, url, "sk-test-client-overload").status == 200
+        fake.overload_next("sk-test-spare-good", count=1)
+        assert post_responses(proxy.port, url, "sk-test-client-overload").status == 200  # client, spare, third
+    finally:
+        proxy.stop()
+    conns: dict[str, set[int]] = {}
+    for r in fake.model_requests():
+        conns.setdefault(r["credential"], set()).add(r["conn"])
+    assert set(conns) == {"sk-test-client-overload", "sk-test-spare-good", "sk-test-third-good"}, conns
+    seen = [c for ids in conns.values() for c in ids]
+    assert len(seen) == len(set(seen)), f"two credentials shared a connection: {conns}"
+    assert len(conns["sk-test-spare-good"]) == 1, conns  # kept: the spare's requests reuse its connection

@@ -362,7 +362,23 @@ def test_a_turn_bound_to_the_clients_account_goes_home_from_a_spares_socket(fake
     client.close()
     assert text_of(events).startswith("Hello from sk-test-client-good.")
     assert [(r["credential"], r["compaction"]) for r in ws_turns(fake)] == [("sk-test-client-good", True)]
-    assert "stays on the client's credential" in proxy.log()
+    assert "goes to the credential holding its state" in proxy.log()
+
+
+def test_a_turn_carrying_the_spares_own_compaction_stays_on_the_spares_socket(fake, gated):
+    """After a failover the session's compaction is made by the spare: the turn carrying it stays
+    there (the fake refuses another account's compaction; before, it went 'home' to the client)."""
+    proxy = gated(fake, [("spare", SPARE)])
+    client = connect(proxy, fake, {**HEADERS, "authorization": "Bearer sk-test-client-good"})
+    compacted = turn(client, {**CREATE, "input": [*CREATE["input"], {"type": "compaction_trigger"}]})
+    item = next(e["item"] for e in compacted if e["type"] == "response.output_item.done")
+    assert item["type"] == "compaction"
+    events = turn(client, {**CREATE, "input": [item, *CREATE["input"]]})
+    client.close()
+    assert text_of(events).startswith(f"Hello from {SPARE}."), events
+    assert [(r["credential"], r["compaction"], r["scenario"]) for r in ws_turns(fake)] == [
+        (SPARE, False, "good"), (SPARE, True, "good")]
+    assert "goes to the credential holding its state" not in proxy.log()
 
 
 def test_a_client_leaving_mid_hold_never_sends_its_turn_to_a_spare(fake, gated):

@@ -61,7 +61,7 @@ class World:
         self.pool = PoolConfig(tuple(creds), Policy(use_client_credential=use_client, **policy),
                                routes=parse_routes(routes), recovery=recovery or RecoveryPolicy())
         self.movable = movable
-        self.feedback = PoolFeedback(self.health, Affinity(clock=self.clock), UsageBook(), len(creds) + use_client)
+        self.feedback = PoolFeedback(self.health, Affinity(clock=self.clock), UsageBook(), pool_size=len(creds) + use_client)
         self.told: list[str] = []
 
     def plan(self):

@@ -67,3 +67,25 @@ def test_module_and_class_sizes_stay_readable():
             if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 270:
                 too_big.append(f"{path.relative_to(PACKAGE)}: class {node.name} {node.end_lineno - node.lineno + 1} lines")
     assert too_big == [], too_big
+
+
+SEAM = {"mitm/warm_conn.py", "mitm/client_hop.py"}  # the attempts' kept connections; the held client's hop
+
+
+def test_only_the_seam_touches_mitmproxys_proxy_core():
+    """mitmproxy's proxy core (`mitmproxy.proxy.*`, `mitmproxy.connection`) changes between releases;
+    only the seam's two modules may import it, everything else uses the public addon API and the
+    seam's functions (docs/architecture.md#the-seam)."""
+    import ast
+
+    touching = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            if any(n.startswith(("mitmproxy.proxy", "mitmproxy.connection")) for n in names):
+                touching.add(str(path.relative_to(PACKAGE)))
+    assert touching == SEAM, sorted(touching)

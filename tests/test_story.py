@@ -73,3 +73,15 @@ def test_attempt_comment_names_attempt_credential_route_verdict_reason_and_time(
     e = AttemptLog(2, "spare", "failover", "overloaded", 45, 200, "http://proxy-a:3128")
     assert story.attempt_comment("r7", e, 3) == (
         "attempt 2/3: spare via http://proxy-a:3128: failover (overloaded), HTTP 200, 45 ms (codex-failover r7)")
+
+
+def test_a_skipped_credential_says_why_and_for_how_long():
+    from codex_failover.core.health import State
+    from codex_failover.core.story import skipped_line
+
+    assert skipped_line("client", "cooling", State("cooling", 1000 + 3571, "usage_limit"), 1000) == \
+        "client cooling (usage_limit, 59m left)"
+    assert skipped_line("work", "cooling", State("cooling", 1000 + 7300, "usage_limit"), 1000) == \
+        "work cooling (usage_limit, 2h01m left)"
+    assert skipped_line("spare", "out", State("out", None, "HTTP 401"), 0) == "spare out (HTTP 401)"
+    assert skipped_line("x", "expired", State("ready"), 0) == "x expired"

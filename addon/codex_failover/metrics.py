@@ -291,11 +291,12 @@ class Metrics:
         """The exposition text a scrape gets."""
         return generate_latest(self.registry)
 
-    def serve(self, address: str, allows: Callable[[str], bool] | None = None) -> MetricsServer:
+    def serve(self, address: str, allows: Callable[[str], bool] | None = None,
+              owns: Callable[[tuple, tuple], bool] | None = None) -> MetricsServer:
         """Listen on `address` (see parse_address) in a daemon thread, answering only peers that
         `allows` accepts; ValueError for a bad address, OSError when it cannot bind."""
         host, port = parse_address(address)
-        return MetricsServer(host, port, self.registry, allows)
+        return MetricsServer(host, port, self.registry, allows, owns)
 
     @staticmethod
     def _safely(record: Callable[[], object]) -> None:
@@ -311,12 +312,13 @@ class MetricsListener:
     def __init__(self) -> None:
         self.server: MetricsServer | None = None
 
-    def serve(self, metrics: "Metrics | None", address: str, allows: Callable[[str], bool]) -> None:
+    def serve(self, metrics: "Metrics | None", address: str, allows: Callable[[str], bool],
+              owns: Callable[[tuple, tuple], bool] | None = None) -> None:
         self.stop()
         if not address or metrics is None:
             return
         try:
-            self.server = metrics.serve(address, allows)
+            self.server = metrics.serve(address, allows, owns)
         except OSError as exc:
             log.warning("codex-failover: cannot serve metrics on %s: %s", address, exc)
             return

@@ -9,14 +9,16 @@ No part creates private state of its own.
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .core.affinity import Affinity
+from .core.client_boundary import RejectedKeys
 from .config import PoolConfig
 from .core.health import Health
 from .metrics import Metrics
 from .core.pool_feedback import PoolFeedback
+from .core.provenance import Provenance
 from .core.recovery import Slots
 from .net.relay import Relay
 from .core.routes import RouteHealth
@@ -44,8 +46,10 @@ class Shared:
     recovery_slots: Slots
     upstream_tls: ssl.SSLContext | None  # the gated WebSocket's upstream TLS (the system and certifi roots)
     metrics: Metrics | None = None  # Prometheus counters (failover_metrics), if on
+    provenance: Provenance = field(default_factory=Provenance)  # which credential made which artifact
+    rejected_keys: RejectedKeys | None = None  # client credentials the upstream refused (never lent the pool)
 
     @property
     def feedback(self) -> PoolFeedback:
         names = frozenset(c.name for c in self.pool.credentials)
-        return PoolFeedback(self.health, self.affinity, self.usage, max(1, len(names)), names)
+        return PoolFeedback(self.health, self.affinity, self.usage, self.rejected_keys, max(1, len(names)), names)

@@ -3,7 +3,8 @@
 
 Each request's behaviour is chosen by its credential: the first scenario name found in the
 bearer token or the ChatGPT-Account-ID header (e.g. a key `sk-test-overload-1` is overloaded).
-Without one, it streams a normal answer. Every request is logged as one JSON line.
+Without one, it streams a normal answer. Every request is logged as one JSON line. Like api.openai.com,
+it answers CORS preflights and lets any web origin read its answers (`access-control-allow-origin: *`).
 
 Model requests come as `POST …/responses` (an SSE answer) or, as Codex prefers, as a WebSocket
 (`GET …/responses` + `Upgrade: websocket`, see WsSession): a synchronous scenario rejects the upgrade with
@@ -68,13 +69,20 @@ SCENARIOS = {
     "http-502": "synchronous HTTP 502",
     "http-503": "synchronous HTTP 503 that is not an overload (service unavailable, no code)",
     "http-504": "synchronous HTTP 504",
-    "toolcall": "WebSocket turns: a call to an unknown tool (Codex answers it with a follow-up turn)",
+    "toolcall": "a call to an unknown tool (Codex answers it with a follow-up request); on HTTP, a request that "
+                "already carries a tool's output (or a compaction of it) gets a normal answer, and the call reports 500 input tokens "
+                "(so a low model_auto_compact_token_limit compacts mid-turn)",
     "held-many": "WebSocket turns: 61 holdable messages, then the deltas, all in one burst",
     "overload-400": "HTTP 400 invalid_request_error whose only sign is the message 'Our servers are currently overloaded'",
     "overload-msg": "an `error` event and a response.failed carrying only the overload message (no type, no code)",
     "capacity-400": "HTTP 400 'Selected model is at capacity' with code null",
     "lb-503": "a load balancer's plain-text (HTML) 503 page",
     "good": "a normal streamed answer (reasoning summary + text)",
+    # Any model request (POST or WebSocket turn) whose input ends in {"type":"compaction_trigger"} is answered
+    # with a `compaction` item, and `POST …/responses/compact` with a JSON compaction (synchronous scenarios
+    # apply to both). Encrypted content the fake made is bound to the credential that got it: a request that
+    # carries another credential's compaction item or encrypted reasoning is refused with HTTP 400
+    # `invalid_encrypted_content`, as the real service refuses it.
     # WebSocket turns only (a POST with these gets a normal answer); `overload`, `usage-limit`,
     # `delta-overload`, `capacity`, `slow-down`, `stall` and `overload-once` also apply to WebSocket turns,
     # as wrapped `error` messages ({"type":"error","status":503,...}) where the POST has an HTTP status.
@@ -118,12 +126,14 @@ OVERLOADED = {"type": "service_unavailable_error", "code": "server_is_overloaded
 class Turn:
     """Builds the events of one response, each encoded by `encode`: SSE bytes (sse) or WebSocket text (ws_text)."""
 
-    def __init__(self, label: str, deltas: int, encode=sse):
+    def __init__(self, label: str, deltas: int, encode=sse, compact: bool = False, encrypted: bool = False):
         self.rid = "resp_" + hashlib.sha256(f"{label}{time.time_ns()}".encode()).hexdigest()[:24]
         self.label = label
         self.deltas = deltas
         self.encode = encode
         self.seq = 0
+        self.compact = compact  # answer a compaction_trigger: one compaction item
+        self.encrypted = encrypted  # the request asked for reasoning.encrypted_content
 
     def ev(self, kind: str, **fields):
         obj = {"type": kind, "sequence_number": self.seq, **fields}
@@ -142,6 +152,10 @@ class Turn:
                                                        "output": output, "usage": usage(10, output_tokens)})
 
     def answer(self) -> list:
+        if self.compact:
+            item = compaction_item(self.label)
+            return [self.ev("response.output_item.added", output_index=0, item={"id": item["id"], "type": "compaction"}),
+                    self.ev("response.output_item.done", output_index=0, item=item), self.completed([item], 5)]
         text = f"Hello from {self.label}."
         words = [f" w{i}" for i in range(self.deltas)]
         out = [
@@ -151,8 +165,10 @@ class Turn:
         ]
         out += [self.ev("response.reasoning_summary_text.delta", item_id="rs_1", output_index=0, summary_index=0,
                         delta=f"thinking {i} ") for i in range(max(1, self.deltas // 4))]
-        out.append(self.ev("response.output_item.done", output_index=0,
-                           item={"id": "rs_1", "type": "reasoning", "summary": [{"type": "summary_text", "text": "thinking"}]}))
+        reasoning = {"id": "rs_" + self.rid[-12:], "type": "reasoning", "summary": [{"type": "summary_text", "text": "thinking"}]}
+        if self.encrypted:
+            reasoning["encrypted_content"] = sealed(self.label)
+        out.append(self.ev("response.output_item.done", output_index=0, item=reasoning))
         out.append(self.ev("response.output_item.added", output_index=1,
                            item={"id": "msg_1", "type": "message", "role": "assistant", "status": "in_progress", "content": []}))
         out.append(self.ev("response.content_part.added", item_id="msg_1", output_index=1, content_index=0,
@@ -177,6 +193,42 @@ class Turn:
         return self.ev("response.failed", response={"id": self.rid, "status": "failed", "error": {"code": code, "message": message}})
 
 
+COMPACT = "/responses/compact"
+
+
+def owner_tag(label: str) -> str:
+    return hashlib.sha256(label.encode()).hexdigest()[:12]
+
+
+def sealed(label: str) -> str:
+    """Encrypted content as this fake makes it: readable only by the credential `label`."""
+    return f"enc.{owner_tag(label)}.{hashlib.sha256(str(time.time_ns()).encode()).hexdigest()[:32]}"
+
+
+def compaction_item(label: str) -> dict:
+    return {"type": "compaction", "id": "cmp_" + hashlib.sha256(f"{label}{time.time_ns()}".encode()).hexdigest()[:20],
+            "encrypted_content": sealed(label)}
+
+
+def compact_answer(label: str) -> bytes:
+    """`POST …/responses/compact`: the compacted history, one compaction item."""
+    rid = "resp_" + hashlib.sha256(f"{label}{time.time_ns()}".encode()).hexdigest()[:24]
+    return json.dumps({"id": rid, "object": "response.compaction", "created_at": int(time.time()),
+                       "output": [compaction_item(label)], "usage": usage(100, 5)}).encode()
+
+
+def foreign_encrypted(items: list, label: str) -> int:
+    """How many of the input's encrypted items this fake made for another credential than `label`."""
+    mine = owner_tag(label)
+    return sum(1 for i in items if isinstance(i, dict) and isinstance(i.get("encrypted_content"), str)
+               and i["encrypted_content"].startswith("enc.") and i["encrypted_content"].split(".")[1] != mine)
+
+
+def foreign_content_error() -> tuple[int, dict[str, str], bytes]:
+    return json_error(400, {"type": "invalid_request_error", "code": "invalid_encrypted_content",
+                            "message": "The encrypted content could not be verified.", "param": "input"})
+
+
 def usage(input_tokens: int, output_tokens: int) -> dict:
     """A complete Responses `usage` object (Codex 0.169 rejects a response.completed without total_tokens)."""
     return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": output_tokens,
@@ -185,15 +237,16 @@ def usage(input_tokens: int, output_tokens: int) -> dict:
 
 def other_body(path: str, account: str | None = None) -> dict:
     """The answer to anything that is not a model request. Codex's model catalog
-    (`GET …/codex/models`) needs a `models` list: an empty one makes it use its bundled catalog."""
+    (`GET …/codex/models`) needs a `models` list: an empty one makes it use its bundled catalog.
+    ChatGPT mode's workspace routing discovery (`GET …/wham/accounts/check`) must list the account
+    Codex is signed in with, on chatgpt.com."""
     body = {"data": [], "path": path}
     if path.split("?")[0].endswith("/codex/models"):
         body["models"] = []
-    if path.split("?")[0].endswith("/wham/accounts/check"):  # ChatGPT mode's workspace routing discovery
-        ident = account or "acct-test"  # the account the client signed in with
-        entry = {"id": ident, "plan_type": "plus", "workspace_backend_origin": "https://chatgpt.com",
-                 "account_routing_override": "NO_CONSTRAINT", "name": None, "structure": "personal"}
-        body.update(accounts=[entry], account_ordering=[ident], default_account_id=ident)
+    if path.split("?")[0].endswith("/wham/accounts/check") and account:
+        body = {"accounts": [{"id": account, "plan_type": "plus", "workspace_backend_origin": "https://chatgpt.com",
+                              "account_routing_override": "NO_CONSTRAINT", "name": None, "structure": "personal"}],
+                "account_ordering": [account], "default_account_id": account}
     return body
 
 
@@ -339,11 +392,17 @@ class FakeUpstream:
             self._log(record)
             await write_full(writer, 200, {"content-type": "application/json"},
                              json.dumps(usage_body(self.used.get(record["credential"], 10.0))).encode())
+        if method == "OPTIONS":  # a CORS preflight: allowed from anywhere, as api.openai.com does
+            record["scenario"] = "other"
+            self._log(record)
+            await write_full(writer, 204, {"access-control-allow-methods": "POST, GET, OPTIONS",
+                                           "access-control-allow-headers": headers.get("access-control-request-headers", "*"),
+                                           "access-control-max-age": "0"}, b"")
             return True
         if method == "GET" and path.split("?")[0].endswith("/responses") and headers.get("upgrade", "").lower() == "websocket":
             await self.websocket(head, path, headers, reader, writer)
             return False
-        if not path.split("?")[0].endswith("/responses") or method != "POST":
+        if not path.split("?")[0].endswith(("/responses", COMPACT)) or method != "POST":
             record["scenario"] = "other"
             self._log(record)
             status, hdrs, data = (200, {"content-type": "application/json"}, json.dumps(other_body(path, headers.get("chatgpt-account-id"))).encode())
@@ -366,7 +425,16 @@ class FakeUpstream:
         if scenario in SYNC:
             await write_full(writer, *SYNC[scenario]())
             return True
-        return await self.stream(scenario, label_of(headers), reader, writer)
+        if record.get("foreign_encrypted"):
+            await write_full(writer, *foreign_content_error())
+            return True
+        if path.split("?")[0].endswith(COMPACT):
+            await write_full(writer, 200, {"content-type": "application/json"}, compact_answer(label_of(headers)))
+            return True
+        if scenario == "toolcall" and (record.get("tool_output") or record.get("compaction")):  # the call was made
+            scenario = "good"
+        return await self.stream(scenario, label_of(headers), reader, writer, record.get("compaction_trigger", False),
+                                 record.get("encrypted_reasoning_requested", False))
 
     async def websocket(self, head: bytes, path: str, headers: dict[str, str], reader, writer) -> None:
         """A WebSocket handshake: a synchronous scenario (the credential's or the next forced one) rejects
@@ -422,24 +490,27 @@ class FakeUpstream:
             return False
         return True
 
-    async def stream(self, scenario: str, label: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    async def stream(self, scenario: str, label: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     compact: bool = False, encrypted: bool = False) -> bool:
         """One streamed response; logs `response_sent` with the sha256 of its body when it ends.
         True: the connection may carry the next request (the chunked body ended cleanly)."""
         digest = hashlib.sha256()
         self._digests[id(writer)] = digest
         try:
-            return await self._stream(scenario, label, reader, writer) and scenario not in KEEP_NOT
+            return await self._stream(scenario, label, reader, writer, compact, encrypted) and scenario not in KEEP_NOT
         finally:
             self._digests.pop(id(writer), None)
             self._log({"ts": time.time(), "event": "response_sent", "credential": label,
                        "sha256": digest.hexdigest()})
 
-    async def _stream(self, scenario: str, label: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    async def _stream(self, scenario: str, label: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      compact: bool = False, encrypted: bool = False) -> bool:
         if scenario == "stall-headers" and not await self._stall(reader, label):
             return False
-        turn = Turn(label, self.deltas)
+        turn = Turn(label, self.deltas, compact=compact, encrypted=encrypted)
         used = b"100" if scenario == "window-full" else b"10"
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+                     b"access-control-allow-origin: *\r\n"
                      b"x-codex-primary-used-percent: " + used + b"\r\nx-codex-primary-reset-after-seconds: 120\r\n"
                      b"x-codex-turn-state: ts-" + label.encode()[-8:] + b"\r\ntransfer-encoding: chunked\r\n\r\n")
         await writer.drain()
@@ -506,6 +577,13 @@ class FakeUpstream:
         elif scenario == "cut":
             events += turn.answer()[:4]
             ending = b""
+        elif scenario == "toolcall" and not compact:
+            call = {"id": "fc_" + turn.rid[-8:], "type": "function_call", "status": "completed",
+                    "call_id": f"call_{turn.rid[-8:]}", "name": "fake_unknown_tool", "arguments": "{}"}
+            events += [turn.ev("response.output_item.added", output_index=0, item=call),
+                       turn.ev("response.output_item.done", output_index=0, item=call),
+                       turn.ev("response.completed", response={"id": turn.rid, "object": "response", "status": "completed",
+                                                               "output": [call], "usage": usage(500, 20)})]
         else:
             events += turn.answer()
         await self._send(writer, events, label)
@@ -625,16 +703,25 @@ class WsSession:
             fake.seen[label] = fake.seen.get(label, 0) + 1
             scenario = "overload" if fake.seen[label] == 1 else "good"
         items = create.get("input")
+        listed = items if isinstance(items, list) else []
+        if scenario not in SYNC and foreign_encrypted(listed, label):
+            scenario = "foreign-content"
+        metadata = create.get("client_metadata") if isinstance(create.get("client_metadata"), dict) else {}
         fake._log({"ts": time.time(), "event": "ws_turn", "credential": label, "scenario": scenario, "turn": self.turns,
+                   "turn_state_in_body": metadata.get("x-codex-turn-state"),
                    "previous_response_id": prev, "input_items": len(items) if isinstance(items, list) else 0,
                    "encrypted_reasoning": sum(1 for i in items or [] if isinstance(i, dict) and i.get("type") == "reasoning"
                                               and i.get("encrypted_content")) if isinstance(items, list) else 0,
                    "compaction": any(isinstance(i, dict) and i.get("type") == "compaction" for i in items or []),
                    "generate": create.get("generate"), "socket": self.id})
-        turn = Turn(label, fake.deltas, ws_text)
+        trigger = bool(listed) and isinstance(listed[-1], dict) and listed[-1].get("type") == "compaction_trigger"
+        turn = Turn(label, fake.deltas, ws_text, compact=trigger,
+                    encrypted="reasoning.encrypted_content" in (create.get("include") or []))
         self.issued.add(turn.rid)
         self.traced = set()
-        if scenario == "previous_response_not_found":
+        if scenario == "foreign-content":
+            msgs = [turn.wrapped(400, json.loads(foreign_content_error()[2])["error"])]
+        elif scenario == "previous_response_not_found":
             msgs = [turn.wrapped(400, {"type": "invalid_request_error", "code": "previous_response_not_found",
                                        "message": f"Previous response with id '{prev}' not found.",
                                        "param": "previous_response_id"})]
@@ -750,16 +837,26 @@ def request_facts(body: bytes, headers: dict[str, str]) -> dict:
     except Exception:  # noqa: BLE001 - a fake logs what it can
         return {"body_json": False}
     items = doc.get("input") if isinstance(doc.get("input"), list) else []
+    metadata = doc.get("client_metadata") if isinstance(doc.get("client_metadata"), dict) else {}
     return {
         "body_json": True,
         "previous_response_id": doc.get("previous_response_id"),
         "encrypted_reasoning": sum(1 for i in items if isinstance(i, dict) and i.get("type") == "reasoning"
                                    and i.get("encrypted_content")),
         "input_items": len(items),
+        "compaction": sum(1 for i in items if isinstance(i, dict) and i.get("type") == "compaction"),
+        "compaction_trigger": bool(items) and isinstance(items[-1], dict) and items[-1].get("type") == "compaction_trigger",
+        "foreign_encrypted": foreign_encrypted(items, label_of(headers)),
+        "encrypted_reasoning_requested": "reasoning.encrypted_content" in (doc.get("include") or []),
+        "lite": headers.get("x-openai-internal-codex-responses-lite") == "true",
+        "turn_state_in_body": metadata.get("x-codex-turn-state"),
+        "body_sha256": hashlib.sha256(body).hexdigest(),
+        "tool_output": any(isinstance(i, dict) and i.get("type") == "function_call_output" for i in items),
     }
 
 
 async def write_full(writer: asyncio.StreamWriter, status: int, headers: dict[str, str], body: bytes) -> None:
+    headers = {"access-control-allow-origin": "*", **headers}  # any web origin may read it, as api.openai.com allows
     head = [f"HTTP/1.1 {status} X"] + [f"{k}: {v}" for k, v in headers.items()] + [f"content-length: {len(body)}", "", ""]
     writer.write("\r\n".join(head).encode() + body)
     await writer.drain()

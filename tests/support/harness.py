@@ -279,10 +279,12 @@ class Reply:
         return json.loads(self.body)
 
 
-def post_responses(proxy_port: int, url: str, token: str, body: dict | None = None, timeout: float = 30.0,
+def post_responses(proxy_port: int, url: str, token: str, body: dict | bytes | None = None, timeout: float = 30.0,
                    headers: dict[str, str] | None = None, ca: Path | None = None) -> Reply:
-    """POST a Codex-like streaming request through the proxy and read the whole answer."""
-    payload = json.dumps(body if body is not None else {"model": "gpt-fake", "stream": True, "input": [], "store": False})
+    """POST a Codex-like streaming request through the proxy and read the whole answer (`body`: a
+    dict sent as JSON, or the exact bytes to send)."""
+    payload = body if isinstance(body, bytes) else json.dumps(
+        body if body is not None else {"model": "gpt-fake", "stream": True, "input": [], "store": False})
     all_headers = {"authorization": f"Bearer {token}", "content-type": "application/json", "accept": "text/event-stream",
                    **(headers or {})}
     conn = _connect(proxy_port, url, timeout, ca)

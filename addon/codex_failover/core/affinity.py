@@ -18,6 +18,15 @@ def session_of(headers, body: object) -> str | None:
     return key if isinstance(key, str) and key else None
 
 
+def affinity_key(client_fingerprint: str | None, session: str | None) -> str | None:
+    """What a session's stickiness is filed under: the client credential's fingerprint and the session
+    id together, so a request on another key that names the same session never inherits it. None
+    (no affinity) without either."""
+    if not client_fingerprint or not session:
+        return None
+    return f"{client_fingerprint}/{session}"
+
+
 class Affinity:
     def __init__(self, idle: float = 3600.0, max_sessions: int = 10000, clock: Callable[[], float] = time.monotonic):
         self.idle = idle

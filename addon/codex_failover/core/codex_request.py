@@ -14,6 +14,7 @@ from .auth import AuthMaterial
 # Default endpoints; configured base URLs add to these.
 KNOWN_BASE_URLS = ("https://chatgpt.com/backend-api/codex", "https://api.openai.com/v1")
 RESPONSES = "/responses"
+COMPACT = "/responses/compact"  # the older remote compaction endpoint: a JSON answer, not a stream
 _AUTH_HEADERS = ("authorization", "chatgpt-account-id", "x-openai-fedramp")
 TURN_STATE = "x-codex-turn-state"
 # Headers that scope a request to the client's account, besides the credential itself: Codex sends
@@ -43,11 +44,17 @@ class EndpointMatcher:
     def __init__(self, base_urls: Iterable[str] = ()):
         endpoints = {ModelEndpoint.from_base_url(u) for u in (*KNOWN_BASE_URLS, *base_urls)}
         self._keys = {(e.host, e.port, e.path) for e in endpoints}
+        self._keys |= {(host, port, path + COMPACT.removeprefix(RESPONSES)) for host, port, path in self._keys}
 
     def matches(self, host: str, port: int, path: str) -> bool:
-        if not path.endswith(RESPONSES) and "?" not in path:
+        if not path.endswith((RESPONSES, COMPACT)) and "?" not in path:
             return False
         return (host.lower(), port, path.split("?", 1)[0]) in self._keys
+
+
+def is_compact(path: str) -> bool:
+    """A `POST …/responses/compact`: held like a model request, though it does not stream."""
+    return path.split("?", 1)[0].endswith(COMPACT)
 
 
 def parse_body(raw: bytes) -> object:

@@ -37,23 +37,32 @@ class Plan:
 
 
 def make_plan(client_auth: AuthMaterial | None, pool: PoolConfig, health: Health, movable: bool = True,
-              sticky: str | None = None, rotation: int = 0) -> Plan:
+              sticky: str | None = None, rotation: int = 0, bound: str | None = None) -> Plan:
     """Candidates in policy order: the session's sticky credential first, then the client's own
     (if `use_client_credential`), then the pool by priority (fill-first, or round-robin by
-    `rotation` within a priority). A request that may not move gets only its own credential."""
+    `rotation` within a priority). A request that may not move gets only the credential holding
+    its state (`bound`, by key), or its own when that is unknown or no longer in the pool."""
     policy = pool.policy
     pooled = {c.auth.fingerprint: c for c in pool.credentials}
     own = pooled.get(client_auth.fingerprint) if client_auth else None
     client = _as_candidate(own, is_client=True) if own else Candidate(client_key(client_auth), CLIENT, None, None, True)
+    if not movable:
+        home = next((c for c in pool.credentials if c.name == bound and c is not own), None) if bound else None
+        return _sorted_out([client if home is None else _as_candidate(home, is_client=False)], health, policy)
     ordered: list[Candidate] = []
-    if policy.use_client_credential or not pool.credentials or not movable:
+    if policy.use_client_credential or not pool.credentials:
         ordered.append(client)
-    if movable and client_auth is not None:  # a request with no credential of its own never gets the pool's
+    if client_auth is not None:  # a request with no credential of its own never gets the pool's
         kind = client_auth.kind
         eligible = [c for c in pool.credentials if c is not own and (c.kind == kind or policy.cross_kind)]
         ordered += [_as_candidate(c, is_client=False) for c in _by_priority(eligible, policy.selection, rotation)]
         if sticky is not None:
             ordered.sort(key=lambda c: c.key != sticky)  # stable: only the sticky one moves up
+    return _sorted_out(ordered, health, policy)
+
+
+def _sorted_out(ordered: list[Candidate], health: Health, policy) -> Plan:
+    """The candidates that can be tried now (at most `max_attempts`), and why the others cannot."""
     ready, skipped = [], []
     now = health.now()
     for cand in ordered:

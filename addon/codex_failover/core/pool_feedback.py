@@ -8,9 +8,12 @@ import logging
 from dataclasses import dataclass
 
 from .affinity import Affinity
+from .auth import AuthMaterial
+from .client_boundary import RejectedKeys
 from ..config import Policy
 from .health import Health
 from .cooldown_policy import OVERLOAD_CLASSES, held_out, over_cap
+from .seen_clients import label
 from .taxonomy import AUTH_REJECTED, cooldown_seconds, hinted_seconds
 from .usage import UsageBook, Window
 
@@ -23,6 +26,7 @@ class PoolFeedback:
     health: Health
     affinity: Affinity
     usage: UsageBook
+    rejected_keys: RejectedKeys | None = None
     pool_size: int = 1  # the pooled credentials (for the share held out for overload)
     pool_keys: frozenset[str] = frozenset()  # the pooled credentials' keys (empty: every key counts)
 
@@ -71,3 +75,13 @@ class PoolFeedback:
             self.health.restore(key)
         self.health.streaks.succeeded(key)  # its overload streak is over
         self.affinity.set(session, key)
+
+    def client_refused(self, auth: AuthMaterial | None) -> None:
+        """The upstream refused the client's own credential (401/403): it is never lent the pool while
+        remembered (client_boundary.RejectedKeys, by fingerprint)."""
+        if self.rejected_keys is None or auth is None:
+            return
+        if auth.fingerprint not in self.rejected_keys:
+            log.info("client credential %s was refused by the upstream: not lent the pool for %d min (its "
+                     "requests pass through on their own)", label(auth), self.rejected_keys.keep // 60)
+        self.rejected_keys.refused(auth.fingerprint)

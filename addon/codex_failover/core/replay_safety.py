@@ -1,10 +1,13 @@
-"""May this request move to another credential, and how? Pure: decided before an attempt leaves.
+"""May this request move to another credential, and where must it go? Pure: decided before an
+attempt leaves.
 
 A failover that corrupts a conversation is worse than none (docs/architecture.md#replay-safety):
 - `previous_response_id` or a `compaction` item binds the request to the account holding that
-  state: it may only be retried on the same credential;
+  state: it goes to the credential that made it (`bound_to`, known from provenance.py), and only
+  there; when nobody here made it, to the request's own credential;
 - input `reasoning` items with `encrypted_content` cannot be read by another account: by default
-  they move with that field stripped (their summaries stay); `encrypted_reasoning: pin` keeps them;
+  they move with that field stripped (their summaries stay), unless they go back to the credential
+  that made them; `encrypted_reasoning: pin` binds them like a compaction item;
 - the user can pin a request with the `x-codex-failover-pin: true` header.
 """
 
@@ -12,7 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .provenance import needs_of
+
 PIN_HEADER = "x-codex-failover-pin"
+TURN_STATE = "x-codex-turn-state"  # also in client_metadata (WebSocket, and Lite bodies)
 STRIP = "strip"
 PIN = "pin"
 
@@ -21,23 +27,60 @@ PIN = "pin"
 class MovePolicy:
     movable: bool
     why_pinned: str | None = None  # shown in logs, comments and error bodies
-    strip_reasoning: bool = False  # a moved copy needs its encrypted reasoning removed
+    strip_reasoning: bool = False  # carries encrypted reasoning (stripped where its maker is not the target)
+    bound_to: str | None = None  # not movable: the credential key holding its state (None: its own credential)
+    reasoning_owners: tuple[str | None, ...] = ()  # per encrypted reasoning item, in input order: who made it
+
+    def strips(self, key: str, is_client: bool) -> list[int]:
+        """Which encrypted reasoning items (by their place among them) an attempt on credential `key`
+        must go without: those another credential made, and those of unknown origin unless the
+        attempt is the client's own (where they came from, as far as anyone here knows)."""
+        return [i for i, owner in enumerate(self.reasoning_owners)
+                if owner != key and not (owner is None and is_client)]
+
+    @property
+    def prefers(self) -> str | None:
+        """A movable request's best first choice: who made its latest encrypted reasoning."""
+        return next((o for o in reversed(self.reasoning_owners) if o is not None), None)
 
 
-def assess(body: object, headers, encrypted_reasoning: str = STRIP) -> MovePolicy:
+def _nobody(keys) -> str | None:
+    return None
+
+
+def assess(body: object, headers, encrypted_reasoning: str = STRIP, owner=_nobody) -> MovePolicy:
+    """`owner(keys)` names the credential key that made an artifact (provenance.Provenance.owner)."""
     if headers.get(PIN_HEADER, "").strip().lower() in ("1", "true", "yes"):
         return MovePolicy(False, f"pinned by the {PIN_HEADER} header")
     if not isinstance(body, dict):
         return MovePolicy(True)
-    if body.get("previous_response_id"):
-        return MovePolicy(False, "carries previous_response_id (its state lives on this account)")
+    needs = needs_of(body)
+    owners = tuple(owner(keys) for keys in needs.reasoning)
+    bound = [owner(keys) for keys in needs.bound]
+    if encrypted_reasoning == PIN:
+        bound = list(owners) + bound
+    if bound:
+        maker = next((o for o in reversed(bound) if o is not None), None)
+        return MovePolicy(False, _why(body, encrypted_reasoning, maker), bool(owners), maker, owners)
+    return MovePolicy(True, strip_reasoning=bool(owners), reasoning_owners=owners)
+
+
+def _why(body: dict, encrypted_reasoning: str, maker: str | None) -> str:
     items = body.get("input") if isinstance(body.get("input"), list) else []
-    if any(_is_item(i, "compaction") for i in items):
-        return MovePolicy(False, "carries a compaction item (encrypted for this account)")
-    encrypted = any(_is_item(i, "reasoning") and i.get("encrypted_content") for i in items)
-    if encrypted and encrypted_reasoning == PIN:
-        return MovePolicy(False, "carries encrypted reasoning and encrypted_reasoning is pin")
-    return MovePolicy(True, strip_reasoning=encrypted)
+    if body.get("previous_response_id"):
+        what = "previous_response_id"
+    elif any(_is_item(i, "compaction") for i in items):
+        what = "a compaction item"
+    else:
+        what = "encrypted reasoning and encrypted_reasoning is pin"
+    if maker is None:
+        return f"carries {what} (its state lives on this account)"
+    return f"carries {what} made by credential {shown(maker)} (its state lives on that account)"
+
+
+def shown(key: str) -> str:
+    """A credential key as logs name it: a pooled credential's name, or the client's own."""
+    return "client" if key.startswith("client") else key
 
 
 def _is_item(item: object, kind: str) -> bool:
@@ -55,3 +98,15 @@ def strip_encrypted_reasoning(body: dict) -> dict:
     ]
     return {**body, "input": stripped}
 
+
+def removals(body: dict, strip: list[int], foreign: bool) -> list[tuple[dict, str]]:
+    """The members a copy of `body` goes without (body_edit.remove_members): the `encrypted_content`
+    of the reasoning items `strip` names (their place among the encrypted ones), and, on another
+    account than the client's (`foreign`), the turn state Codex echoes in `client_metadata`."""
+    items = body.get("input") if isinstance(body.get("input"), list) else []
+    encrypted = [i for i in items if _is_item(i, "reasoning") and i.get("encrypted_content")]
+    cuts: list[tuple[dict, str]] = [(encrypted[n], "encrypted_content") for n in strip if n < len(encrypted)]
+    metadata = body.get("client_metadata")
+    if foreign and isinstance(metadata, dict) and TURN_STATE in metadata:
+        cuts.append((metadata, TURN_STATE))
+    return cuts

@@ -93,3 +93,32 @@ def request_comment(history, skipped: dict, pinned: str | None, outcome: str | N
     tried = {e.credential for e in history}
     lines += [s.describe() for s in skipped.values() if s.name not in tried]
     return "\n".join([summary(history, outcome)] + [f"• {line}" for line in lines])
+
+
+def bound_to(key: str | None, pool) -> str:
+    """How a request that cannot move is placed, for its log line: on the pooled credential that
+    holds its state, or on its own."""
+    if key and any(c.name == key for c in pool.credentials):
+        return f"goes only to credential {key}"
+    return "stays on its own credential"
+
+
+def nobody_to_serve(states, movable: bool) -> str:
+    """The summary of an answer given without dialling: a request bound to one credential names it
+    and its condition; otherwise every credential was cooling or out."""
+    if movable or not states:
+        return "every credential cooling or out"
+    name, status, reason = states[0]
+    return f"credential {name}, which holds this request's state, is {status}" + (f" ({reason})" if reason else "")
+
+
+def skipped_line(name: str, status: str, state, now: float) -> str:
+    """A credential the plan passed over, for the request's log line: `client cooling (usage_limit,
+    59m left)`."""
+    left = ""
+    if status == "cooling" and state.until is not None:
+        seconds = max(0, int(state.until - now))
+        left = f"{seconds // 3600}h{seconds % 3600 // 60:02d}m left" if seconds >= 3600 else (
+            f"{seconds // 60}m left" if seconds >= 60 else f"{seconds}s left")
+    detail = ", ".join(x for x in (state.reason, left) if x)
+    return f"{name} {status}" + (f" ({detail})" if detail else "")

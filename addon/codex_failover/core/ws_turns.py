@@ -22,7 +22,8 @@ from typing import Callable
 
 from .classifier import BootstrapClassifier, Decision, Verdict
 from .framer import Event
-from .replay_safety import assess, strip_encrypted_reasoning
+from .body_edit import remove_members
+from .replay_safety import _nobody, assess, removals
 from .rules import Rules
 
 Message = tuple[bytes, bool]  # (content, is_text), exactly as received
@@ -39,20 +40,28 @@ class Turn:
     warmup: bool = False  # generate:false with empty input: establishes no conversation state
     warmup_id: str | None = None  # its previous_response_id names only a warm-up: dropped when moved
     strip: bool = False  # carries encrypted reasoning that another account cannot read
-    stays_home: bool = False  # self-contained, yet bound to the client's own account (compaction, pin)
+    stays_home: bool = False  # self-contained, yet bound to one account (compaction, pin)
     response_id: str | None = None
+    bound_to: str | None = None  # stays_home: the credential key that made its state (None: the client's own)
 
     def message_for(self, new_socket: bool, foreign: bool) -> Message:
         """The create to send: on a new socket without a warm-up's id, and to an account other than
-        the client's without encrypted reasoning (as the HTTP path does). Unchanged bytes otherwise."""
-        body = self.body
+        the client's without encrypted reasoning and the client's turn state (as the HTTP path
+        does). Only those members are cut from the client's bytes (body_edit); the rest, Responses
+        Lite's `client_metadata` among it, is sent exactly as Codex sent it."""
+        cuts: list = []
+        continues = PREVIOUS in self.body
         if new_socket and self.warmup_id is not None:
-            body = {k: v for k, v in body.items() if k != PREVIOUS}
-        if foreign and self.strip and PREVIOUS not in body:
-            body = strip_encrypted_reasoning(body)
-        if body is self.body:
+            cuts.append((self.body, PREVIOUS))
+            continues = False
+        encrypted = len([i for i in self.body.get("input") or () if isinstance(i, dict)
+                         and i.get("type") == "reasoning" and i.get("encrypted_content")])
+        strip = list(range(encrypted)) if foreign and self.strip and not continues else []
+        cuts += removals(self.body, strip, foreign)
+        if not cuts:
             return self.create
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(), True
+        raw = self.create[0] if isinstance(self.create[0], bytes) else self.create[0].encode()
+        return remove_members(raw, self.body, cuts), True
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,7 @@ class TurnGate:
     timeout: float = 0.0  # the bootstrap time budget (0: none)
     clock: Callable[[], float] = time.monotonic
     encrypted_reasoning: str = "strip"
+    owner: Callable = _nobody  # who made an artifact (provenance.Provenance.owner)
     turns: int = 0
     turn: Turn | None = None  # the latest turn
     _clf: BootstrapClassifier | None = None  # open window
@@ -114,15 +124,15 @@ class TurnGate:
         if warm is not None and _covers(body, warm):
             # Only a warm-up precedes it: the turn carries everything; it moves without the id.
             alone = {k: v for k, v in body.items() if k != PREVIOUS}
-            policy = assess(alone, headers, self.encrypted_reasoning)
+            policy = assess(alone, headers, self.encrypted_reasoning, self.owner)
             return Turn(n, create, body, policy.movable, policy.why_pinned, warmup, previous, policy.strip_reasoning,
-                        stays_home=not policy.movable)
-        policy = assess(body, headers, self.encrypted_reasoning)
+                        stays_home=not policy.movable, bound_to=policy.bound_to)
+        policy = assess(body, headers, self.encrypted_reasoning, self.owner)
         if previous:
             why = "carries previous_response_id: it continues a response on this socket's account"
             return Turn(n, create, body, False, why, warmup)
         return Turn(n, create, body, policy.movable, policy.why_pinned, warmup, None, policy.strip_reasoning,
-                    stays_home=not policy.movable)
+                    stays_home=not policy.movable, bound_to=policy.bound_to)
 
     def abandon(self) -> tuple[Message, ...]:
         """Close the window without a decision (the turn was never sent); returns what it held."""

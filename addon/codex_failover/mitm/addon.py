@@ -12,20 +12,21 @@ import time
 import traceback
 
 from mitmproxy import command, ctx, exceptions, http
-from mitmproxy.proxy.mode_specs import ProxyMode
 
 from . import client_answers, client_hop
+from .boundary import ClientBoundary, not_own_user
 
 from . import quiet_log
 
 from ..core import status
 from ..core.affinity import Affinity
 from .account_back import AccountBack
+from ..core.provenance import Provenance
 from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
 from ..core.auth import AuthMaterial, auth_from_headers
 from ..auth_watch import AuthWatch
 from ..core.client_access import ClientAccess, is_loopback_host
-from ..core.codex_request import EndpointMatcher, asks_to_stream, is_websocket_upgrade, parse_body
+from ..core.codex_request import EndpointMatcher, asks_to_stream, is_compact, is_websocket_upgrade, parse_body
 from ..config import ConfigError, PoolConfig, load_pool
 from ..core.health import Health
 from ..core.intercept_scope import InterceptScope
@@ -60,6 +61,7 @@ class FailoverAddon:
         self.rules = load_rules()
         self.health = Health()
         self.affinity = Affinity()
+        self.provenance = Provenance()  # which credential made each response id / encrypted item
         self.usage = UsageBook()
         self.route_health = RouteHealth()
         self.bridges = SocksBridges()
@@ -79,8 +81,9 @@ class FailoverAddon:
         self.quiet = quiet_log.QuietLog()
         self.tls = TlsScope()  # a nested addon: which TLS connections are decrypted, and upstream trust
         self.hops = RelayHops(self.quiet)  # nested addons, each for the flows of one kind
+        self.boundary = ClientBoundary()  # whose requests are the user's own programs' (docs/machine-proxy.md)
         self.back = AccountBack(self)  # cooldowns that end early; failover.reset
-        self.addons = [self.tls, AttemptHooks(self.attempts), self.hops, self.back, UsageAnswer(self)]
+        self.addons = [self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, UsageAnswer(self)]
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
         self.seen_clients = SeenClients()
@@ -139,6 +142,7 @@ class FailoverAddon:
             self._open_state()
         self.auth_watch.remember(pool.credentials)
         self.affinity.idle, self.affinity.max_sessions = pool.policy.session_idle, pool.policy.max_sessions
+        self.provenance.idle = pool.policy.session_idle  # an artifact lives as long as its session may
         self.route_health.floor, self.route_health.cap = pool.policy.route_backoff, pool.policy.route_backoff_max
         self.matcher = EndpointMatcher(pool.gated_base_urls)
         for note in pool.notes:
@@ -162,15 +166,7 @@ class FailoverAddon:
 
     @staticmethod
     def _listen_hosts() -> list[str]:
-        hosts = []
-        for spec in ctx.options.mode:
-            try:
-                host = ProxyMode.parse(spec).listen_host(ctx.options.listen_host)
-            except ValueError:
-                continue
-            if host not in hosts:
-                hosts.append(host)
-        return hosts
+        return client_hop.listen_hosts(ctx.options.mode, ctx.options.listen_host)
 
     def done(self) -> None:
         # Before mitmproxy's Save writes the flows still in flight (it comes after scripts).
@@ -189,7 +185,8 @@ class FailoverAddon:
         if ctx.options.failover_metrics and self.metrics is None:
             self.metrics = Metrics(snapshot_on_loop(asyncio.get_running_loop(), self.status_report))
         # The same rule as the pool and the status page (read at each scrape: options may change).
-        self.listener.serve(self.metrics, ctx.options.failover_metrics, lambda peer: self.clients.allows(peer))
+        self.listener.serve(self.metrics, ctx.options.failover_metrics, lambda peer: self.clients.allows(peer),
+                            self.boundary.owns)
 
     def _open_state(self) -> None:
         """Open the pool's state store (or keep the open one) and restore what is still in force."""
@@ -221,13 +218,13 @@ class FailoverAddon:
             flow.response = client_answers.client_not_allowed()
             return
         if is_status:  # a POST ends a cooldown (account_back.py)
-            flow.response = (self.back.reset_from_status_page(flow) if req.method == "POST" else
-                             http.Response.make(200, json.dumps(self.status_report(), indent=2).encode(),
-                                                {"content-type": "application/json"}))
+            flow.response = not_own_user() if not self.boundary.is_own(flow.client_conn) else (
+                self.back.reset_from_status_page(flow) if req.method == "POST" else http.Response.make(
+                    200, json.dumps(self.status_report(), indent=2).encode(), {"content-type": "application/json"}))
             return
         client_auth = auth_from_headers(req.headers)
-        if client_auth is None:
-            return  # no credential of its own: never served from the pool; passed on as a plain proxy would
+        if client_auth is None or self.boundary.passed_by(flow, client_auth):
+            return  # no key of its own, a browser's, another user's, refused lately: untouched, never the pool's
         pooled = next((c.name for c in self.pool.credentials if c.auth.fingerprint == client_auth.fingerprint), None)
         self.seen_clients.saw(client_auth, pooled)
         if is_websocket_upgrade(req.method, req.headers):
@@ -243,7 +240,7 @@ class FailoverAddon:
                         "untouched, without failover", len(req.raw_content), self.max_body)
             return
         body = parse_body(req.get_content(strict=False) or b"")  # decoded (zstd) and parsed once
-        if not asks_to_stream(body):
+        if not asks_to_stream(body) and not (is_compact(req.path) and isinstance(body, dict)):
             return
         self._refresh_auth_files()
         await self._hold(flow, body, client_auth)
@@ -271,7 +268,7 @@ class FailoverAddon:
             self._tls = (key, tls_context(*key))
         return Shared(self.pool, self.rules, self.health, self.route_health, self.affinity, self.usage, self.bridges,
                       self.relay, self.warm, self.attempts, self._notices, self.recovery_slots, self._tls[1],
-                      self.metrics)
+                      self.metrics, self.provenance, self.boundary.rejected)
 
     def _refresh_auth_files(self) -> None:
         """At most once a second: reload auth files that changed (auth_watch.py)."""

@@ -21,11 +21,9 @@ import time
 from dataclasses import dataclass
 
 from mitmproxy import ctx, flow as mitmflow, http
-from mitmproxy.connection import Server
-from mitmproxy.proxy.layers import http as http_layers
 
 from .engine import WarmConnections
-from .warm_conn import WarmConnection, WarmKey, run_hook
+from .warm_conn import WarmConnection, WarmKey, end_unsent, server_at
 
 ATTEMPT_TAG = "codex_failover.attempt"
 CAPTURE_LIMIT = 64 * 1024  # opening bytes kept on the attempt flow for mitmweb
@@ -108,12 +106,13 @@ class Attempt:
         self.warm = warm  # the engine: where the attempt's connection comes from
         # A new flow for `request`, on the client's connection (shown as its client in mitmweb); not a
         # copy of the client flow, which would copy its connections and certificates each time.
-        self.flow = http.HTTPFlow(client_flow.client_conn, Server(address=(request.host, request.port)))
+        self.flow = http.HTTPFlow(client_flow.client_conn, server_at((request.host, request.port)))
         self.flow.request = request
         self.flow.is_replay = "request"
         self.flow.metadata[ATTEMPT_TAG] = label
         self.n = n
         self.endpoint = None  # the route endpoint (routes.Endpoint) this attempt goes through, if any
+        self.account = ""  # the credential it carries (its health key): its kept connection is that credential's
         self.connected = False  # the way to the upstream is up (TCP, any tunnel, TLS): the request head left
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self._stashed: Item | None = None  # see next_batch
@@ -145,26 +144,20 @@ class Attempt:
         self._hide_secrets()
         req = self.flow.request
         if self.flow.server_conn.address != (req.host, req.port):  # changed since the flow was made
-            self.flow.server_conn = Server(address=(req.host, req.port))
+            self.flow.server_conn = server_at((req.host, req.port))
         self.flow.server_conn.via = via
-        key = WarmKey(req.scheme, req.host, req.port, via)
+        key = WarmKey(req.scheme, req.host, req.port, via, self.account)
         self._task = asyncio.get_running_loop().create_task(self._send(key))
 
     async def _send(self, key: WarmKey) -> None:
         """Hand the request to its connection (warm, being dialled, or dialled for it) and wait for
         its end. mitmproxy's layers run its hooks, then send it once the connection is up."""
         if self._abandon.is_set():  # cancelled before it started: not one byte left
-            return await self._end_unsent(mitmflow.Error.KILLED_MESSAGE)
+            return await end_unsent(self.flow, mitmflow.Error.KILLED_MESSAGE)
         self.conn = self.warm.connection_for(key, self.endpoint, self.dial_timeout)
         await self.conn.submit(self)
         await self.over.wait()
 
-    async def _end_unsent(self, message: str) -> None:
-        """The hooks mitmproxy runs for a request whose connection failed, in its order."""
-        await run_hook(http_layers.HttpRequestHeadersHook(self.flow))
-        await run_hook(http_layers.HttpRequestHook(self.flow))
-        self.flow.error = mitmflow.Error(message)
-        await run_hook(http_layers.HttpErrorHook(self.flow))
 
     # -- called from the addon's hooks for this attempt's flow (synchronous) ---------------
 

@@ -4,10 +4,12 @@ error body (`{"error": {"type", "code", "message", ...}}`), never a secret in it
 from __future__ import annotations
 
 import json
+import time
 
 from mitmproxy import http
 
 from ..core.pool_wait import Soonest, back_in, time_fields
+from ..net.relay import HOP_BY_HOP
 from ..core.taxonomy import AUTH_REJECTED, exhausted_status
 
 # Error type and code by rejection class, when upstream's own error object has none.
@@ -95,6 +97,13 @@ def all_cooling(skipped, retry_after: int | None, pinned: str | None = None,
     return _json(exhausted_status(reason or ""), error, _retry_after(retry_after))
 
 
+def no_pool_credential(why: str) -> http.Response:
+    """Pool-only mode, and no pooled credential can serve this kind of request (core/pool_reach.py)."""
+    error = {"type": "service_unavailable_error", "code": "no_pool_credential_for_request",
+             "message": f"codex-failover: {why}; not dialled."}
+    return _json(503, error)
+
+
 def upstream_failed(message: str, history) -> http.Response:
     """A failure that must not be replayed (or nothing else could serve): the real reason."""
     error = {"type": "upstream_error", "code": "upstream_connection_failed",
@@ -130,3 +139,12 @@ def client_not_allowed() -> http.Response:
              "message": "codex-failover: this proxy's credential pool serves only its own machine; "
                         "its operator can allow more clients with --set failover_clients=ADDR/CIDR,..."}
     return _json(403, error)
+
+
+def client_response(status: int, reason: str, headers: list[tuple[bytes, bytes]]) -> http.Response:
+    """The head of the winner's answer to a held client: its headers without hop-by-hop ones,
+    chunked (what an HTTP/1.1 client reads; HTTP/2 drops it)."""
+    fields = [(k, v) for k, v in headers if k.lower() not in HOP_BY_HOP]
+    fields.append((b"transfer-encoding", b"chunked"))
+    return http.Response(b"HTTP/1.1", status, (reason or "OK").encode(), http.Headers(fields), None, None,
+                         time.time(), None)

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
@@ -35,10 +34,11 @@ from mitmproxy.connection import ConnectionState, Server
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import Http2Server, HttpLayer, HttpStream
+from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 
-from . import hook_chain
 from .attempt import Capture
-from ..net.relay import HOP_BY_HOP, UNCLAIMED_TTL, UpstreamBroken
+from ..net.relay import UNCLAIMED_TTL, UpstreamBroken
+from .client_answers import client_response
 
 log = logging.getLogger("codex_failover")
 
@@ -105,7 +105,6 @@ class ClientHop:
         self.delivering = False  # the stand-in's layer is handing the stream what was queued
         self._first_handed = False  # the stream has handed the first body bytes over (written once it returns)
         self._deferred: list[commands.Log] = []  # the stream's log lines while the head waits for the body
-        self._prepared: tuple | None = None  # ((status, reason, headers), the client's Response for them)
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -140,7 +139,6 @@ class ClientHop:
         flow.metadata[HOP_TAG] = True
         _by_flow[flow.id] = hop
         hop.flow_id = flow.id
-        hook_chain.speed_up(handler)  # the client flow's responseheaders hook is on the first output's way
         return hop
 
     def detach(self) -> None:
@@ -203,19 +201,8 @@ class ClientHop:
                 await self._deliver(http_layers.ResponseData(sid, chunk))
         await self._deliver(http_layers.ResponseEndOfMessage(sid))
 
-    def prepare(self, status: int, reason: str, headers: list[tuple[bytes, bytes]]) -> None:
-        """Build the head the answer will have if this attempt wins, while the hold waits (building
-        a mitmproxy Response costs ~30 us, which the first output should not pay)."""
-        self._prepared = ((status, reason, headers), _client_response(status, reason, headers))
-
     def _response(self) -> http.Response:
-        prepared = self._prepared
-        if prepared is not None and prepared[0] == (self.status, self.reason, self.headers):
-            response = prepared[1]
-            response.timestamp_start = time.time()
-        else:
-            response = _client_response(self.status, self.reason, self.headers)
-        self._prepared = None
+        response = client_response(self.status, self.reason, self.headers)
         response.stream = Capture(on_first=self._body_started)  # RelayHops keeps it for mitmweb
         self._joined = [] if self.first else None
         return response
@@ -251,8 +238,6 @@ class ClientHop:
         """What the stream handed over is written: the client gets head and first output now."""
         if not self._first_handed:
             return
-        if not self.first_out.is_set() and hasattr(os, "sched_yield"):
-            os.sched_yield()  # the client just woken often waits on this CPU: it reads before our bookkeeping
         self.first_out.set()
         deferred, self._deferred = self._deferred, []
         for command in deferred:
@@ -296,13 +281,6 @@ class ClientHop:
         result = self.abort()
         if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
             asyncio.ensure_future(result).add_done_callback(lambda t: t.cancelled() or t.exception())
-
-
-def _client_response(status: int, reason: str, headers: list[tuple[bytes, bytes]]) -> http.Response:
-    fields = [(k, v) for k, v in headers if k.lower() not in HOP_BY_HOP]
-    fields.append((b"transfer-encoding", b"chunked"))  # what an HTTP/1.1 client reads; h2 drops it
-    return http.Response(b"HTTP/1.1", status, (reason or "OK").encode(), http.Headers(fields), None, None,
-                         time.time(), None)
 
 
 def ended(conn: Server) -> None:
@@ -364,14 +342,37 @@ class _HeldHttpLayer(HttpLayer):
                 yield from hop.flush(final=False)
                 continue
             yield from hop.flush(final=True)  # anything else keeps its place after the head
-            if isinstance(command, commands.StartHook) and command.blocking is child and self.debug is None \
-                    and hook_chain.sped_up(hop.handler):  # (proxy_debug logs the way up and down: mitmproxy's way)
-                above = [(outer, outer.connections[hop.conn]) for outer in hop.layers[:-1]]
-                yield from hook_chain.in_place(self, child, command, hop.handler, above)
-                continue
             yield command  # executed (written) before the loop goes on
         yield from hop.flush(final=not hop.delivering)
         hop.written()
+
+
+def client_can_read(flow: http.HTTPFlow) -> bool:
+    """Is the client of `flow` still there to read an answer?"""
+    return bool(flow.client_conn.state & ConnectionState.CAN_READ)
+
+
+def relay_server(port: int) -> Server:
+    """The server connection that sends a flow to the loopback relay (the hop's fallback)."""
+    return Server(address=("127.0.0.1", port))
+
+
+def listen_hosts(modes, listen_host: str) -> list[str]:
+    """The hosts mitmproxy listens on for its `mode` specs (unparseable ones skipped)."""
+    hosts: list[str] = []
+    for spec in modes:
+        try:
+            host = ProxyMode.parse(spec).listen_host(listen_host)
+        except ValueError:
+            continue
+        if host not in hosts:
+            hosts.append(host)
+    return hosts
+
+
+def is_reverse(client) -> bool:
+    """Is this client connection a reverse-proxy mode's (its upstream is fixed)?"""
+    return isinstance(client.proxy_mode, ReverseMode)
 
 
 def _sweep(inner: HttpLayer) -> None:

@@ -13,10 +13,9 @@ import json
 import time
 
 from mitmproxy import ctx, http
-from mitmproxy.connection import Server
 from mitmproxy.hooks import UpdateHook
 
-from . import client_answers, client_hop, hook_chain
+from . import client_answers, client_hop
 from .attempt import PLACEHOLDER, SECRET_HEADERS, Capture
 from .client_hop import HOP_TAG, ClientHop
 from .heartbeat import STREAM_HEADERS, HeartbeatSink
@@ -26,11 +25,9 @@ RELAY_TAG = "codex_failover.relay"
 
 
 def shown_changed(flow: http.HTTPFlow) -> None:
-    """Tell mitmweb (its view addon) that a live flow's comment or mark changed between hooks;
-    nothing to do when no addon listens (mitmdump)."""
+    """Tell mitmweb (its view addon) that a live flow's comment or mark changed between hooks."""
     try:
-        if hook_chain.listens(ctx.master.addons, "update"):
-            ctx.master.addons.trigger(UpdateHook([flow]))
+        ctx.master.addons.trigger(UpdateHook([flow]))
     except AttributeError:  # no master (unit tests without taddons)
         pass
 
@@ -50,7 +47,7 @@ def point_at_relay(flow: http.HTTPFlow, port: int, token: str) -> None:
     # The relay never reads the body (the attempts carry it): the hop forwards none.
     req.raw_content = b""
     req.headers["content-length"] = "0"
-    flow.server_conn = Server(address=("127.0.0.1", port))
+    flow.server_conn = client_hop.relay_server(port)
 
 
 class HeldClient:
@@ -83,11 +80,6 @@ class HeldClient:
             timer = asyncio.get_running_loop().call_later(timeout, self.hop.first_out.set)
             await self.hop.first_out.wait()
             timer.cancel()
-
-    def prepare(self, status: int, reason: str, headers: list) -> None:
-        """A head `stream` may soon be given (an attempt's, while it is held): built ahead if the hop can."""
-        if isinstance(self.hop, ClientHop):
-            self.hop.prepare(status, reason, headers)
 
     def stream(self, status: int, reason: str, headers: list, body, first: bytes = b"") -> None:
         """The winner: its head and `first` (the held bytes) now, its live rest (`body`) as it

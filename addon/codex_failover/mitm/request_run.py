@@ -11,36 +11,37 @@ docs/architecture.md, "The path of a model request".
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import traceback
-from urllib.parse import urlsplit
 
 from mitmproxy import http
-from mitmproxy.connection import ConnectionState
 
 from . import client_answers
-from ..core.affinity import session_of
+from .client_hop import client_can_read
+from ..core.affinity import affinity_key, session_of
 from .attempt import END, ERROR, Attempt, Item, copy_request, hide_secrets
+from .attempt_maker import AttemptMaker
 from ..core.auth import AuthMaterial, auth_from_headers
-from ..core.codex_request import swap_credential
+from ..core.codex_request import COMPACT
+from ..core.provenance import artifacts_of_compact
 from ..core.failover_loop import (AllCooling, Exhausted, FailoverLoop, Final, RecoveryExhausted, Rejection, RouteDown, Try,
                             Wait, cools, own_refusal)
 from .held_client import HeldClient, shown_changed
 from ..core.planner import Candidate, Plan, make_plan
+from ..core.pool_reach import unreachable
 from ..core.recovery import RECOVERABLE_STATUS
-from ..core.replay_safety import PIN_HEADER, MovePolicy, assess, strip_encrypted_reasoning
+from ..core.replay_safety import MovePolicy, assess
 from ..core.routes import Endpoint
 from ..core.run_log import AttemptEnd, RunLog
 from ..shared import Shared
 from .sse_hold import SseHold
+from ..core import story
 from ..core.story import Skipped
 from ..core.taxonomy import FAILOVER, UPSTREAM_5XX, classify_response
 from ..core.transport import (HOST_NETWORK, INCOMPLETE_RESPONSE, PRE_DISPATCH, RESPONSE_TIMEOUT, TLS_FAILED,
                         classify_connection_error)
 from ..core.usage import Window, from_headers
-from .warm_conn import WarmKey
 
 log = logging.getLogger("codex_failover")
 
@@ -64,7 +65,7 @@ class RequestRun:
         self.log = RunLog(request_id, flow, shared.metrics, shown_changed)
         self.original: http.Request | None = None  # the request as the client sent it (attempts copy it)
         self.move = MovePolicy(True)
-        self.session: str | None = None  # the Codex session (thread) id, for affinity
+        self.session: str | None = None  # the client's key and its Codex session (thread) id: affinity's key
         self.winner: Attempt | None = None  # the committed attempt, streaming through the relay
         self.last_plan: Plan | None = None  # for pre-warming the next candidate's connection
         self.dispatched = asyncio.Event()  # the first attempt's head was written, or the run ended
@@ -80,15 +81,16 @@ class RequestRun:
             self.hold()
         req = self.original
         hide_secrets(self.flow.request)
-        self.move = assess(self.body, req.headers, self.pool.policy.encrypted_reasoning)
+        self.move = assess(self.body, req.headers, self.pool.policy.encrypted_reasoning, self.shared.provenance.owner)
         self.log.why_pinned = self.move.why_pinned
         if not self.move.movable:
-            log.info("[%s] stays on its own credential: %s", self.request_id, self.move.why_pinned)
+            log.info("[%s] %s: %s", self.request_id, story.bound_to(self.move.bound_to, self.pool), self.move.why_pinned)
             self.log.tell()
         if self.client_auth is None:
             self.client_auth = auth_from_headers(req.headers)
         self.log.client_auth = self.client_auth
-        self.session = session_of(req.headers, self.body)
+        self.session = affinity_key(self.client_auth.fingerprint if self.client_auth else None,
+                                    session_of(req.headers, self.body))
         self.maker = AttemptMaker(self, req)
         self.body = None  # the maker has it (for a moved copy), and lets it go once built
         loop = FailoverLoop(self._plan, self.health, self.shared.route_health, self.pool, tell=self._tell)
@@ -120,9 +122,13 @@ class RequestRun:
                 case Exhausted(last, retry_after, first):
                     answer = client_answers.exhausted(last, self.log.history, retry_after, self.move.why_pinned, first)
                     return self._answer(answer, "exhausted")
+                case AllCooling(states, _) if not states and (why := unreachable(self.client_auth, self.pool,
+                                                                                 self.move.movable)):
+                    return self._answer(client_answers.no_pool_credential(why), "no pool credential for it",
+                                        " (not dialled)")
                 case AllCooling(states, retry_after, first):
                     answer = client_answers.all_cooling(list(states), retry_after, self.move.why_pinned, first)
-                    return self._answer(answer, "every credential cooling or out", " (not dialled)")
+                    return self._answer(answer, story.nobody_to_serve(states, self.move.movable), " (not dialled)")
 
     def _tell(self, level: int, text: str) -> None:
         """A line the failover loop logs about this request."""
@@ -130,18 +136,18 @@ class RequestRun:
 
     def _plan(self) -> Plan:
         shared = self.shared
-        plan = make_plan(self.client_auth, self.pool, self.health, self.move.movable, shared.affinity.get(self.session),
-                         self.rotation)
-        self.last_plan = plan
+        sticky = shared.affinity.get(self.session) or self.move.prefers
+        plan = make_plan(self.client_auth, self.pool, self.health, self.move.movable, sticky, self.rotation,
+                         self.move.bound_to)
+        first, self.last_plan = self.last_plan is None, plan
+        if first and plan.skipped and plan.candidates:  # (with nothing to try, the answer says it)
+            log.info("[%s] not tried: %s", self.request_id, "; ".join(
+                story.skipped_line(c.name, why, self.health.state(c.key), self.health.now()) for c, why in plan.skipped))
         for cand, why in plan.skipped:
             state = self.health.state(cand.key)
             self.log.skipped[cand.name] = Skipped(cand.name, why, state.until, state.reason)
-            if why == "expired" and (cand.name, cand.auth.expires_at) not in shared.notices:
-                shared.notices.add((cand.name, cand.auth.expires_at))
-                log.warning("credential %s: its ChatGPT access token expired at %s; it is skipped until refreshed. "
-                            "Refresh it with `codex login` for that account (CODEX_HOME set to the folder of its "
-                            "auth.json); codex-failover never refreshes tokens itself.", cand.name,
-                            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(cand.auth.expires_at)))
+            if why == "expired":
+                _expired_once(shared.notices, cand)
         return plan
 
     # -- one attempt -----------------------------------------------------------------------
@@ -229,6 +235,10 @@ class RequestRun:
             self.reject(attempt, cand, rejection)
             return AttemptEnd("rejected", rejection)
         # Success without a stream, another 4xx, or the client's own 401/403: as is.
+        if 200 <= resp.status_code < 300 and self.flow.request.path.split("?", 1)[0].endswith(COMPACT):
+            self.made(cand, artifacts_of_compact(resp.get_content(strict=False) or b""))
+        if own_refusal(verdict.reason, cand):
+            self.shared.feedback.client_refused(self.client_auth)
         self.client.respond(resp.copy())
         self.succeeded(cand)
         self.log.record(attempt, cand, "deliver", verdict.reason, resp.status_code, ok=True)
@@ -254,6 +264,11 @@ class RequestRun:
 
     def succeeded(self, cand: Candidate) -> None:
         self.shared.feedback.succeeded(cand.key, self.session)
+
+    def made(self, cand: Candidate, artifacts: list[str]) -> None:
+        """`cand`'s credential made these artifacts (response ids, compaction and reasoning items)."""
+        if artifacts:
+            self.shared.provenance.record(artifacts, cand.key)
 
     # -- answers ------------------------------------------------------------------------------
 
@@ -304,8 +319,18 @@ class RequestRun:
             self._check_client()
 
     def _check_client(self) -> None:
-        if not self.flow.client_conn.state & ConnectionState.CAN_READ:
+        if not client_can_read(self.flow):
             raise ClientGone()
+
+
+def _expired_once(notices: set, cand: Candidate) -> None:
+    """One warning per expired token (the plan skips it at every request until it is refreshed)."""
+    if (cand.name, cand.auth.expires_at) not in notices:
+        notices.add((cand.name, cand.auth.expires_at))
+        log.warning("credential %s: its ChatGPT access token expired at %s; it is skipped until refreshed. "
+                    "Refresh it with `codex login` for that account (CODEX_HOME set to the folder of its "
+                    "auth.json); codex-failover never refreshes tokens itself.", cand.name,
+                    time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(cand.auth.expires_at)))
 
 
 def start_run(run: RequestRun, on_done) -> asyncio.Task:
@@ -336,65 +361,3 @@ async def _guarded(run: RequestRun) -> str | None:
         run.client.internal_error(type(exc).__name__)
         return type(exc).__name__
     return None
-
-
-class AttemptMaker:
-    """Builds each attempt of one request: the client's request with the candidate's credential,
-    base URL and (moved) body, and the way to its upstream; dials the next candidate's connection
-    ahead of need (docs/architecture.md#warm-connections)."""
-
-    def __init__(self, run: RequestRun, original: http.Request):
-        self.run, self.original, self.shared, self.pool = run, original, run.shared, run.pool
-        self.body, self.move = run.body, run.move
-        self.moved_body: bytes | None = None
-
-    def make(self, cand: Candidate, n: int) -> Attempt:
-        req = copy_request(self.original)
-        if cand.base_url:
-            req.url = cand.base_url + "/responses"
-        if cand.auth is not None:
-            swap_credential(req.headers, cand.auth, moved=not cand.is_client)
-        if not cand.is_client and self.move.strip_reasoning:
-            req.content = self._moved_body()
-        req.headers.pop(PIN_HEADER, None)
-        attempt = self.shared.engine.attempt(self.run.flow, req, f"{self.run.request_id}#{n}", n)
-        attempt.dial_timeout = self.pool.policy.connect_timeout
-        return attempt
-
-    def _moved_body(self) -> bytes:
-        """The body a moved attempt sends (encrypted reasoning stripped): built once per request,
-        after which the parsed body is let go (it is the largest thing a request holds)."""
-        if self.moved_body is None:
-            stripped = strip_encrypted_reasoning(self.body)
-            self.moved_body = json.dumps(stripped, separators=(",", ":"), ensure_ascii=False).encode()
-            self.body = stripped = None
-        return self.moved_body
-
-    async def via(self, ep: Endpoint | None):
-        """mitmproxy's per-connection upstream proxy for `ep` (SOCKS goes through a local bridge)."""
-        if ep is None:
-            return None
-        if ep.is_socks:
-            return ("http", await self.shared.bridges.address(ep))
-        return (ep.scheme, (ep.host, ep.port))
-
-    def prewarm_next(self, plan: Plan | None, current: Candidate) -> None:
-        """Dial the connection the next candidate (by the plan) would use, if none is open or
-        underway, so a failover pays no handshake."""
-        following = [c for c in plan.candidates if c.key != current.key] if plan is not None else []
-        if following:
-            task = asyncio.get_running_loop().create_task(self._prewarm(following[0]))
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort: never an error
-
-    async def _prewarm(self, cand: Candidate) -> None:
-        if cand.base_url:
-            parts = urlsplit(cand.base_url)
-            scheme, host, port = parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
-        else:
-            scheme, host, port = self.original.scheme, self.original.host, self.original.port
-        endpoints = self.pool.routes.get(cand.route) or [None]
-        ep = next((e for e in endpoints if e is None or self.shared.route_health.healthy(e)), None)
-        if ep is None and endpoints != [None]:
-            return
-        via = await self.via(ep)
-        self.shared.engine.prewarm(WarmKey(scheme, host, port, via), ep, self.pool.policy.connect_timeout)

@@ -15,6 +15,7 @@ from ..core.classifier import FRAMING_ERROR, BootstrapClassifier, Decision, Verd
 from ..core.failover_loop import Rejection
 from ..core.framer import FramerError, SSEFramer
 from ..core.recovery import NO_TERMINAL, TRANSPORT, TerminalTracker, recoverable_stream_end
+from ..core.provenance import SseArtifacts
 from ..net.relay import UpstreamBroken
 from ..core.run_log import AttemptEnd
 from ..core.usage import from_event
@@ -47,8 +48,6 @@ class SseHold:
     async def run_hold(self) -> AttemptEnd:
         run, attempt, state = self.run, self.attempt, self.state
         clf = BootstrapClassifier(run.rules, timeout=run.pool.policy.bootstrap_timeout)
-        resp = attempt.flow.response
-        run.client.prepare(resp.status_code, resp.reason, list(resp.headers.fields))
         decision: Decision | None = None
         while decision is None or not decision.final:
             item = await run.next_item(attempt, clf.deadline)
@@ -129,6 +128,8 @@ class SseHold:
         resp = attempt.flow.response
         held, committed, metrics = bytes(state.received), time.monotonic(), run.shared.metrics
         state.received = bytearray()
+        made, cand = SseArtifacts(), self.cand  # what this credential made, for requests that carry it back
+        run.made(cand, made.feed(held))
 
         async def body():
             if metrics is not None:  # the head and the held bytes (the first output) went out
@@ -136,12 +137,15 @@ class SseHold:
             if state.error is not None:
                 raise UpstreamBroken(state.error)
             if state.ended:
+                run.made(cand, made.close())
                 return
             while True:
                 item = await attempt.next_batch()
                 if item.kind == CHUNK:
+                    run.made(cand, made.feed(item.data))
                     yield item.data
                 elif item.kind == END:
+                    run.made(cand, made.close())
                     return
                 else:
                     raise UpstreamBroken(item.data.decode(errors="replace"))

@@ -8,7 +8,8 @@ import weakref
 
 import certifi
 from mitmproxy import ctx, tls
-from mitmproxy.proxy.mode_specs import ReverseMode
+
+from .client_hop import is_reverse
 
 from ..core.intercept_scope import ALL, InterceptScope
 from ..net.trust import extend_openssl_context
@@ -24,7 +25,7 @@ class TlsScope:
         is tunnelled as it is. A user's --allow-hosts decides alone; --ignore-hosts acted earlier."""
         if data.ignore_connection or ctx.options.failover_intercept == ALL or ctx.options.allow_hosts:
             return
-        if isinstance(data.context.client.proxy_mode, ReverseMode):
+        if is_reverse(data.context.client):
             return  # the operator named the one target
         address = data.context.server.address
         if not self.scope.intercepts(data.client_hello.sni, address[0] if address else None):

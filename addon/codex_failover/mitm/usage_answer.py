@@ -38,8 +38,8 @@ class UsageAnswer:
         if not owner.clients.allows(flow.client_conn.peername[0] if flow.client_conn.peername else None):
             return
         own = auth_from_headers(req.headers)
-        if own is None:
-            return
+        if own is None or owner.boundary.passed_by(flow, own):
+            return  # no key of its own, or never lent the pool (a browser's, another user's, refused lately)
         pool, health = owner.pool, owner.health
         pooled_own = next((c for c in pool.credentials if c.auth.fingerprint == own.fingerprint), None)
         own_key = pooled_own.name if pooled_own else client_key(own)

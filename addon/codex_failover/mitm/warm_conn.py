@@ -34,7 +34,6 @@ from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import HTTPMode, HttpStream
 
-from . import hook_chain
 from .quiet_log import replay_level
 from ..core.warm_book import Slot
 
@@ -46,7 +45,10 @@ log = logging.getLogger("codex_failover")
 
 
 class WarmKey(NamedTuple):
-    """What a kept connection can serve: the upstream and the way to it (mitmproxy's `via`).
+    """What a kept connection can serve: the upstream, the way to it (mitmproxy's `via`) and the
+    credential. Connections are kept per credential: one account's GOAWAY, reset or protocol error
+    touches no other account's streams, and the upstream never sees two accounts multiplexed on one
+    connection (which would link them).
 
     Whatever the client speaks, the connection offers HTTP/2 (unlike a plain mitmproxy, which
     mirrors the client's ALPN): on HTTP/1.1 a failover's cancelled attempt closes its connection,
@@ -57,6 +59,7 @@ class WarmKey(NamedTuple):
     host: str
     port: int
     via: tuple | None
+    account: str = ""  # the credential (health key) it carries: one connection never carries two accounts
 
 
 @dataclass
@@ -118,7 +121,6 @@ class _KeptHttpLayer(http_layers.HttpLayer):
     def __init__(self, context: Context, owner: "WarmConnection"):
         super().__init__(context, HTTPMode.transparent)
         self.owner = owner
-        self.armed = False  # an attempt's secrets are on its flow (the commands are being collected)
 
     def get_connection(self, event, *, reuse: bool = True) -> layer.CommandGenerator[None]:
         """The kept connection for the kept upstream: wait while it is dialled, use it once up, dial
@@ -162,14 +164,7 @@ class _KeptHttpLayer(http_layers.HttpLayer):
                     event = http_layers.GetHttpConnectionCompleted(event.command, (None, mitmflow.Error.KILLED_MESSAGE))
                 elif connection is not None and connection.alpn != b"h2":
                     as_http11(child.flow.request)
-            for command in super().event_to_child(child, event):
-                # An attempt's own hook: run where it is yielded and, when it returned at once, ended
-                # in place (no loop turn; hook_chain.start). Never while secrets are armed.
-                if isinstance(command, commands.StartHook) and command.blocking is child and not self.armed \
-                        and self.debug is None:  # with proxy_debug, mitmproxy's way (each layer logs it)
-                    yield from hook_chain.in_place(self, child, command, self.owner)  # the top layer: none above
-                    continue
-                yield command
+            yield from super().event_to_child(child, event)
             return
         unsent = self.owner.unsent() if child is not self.owner.source else ()
         if not unsent:
@@ -177,7 +172,6 @@ class _KeptHttpLayer(http_layers.HttpLayer):
             return
         for attempt in unsent:
             attempt.arm()
-        self.armed = True
         try:
             produced = list(super().event_to_child(child, event))
         finally:
@@ -185,7 +179,6 @@ class _KeptHttpLayer(http_layers.HttpLayer):
                 if self.owner.head_written(attempt):
                     attempt.mark_sent()
                 attempt.redact()
-            self.armed = False
         yield from produced
 
 
@@ -338,9 +331,23 @@ class WarmConnection(server.ConnectionHandler):
             replay_level(level, ctx.options.failover_verbose), f"[warm {self.key.host}] {message}", exc_info=exc_info)
 
 
+def server_at(address: tuple[str, int]):
+    """A server connection object for `address` (an attempt flow's, before it is sent)."""
+    return Server(address=address)
+
+
+async def end_unsent(flow, message: str) -> None:
+    """The hooks mitmproxy runs for a request whose connection failed, in its order: for an attempt
+    cancelled before it was handed to a connection (not one byte of it left)."""
+    await run_hook(http_layers.HttpRequestHeadersHook(flow))
+    await run_hook(http_layers.HttpRequestHook(flow))
+    flow.error = mitmflow.Error(message)
+    await run_hook(http_layers.HttpErrorHook(flow))
+
+
 async def run_hook(hook) -> None:
-    """An attempt flow's hook, as mitmproxy runs a flow's hooks (hook_chain.lifecycle)."""
-    await hook_chain.lifecycle(ctx.master.addons, hook)
+    """An attempt flow's hook, as mitmproxy runs a flow's hooks (its AddonManager, and the update)."""
+    await ctx.master.addons.handle_lifecycle(hook)
 
 
 def as_http11(request) -> None:

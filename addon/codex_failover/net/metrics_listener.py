@@ -2,7 +2,8 @@
 
 Any other path is 404, any other method 405. Bound to loopback, it also refuses (403) a request whose
 Host is a name other than `localhost`, so a web page cannot read it through DNS rebinding; a peer the
-pool's `failover_clients` rule does not allow gets 403 too.
+pool's `failover_clients` rule does not allow gets 403 too, and so does a process of another user
+than the proxy's (`owns`, core/client_boundary.py).
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry,
-                 allows: Callable[[str], bool] | None = None) -> None:
+                 allows: Callable[[str], bool] | None = None, owns: Callable[[tuple, tuple], bool] | None = None) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.registry = registry
         self.allows = allows  # which peers may scrape (the pool's failover_clients rule); None: anyone
+        self.owns = owns  # (peer, local address) -> is it the proxy user's own program (client_boundary)
         self.loopback = ipaddress.ip_address(host).is_loopback
         super().__init__((host, port), _Handler)
 
@@ -70,6 +72,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - the http.server naming
         if self.server.allows is not None and not self.server.allows(self.client_address[0]):
             return self._answer(403, b"forbidden: this proxy's metrics are for its own machine (failover_clients)\n")
+        if not self._own():
+            return self._answer(403, b"forbidden: this proxy's metrics are for the user who runs it\n")
         if self.server.loopback and not _host_allowed(self.headers.get("Host")):
             return self._answer(403, b"forbidden\n")
         if self.path.partition("?")[0] != PATH:
@@ -80,6 +84,14 @@ class _Handler(BaseHTTPRequestHandler):
             log.error("codex-failover internal error rendering the metrics", exc_info=True)
             return self._answer(500, b"internal error\n")
         self._answer(200, body, CONTENT_TYPE_LATEST)
+
+    def _own(self) -> bool:
+        """Looked up once per connection (a handler serves one connection)."""
+        if self.server.owns is None:
+            return True
+        if not hasattr(self, "_owned"):
+            self._owned = self.server.owns(self.client_address, self.connection.getsockname())
+        return self._owned
 
     def _not_allowed(self) -> None:
         self._answer(405, b"method not allowed: this listener serves GET /metrics only\n", allow=True)
@@ -108,8 +120,8 @@ class MetricsServer:
     """A running listener: `host`, `port` (the bound one, also for port 0), `url`, and `stop()`."""
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry,
-                 allows: Callable[[str], bool] | None = None) -> None:
-        self._server = _Server(host, port, registry, allows)
+                 allows: Callable[[str], bool] | None = None, owns: Callable[[tuple, tuple], bool] | None = None) -> None:
+        self._server = _Server(host, port, registry, allows, owns)
         self.host = host
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": _POLL},

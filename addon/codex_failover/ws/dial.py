@@ -12,12 +12,12 @@ import ssl
 from collections import deque
 from dataclasses import dataclass
 
-from ..core.affinity import Affinity, session_of
+from ..core.affinity import Affinity, affinity_key, session_of
 from ..core.auth import auth_from_headers
 from ..core.codex_request import swap_credential
 from ..config import PoolConfig
 from ..shared import Shared
-from ..core.failover_loop import SERVED, FailoverLoop, Rejected, Rejection, RouteDown, Try, cools
+from ..core.failover_loop import SERVED, FailoverLoop, Rejected, Rejection, RouteDown, Try, cools, own_refusal
 from ..core.health import Health
 from ..core.pool_feedback import PoolFeedback
 from ..core.planner import Candidate, Plan, make_plan
@@ -66,7 +66,8 @@ class Dialer:
         self.url = request.url
         self.headers = request.headers.copy()
         self.client_auth = auth_from_headers(request.headers)
-        self.session = session_of(request.headers, None)
+        self.session = affinity_key(self.client_auth.fingerprint if self.client_auth else None,
+                                    session_of(request.headers, None))  # affinity's key
         self.pinned = not assess(None, request.headers).movable  # the pin header, as on HTTP
         self.last: Rejection | None = None
         self._first: str | None = None  # the credential whose socket this turn started on
@@ -90,11 +91,16 @@ class Dialer:
         """The next candidate's socket, within this turn's attempts; None when none opens."""
         return await self._dial(self._turn())
 
-    async def open_home(self) -> Upstream | None:
-        """A socket on the client's own credential (for a request that may not leave it), counted
+    def home_of(self, bound: str | None) -> str:
+        """The credential key a turn that may not move belongs on: the one that made its state
+        (`bound`), else the client's own (planner.make_plan)."""
+        return make_plan(self.client_auth, self.ctx.pool, self.ctx.health, movable=False, bound=bound).all_keys[0]
+
+    async def open_home(self, bound: str | None = None) -> Upstream | None:
+        """A socket on the credential a turn that may not move belongs on (`home_of`), counted
         from this turn's attempts. (Such a turn never moves, so nothing dials after it.)"""
         made = self._loop.n if self._loop is not None else int(self._first is not None)
-        return await self._dial(self._new_loop(True, (), made))
+        return await self._dial(self._new_loop(True, (), made, bound))
 
     def _turn(self) -> FailoverLoop:
         """This turn's loop: it goes on from the credential the turn started on (one attempt made)."""
@@ -103,7 +109,7 @@ class Dialer:
             self._loop = self._new_loop(False, first, len(first))
         return self._loop
 
-    def _new_loop(self, home: bool, tried: tuple[str, ...], n: int) -> FailoverLoop:
+    def _new_loop(self, home: bool, tried: tuple[str, ...], n: int, bound: str | None = None) -> FailoverLoop:
         """A loop over the policy's candidates, or (`home`) over the client's own credential only."""
         # Closures over plain values, not bound methods: the Dialer keeps its loop, and a cycle
         # through it would keep a finished session's Dialer until the collector runs.
@@ -111,7 +117,7 @@ class Dialer:
 
         def plan() -> Plan:
             if home:
-                return make_plan(client_auth, ctx.pool, ctx.health, movable=False)
+                return make_plan(client_auth, ctx.pool, ctx.health, movable=False, bound=bound)
             return make_plan(client_auth, ctx.pool, ctx.health, movable, ctx.affinity.get(session))
 
         def tell(level: int, text: str) -> None:
@@ -176,6 +182,8 @@ class Dialer:
 
     def _rejected(self, cand: Candidate, label: str, rejection: Rejection) -> None:
         self.last = rejection
+        if own_refusal(rejection.reason, cand):
+            self.ctx.feedback.client_refused(self.client_auth)
         if cools(cand, rejection):
             self.ctx.feedback.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
                                        rejection.retry_after, self.ctx.pool.policy, f"[{self.sid}] ")

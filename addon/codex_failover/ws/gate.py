@@ -30,6 +30,7 @@ from .conn import ABNORMAL, HANDSHAKE_HEADERS, Message, WsConn
 from ..core.failover_loop import Rejection
 from ..shared import Shared
 from .dial import Dialer, Upstream, as_frames
+from ..core.provenance import artifacts_of_message
 from ..core.ws_turns import Step, Turn, TurnGate
 
 log = logging.getLogger("codex_failover")
@@ -78,7 +79,8 @@ class GateSession:
     def __post_init__(self) -> None:
         self.dialer = Dialer(self.sid, self.flow.request, self.ctx, self.history)
         policy = self.ctx.pool.policy
-        self.gate = TurnGate(self.ctx.rules, policy.bootstrap_timeout, time.monotonic, policy.encrypted_reasoning)
+        self.gate = TurnGate(self.ctx.rules, policy.bootstrap_timeout, time.monotonic, policy.encrypted_reasoning,
+                             self.ctx.provenance.owner)
         self.started = time.monotonic()
 
     async def connect_first(self) -> str | None:
@@ -139,7 +141,7 @@ class GateSession:
                 self.dialer.new_turn(self.up.cand.key)
                 log.info("[%s] turn %d on %s%s", self.sid, turn.n, self.up.cand.name,
                          "" if turn.movable else f" (cannot move: {turn.why_pinned})")
-                if turn.stays_home and not self.up.cand.is_client:
+                if turn.stays_home and self.dialer.home_of(turn.bound_to) != self.up.cand.key:
                     await self._go_home(turn)
                     continue
                 message = turn.message_for(new_socket=False, foreign=not self.up.cand.is_client)
@@ -160,6 +162,7 @@ class GateSession:
             else:
                 step = self.gate.server_message(*message)
                 self._watch_usage(up, message)
+                self.ctx.provenance.record(artifacts_of_message(message[0]), up.cand.key)
             for out in step.release:
                 await self.down.send(out)
             if step.decision is not None:
@@ -228,11 +231,11 @@ class GateSession:
                                          f"the socket is pinned there")
 
     async def _go_home(self, turn: Turn) -> None:
-        """A self-contained turn bound to the client's own account (compaction, pin) arrived on a
-        spare's socket: it goes to a new socket on the client's credential, or fails as it would
-        on HTTP when that credential cannot serve."""
-        await self._relocate(turn, self.dialer.open_home, lambda: self._cannot_go_home(turn),
-                             lambda new: f"turn {turn.n} stays on the client's credential ({turn.why_pinned}): "
+        """A self-contained turn bound to one account (a compaction item, the pin) arrived on another
+        account's socket: it goes to a new socket on the credential holding its state (the one that
+        made it, else the client's own), or fails as it would on HTTP when that one cannot serve."""
+        await self._relocate(turn, lambda: self.dialer.open_home(turn.bound_to), lambda: self._cannot_go_home(turn),
+                             lambda new: f"turn {turn.n} goes to the credential holding its state ({turn.why_pinned}): "
                                          f"socket moved to {new.cand.name}")
 
     async def _relocate(self, turn: Turn, dial, fallback, note) -> None:
@@ -257,10 +260,10 @@ class GateSession:
     async def _cannot_go_home(self, turn: Turn) -> None:
         for message in self.gate.abandon():
             await self.down.send(message)
-        why = f"codex-failover: this request stays on your own credential ({turn.why_pinned}), which cannot serve it now"
+        why = f"codex-failover: this request cannot leave the credential holding its state ({turn.why_pinned}), which cannot serve it now"
         busy = Rejection("no_usable_credential", 503, {"type": "service_unavailable_error",
                                                         "code": "no_usable_credential", "message": why})
-        self._note(f"turn {turn.n} must stay on the client's credential ({turn.why_pinned}); it cannot serve: 503")
+        self._note(f"turn {turn.n} must stay on the credential holding its state ({turn.why_pinned}); it cannot serve: 503")
         for frame in as_frames(busy):
             await self.down.send(frame)
 

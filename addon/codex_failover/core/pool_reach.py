@@ -1,0 +1,32 @@
+"""Why the pool has nothing to offer a request at all (pool-only mode): the answer says that, not
+"every credential is cooling". Pure."""
+
+from __future__ import annotations
+
+from ..config import PoolConfig
+from .auth import CHATGPT, AuthMaterial
+
+_KIND = {CHATGPT: "ChatGPT-login"}
+
+
+def kind_name(kind: str) -> str:
+    return _KIND.get(kind, "API-key")
+
+
+def unreachable(client_auth: AuthMaterial | None, pool: PoolConfig, movable: bool) -> str | None:
+    """With `use_client_credential: false`, a movable request whose kind no pooled credential (other
+    than its own) serves, with `cross_kind` off: why, in words. None when the pool can offer one (even
+    if it is cooling now), or when the request goes on its own credential anyway."""
+    policy = pool.policy
+    if policy.use_client_credential or not pool.credentials or not movable or client_auth is None:
+        return None
+    others = [c for c in pool.credentials if c.auth.fingerprint != client_auth.fingerprint]
+    if any(c.kind == client_auth.kind or policy.cross_kind for c in others):
+        return None
+    wanted = kind_name(client_auth.kind)
+    if not others:
+        return (f"this {wanted} request's own credential is the pool's only one, and use_client_credential "
+                "is false: nothing else can serve it")
+    kinds = sorted({kind_name(c.kind) for c in others})
+    return (f"no pooled credential serves {wanted} requests (the pool has only {' and '.join(kinds)} "
+            f"credentials, cross_kind is off, and use_client_credential is false)")

@@ -1,0 +1,217 @@
+"""Which credential made each account-bound artifact, and so where a request carrying it may go.
+
+The service binds some of what it returns to the account that produced it: a response id (a later
+`previous_response_id`), a `compaction` item and a reasoning item's `encrypted_content` (both
+encrypted for that account). Codex sends them back on later requests. A session that failed over
+once holds artifacts of another account than its own, so "stay on your own credential" is wrong for
+it: the request belongs to the credential that made them (docs/pool-file.md#requests-bound-to-an-account).
+
+This module is pure (no mitmproxy, no I/O, clock injected):
+- `artifacts_of_event` / `artifacts_of_output` read the artifacts out of what a credential returned
+  (an SSE event or WebSocket message, a `/responses/compact` answer);
+- `SseArtifacts` frames a relayed SSE stream with the shared framer and parses only the few events
+  that can carry artifacts;
+- `Provenance` remembers artifact -> credential key, bounded and expiring like session affinity;
+- `needs_of` lists what a request body carries, for `replay_safety.assess` to place it.
+
+Keys hold no secret and no content: an item is known by its `id`, and by a digest of its
+`encrypted_content` (Codex may send items back without their ids).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+from .framer import FramerError, SSEFramer
+
+RESPONSE = "resp:"  # a response id
+ITEM = "item:"  # an output item's id
+DIGEST = "enc:"  # a digest of an item's encrypted_content
+BOUND_ITEMS = ("compaction", "reasoning")  # item types whose encrypted_content is account-bound
+# Events that may carry artifacts; every other event of a stream is never parsed here.
+_MARKERS = (b'"response.output_item.done"', b'"response.completed"', b'"response.created"')
+
+
+def digest(encrypted: str) -> str:
+    return DIGEST + hashlib.sha256(encrypted.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def item_keys(item: object) -> tuple[str, ...]:
+    """The keys of an account-bound item (compaction, or reasoning with encrypted_content): its id
+    and its content's digest. Empty for any other item."""
+    if not isinstance(item, dict) or item.get("type") not in BOUND_ITEMS:
+        return ()
+    encrypted = item.get("encrypted_content")
+    if not isinstance(encrypted, str) or not encrypted:
+        return (ITEM + item["id"],) if item.get("type") == "compaction" and isinstance(item.get("id"), str) else ()
+    ident = item.get("id")
+    return (ITEM + ident, digest(encrypted)) if isinstance(ident, str) and ident else (digest(encrypted),)
+
+
+def artifacts_of_output(items: object) -> list[str]:
+    """Every artifact key in a list of output items."""
+    keys: list[str] = []
+    for item in items if isinstance(items, list) else ():
+        keys += item_keys(item)
+    return keys
+
+
+def artifacts_of_event(payload: object) -> list[str]:
+    """The artifacts in one streamed event (SSE `data` or a WebSocket message), parsed JSON."""
+    if not isinstance(payload, dict):
+        return []
+    kind = payload.get("type")
+    if kind == "response.output_item.done":
+        return list(item_keys(payload.get("item")))
+    if isinstance(kind, str) and kind.startswith("response."):
+        response = payload.get("response")
+        if isinstance(response, dict):
+            rid = response.get("id")
+            keys = [RESPONSE + rid] if isinstance(rid, str) and rid else []
+            if kind == "response.completed":
+                keys += artifacts_of_output(response.get("output"))
+            return keys
+    return []
+
+
+def artifacts_of_message(content: bytes | str) -> list[str]:
+    """A WebSocket message's artifacts; cheap for the messages that cannot carry any."""
+    raw = content.encode() if isinstance(content, str) else content
+    if not any(marker in raw for marker in _MARKERS):
+        return []
+    try:
+        return artifacts_of_event(json.loads(raw))
+    except ValueError:
+        return []
+
+
+def artifacts_of_compact(body: bytes) -> list[str]:
+    """A `/responses/compact` answer (`{"id", "object": "response.compaction", "output": [...]}`)."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return []
+    if not isinstance(parsed, dict):
+        return []
+    rid = parsed.get("id")
+    return ([RESPONSE + rid] if isinstance(rid, str) and rid else []) + artifacts_of_output(parsed.get("output"))
+
+
+class SseArtifacts:
+    """The artifacts of an SSE stream, fed its bytes in order (any chunking). A stream that breaks
+    the framer's bounds stops being looked at: nothing is learnt from it, nothing else changes."""
+
+    def __init__(self) -> None:
+        self._framer: SSEFramer | None = SSEFramer()
+
+    def feed(self, data: bytes) -> list[str]:
+        return self._scan(data)
+
+    def close(self) -> list[str]:
+        return self._scan(None)
+
+    def _scan(self, data: bytes | None) -> list[str]:
+        if self._framer is None:
+            return []
+        try:
+            events = self._framer.close() if data is None else self._framer.feed(data)
+        except FramerError:
+            self._framer = None
+            return []
+        keys: list[str] = []
+        for event in events:
+            if any(marker in event.raw for marker in _MARKERS):
+                keys += artifacts_of_event(event.payload)
+        return keys
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a request carries that some account made."""
+
+    bound: tuple[tuple[str, ...], ...] = ()  # per artifact it cannot be served without, its keys
+    reasoning: tuple[tuple[str, ...], ...] = ()  # per input reasoning item with encrypted_content, its keys
+
+
+def needs_of(body: object) -> Needs:
+    """`previous_response_id` and compaction items bind (in request order, the response id last:
+    it names the latest state); encrypted reasoning items may be stripped instead."""
+    if not isinstance(body, dict):
+        return Needs()
+    items = body.get("input") if isinstance(body.get("input"), list) else []
+    bound = [keys for item in items if isinstance(item, dict) and item.get("type") == "compaction"
+             and (keys := item_keys(item) or _bare(item))]
+    reasoning = [item_keys(item) for item in items
+                 if isinstance(item, dict) and item.get("type") == "reasoning" and item.get("encrypted_content")]
+    previous = body.get("previous_response_id")
+    if isinstance(previous, str) and previous:
+        bound.append((RESPONSE + previous,))
+    return Needs(tuple(bound), tuple(reasoning))
+
+
+def _bare(item: dict) -> tuple[str, ...]:
+    """A compaction item with neither id nor content still binds: to an owner nobody knows."""
+    return ("unknown:compaction",)
+
+
+class Provenance:
+    """artifact key -> the credential key (health key) that made it. Bounded (least recently used
+    out first) and expiring `idle` seconds after it was last made or asked for, like session
+    affinity (`session_idle`): an artifact outlives neither. Clock injected."""
+
+    def __init__(self, idle: float = 3600.0, max_entries: int = 50000, clock: Callable[[], float] = time.monotonic):
+        self.idle = idle
+        self.max_entries = max_entries
+        self._clock = clock
+        self._owners: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def record(self, keys: Iterable[str], owner: str) -> int:
+        """`owner` made these artifacts; how many were new or changed owner."""
+        if self.idle <= 0:
+            return 0
+        now, changed = self._clock(), 0
+        for key in keys:
+            if self._owners.get(key, ("",))[0] != owner:
+                changed += 1
+            self._owners[key] = (owner, now)
+            self._owners.move_to_end(key)
+        while len(self._owners) > self.max_entries:
+            self._owners.popitem(last=False)
+        return changed
+
+    def owner(self, keys: Iterable[str]) -> str | None:
+        """The credential that made the artifact known by any of `keys` (its id, its digest)."""
+        self._expire()
+        for key in keys:
+            entry = self._owners.get(key)
+            if entry is not None:
+                self._owners[key] = (entry[0], self._clock())  # asked for: still in use
+                self._owners.move_to_end(key)
+                return entry[0]
+        return None
+
+    def entries(self) -> Iterator[tuple[str, str, float]]:
+        """(artifact, credential key, last used on this clock), least recently used first."""
+        self._expire()
+        for key, (owner, seen) in self._owners.items():
+            yield key, owner, seen
+
+    def restore(self, key: str, owner: str, seen: float) -> None:
+        """An artifact remembered from before a restart (`seen` on this clock), if still live."""
+        if self.idle > 0 and seen > self._clock() - self.idle and key not in self._owners:
+            self._owners[key] = (owner, seen)
+
+    def _expire(self) -> None:
+        horizon = self._clock() - self.idle
+        while self._owners:
+            if next(iter(self._owners.values()))[1] > horizon:
+                return
+            self._owners.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._owners)

@@ -1,0 +1,91 @@
+"""Builds each attempt of one held request: the client's request with the candidate's credential,
+base URL and (moved) body, and the way to its upstream; dials the next candidate's connection ahead
+of need (docs/architecture.md#warm-connections)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from mitmproxy import http
+
+from ..core.body_edit import remove_members
+from ..core.codex_request import COMPACT, swap_credential
+from ..core.planner import Candidate, Plan
+from ..core.replay_safety import PIN_HEADER, removals
+from ..core.routes import Endpoint
+from .attempt import Attempt, copy_request
+from .warm_conn import WarmKey
+
+if TYPE_CHECKING:
+    from .request_run import RequestRun
+
+
+class AttemptMaker:
+    """The attempts of one request (see the module's docstring)."""
+
+    def __init__(self, run: "RequestRun", original: http.Request):
+        self.run, self.original, self.shared, self.pool = run, original, run.shared, run.pool
+        self.body, self.move = run.body, run.move
+        self.bodies: dict[tuple, bytes] = {}  # what each kind of attempt sends, built once
+
+    def make(self, cand: Candidate, n: int) -> Attempt:
+        req = copy_request(self.original)
+        if cand.base_url:
+            req.url = cand.base_url + (COMPACT if self.original.path.split("?", 1)[0].endswith(COMPACT) else "/responses")
+        if cand.auth is not None:
+            swap_credential(req.headers, cand.auth, moved=not cand.is_client)
+        content = self._body_for(cand)
+        if content is not None:
+            req.content = content
+        req.headers.pop(PIN_HEADER, None)
+        attempt = self.shared.engine.attempt(self.run.flow, req, f"{self.run.request_id}#{n}", n)
+        attempt.dial_timeout = self.pool.policy.connect_timeout
+        attempt.account = cand.key
+        return attempt
+
+    def _body_for(self, cand: Candidate) -> bytes | None:
+        """The body an attempt on `cand` sends, when it differs from the client's: without the
+        encrypted reasoning that credential did not make, and on another account without the
+        client's turn state. Cut from the client's own bytes, nothing else changed (body_edit)."""
+        if not isinstance(self.body, dict):
+            return None
+        strip = tuple(self.move.strips(cand.key, cand.is_client))
+        foreign = not cand.is_client
+        cuts = removals(self.body, list(strip), foreign)
+        if not cuts:
+            return None
+        key = (strip, foreign)
+        if key not in self.bodies:
+            self.bodies[key] = remove_members(self.original.get_content(strict=False) or b"", self.body, cuts)
+        return self.bodies[key]
+
+    async def via(self, ep: Endpoint | None):
+        """mitmproxy's per-connection upstream proxy for `ep` (SOCKS goes through a local bridge)."""
+        if ep is None:
+            return None
+        if ep.is_socks:
+            return ("http", await self.shared.bridges.address(ep))
+        return (ep.scheme, (ep.host, ep.port))
+
+    def prewarm_next(self, plan: Plan | None, current: Candidate) -> None:
+        """Dial the connection the next candidate (by the plan) would use, if none is open or
+        underway, so a failover pays no handshake."""
+        following = [c for c in plan.candidates if c.key != current.key] if plan is not None else []
+        if following:
+            task = asyncio.get_running_loop().create_task(self._prewarm(following[0]))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort: never an error
+
+    async def _prewarm(self, cand: Candidate) -> None:
+        if cand.base_url:
+            parts = urlsplit(cand.base_url)
+            scheme, host, port = parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+        else:
+            scheme, host, port = self.original.scheme, self.original.host, self.original.port
+        endpoints = self.pool.routes.get(cand.route) or [None]
+        ep = next((e for e in endpoints if e is None or self.shared.route_health.healthy(e)), None)
+        if ep is None and endpoints != [None]:
+            return
+        via = await self.via(ep)
+        self.shared.engine.prewarm(WarmKey(scheme, host, port, via, cand.key), ep, self.pool.policy.connect_timeout)
