@@ -460,9 +460,9 @@ def _errors(codex: CodexRun) -> list[str]:
 
 def test_real_codex_with_the_whole_pool_overloaded_stops_with_a_clear_message_within_the_bound(tmp_path, codex_bin,
                                                                                                capsys):
-    """Every credential overloaded (cooling for the 60 s overload_cooldown): the answer has no
-    Retry-After (nothing is back within max_retry_after), so Codex stops after its quick re-sends
-    with "Selected model is at capacity" in seconds, not minutes (docs/decisions.md)."""
+    """Every credential overloaded (resting 15 s or more, the first of an overload streak): the answer
+    has no Retry-After (nothing is back within max_retry_after), so Codex stops after its quick re-sends
+    with "Selected model is at capacity" in seconds, not minutes (docs/decisions.md#answers-that-tell-the-time)."""
     codex = run_codex(tmp_path, codex_bin, [("spare", "sk-test-spare-overload")])
     errors = _errors(codex)
     with capsys.disabled():

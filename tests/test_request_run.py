@@ -219,7 +219,6 @@ def test_every_credential_rejected_answers_with_the_last_rejection_and_the_time(
     assert 10 <= error["retry_after_seconds"] <= 15, error
     assert int(headers[b"retry-after"]) == error["retry_after_seconds"], headers
     assert "The first credential is back in" in error["message"]
-    assert "The first credential is back in" in error["message"]
 
 
 UNAUTHORIZED = whole(401, {"error": {"type": "invalid_request_error", "code": "invalid_api_key", "message": "bad key"}})
