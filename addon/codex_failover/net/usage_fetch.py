@@ -18,7 +18,10 @@ MAX_BODY = 1024 * 1024
 async def get_json(url: str, headers: dict[str, str], via: Endpoint | None, bridges: SocksBridges,
                    tls: ssl.SSLContext, timeout: float) -> tuple[int, object]:
     """(status, JSON body or None). Raises OSError / TimeoutError / ValueError when it fails."""
-    return await asyncio.wait_for(_get(Target.from_url(url), headers, via, bridges, tls), timeout)
+    try:
+        return await asyncio.wait_for(_get(Target.from_url(url), headers, via, bridges, tls), timeout)
+    except (IndexError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+        raise ValueError(f"not an HTTP answer ({type(exc).__name__})") from None
 
 
 async def _get(target: Target, headers: dict[str, str], via, bridges, tls) -> tuple[int, object]:
