@@ -43,8 +43,9 @@ def show_websocket_turn(proxy: ProxyProcess, fake: FakeUpstreamProcess) -> None:
 
 
 def show_log(proxy: ProxyProcess, request_id: str) -> None:
+    """The proxy's lines for `request_id` (r1, w1), whatever run prefix it has (`[k3x9-r1]`)."""
     for line in proxy.log().splitlines():
-        if f"[{request_id}]" in line:
+        if re.search(rf"\[(?:[0-9a-z]+-)?{request_id}\]", line):
             print("  proxy log:", re.sub(r"^\[[\d:.]+\]\s*", "", line))
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import FakeUpstreamProcess, ProxyProcess, pool_yaml
+from harness import FakeUpstreamProcess, MitmwebProcess, ProxyProcess, pool_yaml
 
 pytestmark = pytest.mark.e2e
 
@@ -194,6 +194,12 @@ class CodexRun:
     records: list[dict]  # what the recorder saw
     fake: FakeUpstreamProcess
     proxy_log: str
+    session_start: int = 0  # where in proxy_log the lines written while Codex ran begin
+
+    @property
+    def session_log(self) -> list[str]:
+        """The proxy's log lines from Codex's start to its end (start-up lines left out)."""
+        return self.proxy_log[self.session_start:].splitlines()
 
     @property
     def events(self) -> list[dict]:
@@ -230,11 +236,14 @@ class CodexRun:
 
 def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] = (), prepare=None,
               output: tuple[str, ...] = ("--json",), pool_file=None, auth_json: dict | None = None,
-              codex_args: tuple[str, ...] = (), **policy) -> CodexRun:
+              codex_args: tuple[str, ...] = (), client_key: str = CLIENT_KEY, shell: list[str] | None = None,
+              proxy_class=ProxyProcess, **policy) -> CodexRun:
     """Start the fake and mitmdump (pool `creds`), run `codex exec "say hi"` with CLIENT_KEY, stop both.
     `prepare(fake)` runs before Codex starts (e.g. to queue scenarios). `pool_file(fake, tmp_path)` gives
     (pool text, env) instead of API-key `creds`; with `auth_json`, Codex is logged in with that
-    auth.json (ChatGPT mode) instead of CLIENT_KEY."""
+    auth.json (ChatGPT mode) instead of CLIENT_KEY (`client_key`: another key). With `shell` (e.g.
+    `zsh -l -c`), Codex runs in that shell with no proxy variables or CA of its own: only what
+    README.md's shell block, run in its HOME, gives every shell. `proxy_class`: e.g. a mitmweb."""
     fake = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "5")
     proxy = None
     try:
@@ -247,7 +256,7 @@ def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] 
         # dial the named host itself, even if the addon failed to load. failover_intercept=all: Codex
         # also calls github.com and telemetry hosts, which the default (models) would tunnel out of
         # the machine; intercepted, map_remote keeps them on the fake.
-        proxy = ProxyProcess(tmp_path, pool, {**pool_env, "CODEX_TEST_RECORD": str(record_path)},
+        proxy = proxy_class(tmp_path, pool, {**pool_env, "CODEX_TEST_RECORD": str(record_path)},
                              extra=["--set", "connection_strategy=lazy", "--set", f"map_remote={to_fake}",
                                     "--set", "failover_intercept=all",
                                     "-s", str(recorder), *extra])
@@ -269,7 +278,7 @@ def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] 
         env = {  # clean: none of the developer's keys, proxies or ~/.codex leak in
             "PATH": f"{Path(shutil.which('node')).parent}:/usr/bin:/bin",
             "HOME": str(home), "CODEX_HOME": str(codex_home), "LANG": "C.UTF-8",
-            "CODEX_API_KEY": CLIENT_KEY, "CODEX_CA_CERTIFICATE": str(ca),
+            "CODEX_API_KEY": client_key, "CODEX_CA_CERTIFICATE": str(ca),
             "HTTPS_PROXY": proxy_url, "https_proxy": proxy_url, "HTTP_PROXY": proxy_url, "http_proxy": proxy_url,
             "ALL_PROXY": proxy_url, "all_proxy": proxy_url, "NO_PROXY": "", "no_proxy": "",
         }
@@ -277,7 +286,15 @@ def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] 
             del env["CODEX_API_KEY"]
         cmd = [str(codex_bin), "exec", *codex_args, *output, "--skip-git-repo-check", "--sandbox", "read-only",
                "--cd", str(work), "say hi"]
-        started = time.monotonic()
+        if shell is not None:
+            from test_readme_block import readme_block
+            block = readme_block().replace("127.0.0.1:8080", f"127.0.0.1:{proxy.port}")
+            subprocess.run(["env", "-i", f"HOME={home}", "PATH=/usr/bin:/bin", "bash", "-c", block], check=True,
+                           timeout=20, stdin=subprocess.DEVNULL)
+            (home / ".mitmproxy").symlink_to(proxy.confdir)  # where the block says mitmproxy's CA is
+            env = {k: env[k] for k in ("PATH", "HOME", "CODEX_HOME", "LANG", "CODEX_API_KEY") if k in env}
+            cmd = [*shell, 'exec "$@"', "codex", *cmd]
+        started, session_start = time.monotonic(), len(proxy.log())
         try:
             run = _run_bounded(cmd, CODEX_TIMEOUT, env=env, cwd=work)
         except subprocess.TimeoutExpired as exc:
@@ -285,7 +302,7 @@ def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] 
                         f"\n--- codex stderr ---\n{(exc.stderr or '')[-3000:]}\n--- mitmdump log ---\n{proxy.log()[-6000:]}")
         took = time.monotonic() - started
         time.sleep(0.2)  # the proxy's last log lines (socket ends)
-        return CodexRun(run, took, _records(record_path), fake, proxy.log())
+        return CodexRun(run, took, _records(record_path), fake, proxy.log(), session_start)
     finally:
         if proxy is not None:
             proxy.stop()
@@ -330,6 +347,98 @@ def test_real_codex_turn_completes_with_the_spare_when_its_own_key_is_overloaded
         print(f"[codex-cli] WebSocket upgrade -> 426, HTTP POST ({posts[0]['http_version']}) "
               f"{(posts[0]['t'] - upgrades[0]['t']) * 1000:.0f} ms later")
     codex.assert_loopback_only()
+
+
+# -- the log: a few lines per model request ----------------------------------------------------------
+# The default log is the addon's lines (one per attempt or turn, one per decision), warnings and
+# errors. A session of several tool calls with one failover stays within LINES_PER_MODEL_REQUEST:
+# before the quiet log (mitmproxy's connection lines, the flow echo) it was about 24.
+
+LINES_PER_MODEL_REQUEST = 3
+HEALTHY_KEY = "sk-test-client-ok"
+TOOL_CALLS = 3
+
+
+def _tool_session(fake, websocket: bool = False) -> None:
+    """The client's first request is overloaded; then, whichever credential serves, TOOL_CALLS tool
+    calls (each answered by a follow-up request of Codex) before the final answer."""
+    if websocket:  # the socket's warm-up turn takes the first forced scenario
+        fake.overload_next(HEALTHY_KEY, 1, "warmup")
+    fake.overload_next(HEALTHY_KEY, 1, "overload")
+    fake.overload_next(HEALTHY_KEY, TOOL_CALLS, "toolcall-again")
+    fake.overload_next(SPARE_KEY, TOOL_CALLS, "toolcall-again")
+
+
+def _lines_per_model_request(codex: CodexRun) -> tuple[float, int, list[str]]:
+    posts = [r for r in codex.asked if r["method"] == "POST" and r["url"].split("?")[0].endswith("/responses")]
+    lines = [line for line in codex.session_log if line.strip()]
+    assert posts, codex.context
+    return len(lines) / len(posts), len(posts), lines
+
+
+@pytest.mark.parametrize("websocket", ["downgrade", "gate"])
+def test_real_codex_session_logs_a_few_lines_per_model_request(tmp_path, codex_bin, capsys, websocket):
+    if websocket == "gate":  # the gate dials its own sockets: both credentials pooled, on the fake
+        codex = run_codex(tmp_path, codex_bin, [("primary", HEALTHY_KEY), ("spare", SPARE_KEY)], extra=GATE,
+                          prepare=lambda fake: _tool_session(fake, websocket=True), use_client_credential=False)
+    else:
+        codex = run_codex(tmp_path, codex_bin, [("spare", SPARE_KEY)], prepare=_tool_session, client_key=HEALTHY_KEY)
+    assert codex.run.returncode == 0, codex.context
+    assert [e for e in codex.events if e.get("type") == "turn.completed"], codex.context
+    if websocket == "gate":  # on the socket: count turns (the fake's ws_turn records), warm-ups left out
+        turns = [r for r in codex.fake.requests() if r.get("event") == "ws_turn" and r.get("generate") is not False]
+        requests = len(turns)
+        lines = [line for line in codex.session_log if line.strip()]
+    else:
+        per, requests, lines = _lines_per_model_request(codex)
+    assert requests > TOOL_CALLS, codex.context  # the tool calls' follow-ups went through the proxy
+    per = len(lines) / requests
+    with capsys.disabled():
+        print(f"\n[codex-cli] websocket={websocket}: {len(lines)} log lines for {requests} model requests "
+              f"({per:.2f} per request):\n  " + "\n  ".join(lines))
+    assert per <= LINES_PER_MODEL_REQUEST, "\n".join(lines)
+    for chatter in ("client connect", "server connect", "WebSocket text message", "stream reset by client",
+                    "cannot move", "<< 200"):
+        assert chatter not in "\n".join(lines), "\n".join(lines)
+    assert "sk-test-" not in codex.proxy_log
+
+
+@pytest.mark.parametrize("shell", [["zsh", "-l", "-c"], ["bash", "-l", "-c"]], ids=["zsh -l", "bash -l"])
+def test_real_codex_on_the_readme_variables_alone(tmp_path, codex_bin, shell):
+    """README.md's block is all Codex gets (the proxy variables and CODEX_CA_CERTIFICATE): it works."""
+    if not shutil.which(shell[0]):
+        pytest.skip(f"{shell[0]} is not installed")
+    codex = run_codex(tmp_path, codex_bin, [("spare", SPARE_KEY)], shell=shell)
+    codex.assert_completed_with(SPARE_KEY)
+    codex.assert_loopback_only()
+
+
+# -- mitmweb: no false alarm, no credential -----------------------------------------------------------
+
+class _Mitmweb(MitmwebProcess):
+    """mitmweb whose flows (its API's view, as the browser gets it) are read just before it stops."""
+
+    flows: list = []
+
+    def stop(self) -> None:
+        time.sleep(0.5)  # the last hooks
+        type(self).flows = self.api("/flows")
+        super().stop()
+
+
+def test_real_codex_in_mitmweb_shows_the_winner_without_error_and_no_credential(tmp_path, codex_bin):
+    """The spare's upstream writes its JSON with spaces and keeps the stream open after its last
+    event, so Codex's reset at response.completed cancels the winner: it still shows no error. Every
+    flow to a model host (127.0.0.1 here: the pool's base_url) is free of the key once finished."""
+    codex = run_codex(tmp_path, codex_bin, [("spare", "sk-test-spare-spaced")], proxy_class=_Mitmweb)
+    codex.assert_completed_with("sk-test-spare-spaced")
+    flows, context = _Mitmweb.flows, codex.context
+    winner = next(f for f in flows if f.get("marked") == "✅")
+    assert winner.get("error") is None, (winner.get("error"), context)
+    assert next(f for f in flows if f.get("marked") == "❌")["error"]["msg"] == "codex-failover: rejected: overloaded"
+    model_flows = [f for f in flows if f["request"]["host"] in ("127.0.0.1", "api.openai.com", "chatgpt.com")]
+    assert len(model_flows) >= 5, [f["request"]["path"] for f in flows]  # models, the upgrade, the POST, its attempts
+    assert "sk-test-" not in json.dumps(model_flows), context
 
 
 # -- failover_websocket: gate -----------------------------------------------------------------------

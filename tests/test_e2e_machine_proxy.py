@@ -281,9 +281,37 @@ def test_log_is_quiet_by_default_and_verbose_brings_mitmproxy_lines_back(fake, t
     log = proxy.log()
     assert "attempt 1/2 credential=client" in log, log[-2000:]
     assert "attempt 2/2 credential=spare" in log, log[-2000:]
-    chatter = ("[warm 127.0.0.1] server connect", "[replay]: POST", "<< codex-failover: rejected: overloaded", "Streaming response from")
+    chatter = ("[warm 127.0.0.1] server connect", "[replay]: POST", "<< codex-failover: rejected: overloaded",
+               "Streaming response from", "client connect", "<< 200 OK")
     if verbose:
         assert all(c in log for c in chatter), log
     else:
-        assert not any(c in log for c in chatter), log
-        assert "<< 200 OK" in log  # the client's own flow is still echoed, as plain mitmdump does
+        assert not any(c in log for c in chatter), log  # nor the client's own flow: the attempt lines tell it
+
+
+def _log_lines_for(proxy: ProxyProcess, act, expected: int) -> list[str]:
+    """The proxy's log lines written while `act()` ran and after it: until `expected` lines are
+    there (at most 5 s: a busy machine logs the disconnects late), then 0.5 s more for any extra."""
+    time.sleep(0.3)  # start-up lines first
+    before = len(proxy.log())
+    act()
+    lines = lambda: [line for line in proxy.log()[before:].splitlines() if line.strip()]  # noqa: E731
+    deadline = time.monotonic() + 5
+    while len(lines()) < expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    return lines()
+
+
+@pytest.mark.parametrize("extra,expected", [([], 0), (["--set", "failover_verbose=true"], 4)])
+def test_a_tunnelled_connection_logs_nothing_by_default(tmp_path, extra, expected):
+    """Every program on the machine goes through the proxy: its tunnels are not news. Verbose brings
+    back mitmproxy's client and server connect and disconnect lines (4 per tunnel)."""
+    origin = FakeUpstreamProcess(tmp_path, "--tls")  # a non-model TLS origin: tunnelled untouched
+    proxy = ProxyProcess(tmp_path, None, extra=extra)
+    try:
+        lines = _log_lines_for(proxy, lambda: issuer_through_proxy(proxy.port, "localhost", origin.port), expected)
+    finally:
+        proxy.stop()
+        origin.stop()
+    assert len(lines) == expected, lines

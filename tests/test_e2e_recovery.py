@@ -140,7 +140,7 @@ def test_client_leaving_during_backoff_stops_everything(fake, start):
         sock = start_raw_post(proxy.port, f"{fake.base}/v1/responses", CLIENT)
         deadline, delay = time.monotonic() + 5, None
         while delay is None and time.monotonic() < deadline:
-            found = re.findall(rf"\[r{attempt + 1}\] recovery: .* retry 1 in (\d+) ms", proxy.log())
+            found = re.findall(rf"\[[0-9a-z]+-r{attempt + 1}\] recovery: .* retry 1 in (\d+) ms", proxy.log())
             delay = int(found[0]) if found else None
             time.sleep(0.01)
         sock.close()

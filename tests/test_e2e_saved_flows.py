@@ -213,17 +213,20 @@ def test_a_silent_proxy_route_shows_no_secret_and_fails_over_before_dispatch(tmp
         fake.stop()
 
 
-def test_a_winner_whose_client_closes_right_after_the_answer_shows_no_error(tmp_path):
+@pytest.mark.parametrize("spare", ["good", "spaced"])
+def test_a_winner_whose_client_closes_right_after_the_answer_shows_no_error(tmp_path, spare):
     """Codex over HTTP/2 resets its stream as soon as response.completed arrives, before the
-    upstream's last chunk: the winner still delivered its whole answer, so it shows no error."""
+    upstream's last chunk: the winner still delivered its whole answer, so it shows no error.
+    `spaced`: the events' JSON has spaces (`"type": "response.completed"`) and the upstream keeps
+    the stream open after its last event, so the reset always cancels the winner."""
     import struct
 
     fake = FakeUpstreamProcess(tmp_path, "--pace", "0.05", "--deltas", "3")
-    text, env = spare_pool(fake, "sk-proj-SPARESECRET2-good")
+    text, env = spare_pool(fake, f"sk-proj-SPARESECRET2-{spare}")
     web = MitmwebProcess(tmp_path / "web", text, env)
     try:
         sock = start_raw_post(web.port, f"{fake.base}/v1/responses", CLIENT_KEY, timeout=15)
-        read_until(sock, b'"type":"response.completed"')
+        read_until(sock, b'response.completed"')
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset, at once
         sock.close()
         winner = wait_until(lambda: next((f for f in web.api("/flows") if f.get("marked") == "✅"
@@ -289,7 +292,8 @@ def test_a_held_flow_keeps_its_real_url_and_is_answered_in_process(tmp_path):
     fake = FakeUpstreamProcess(tmp_path, "--stall", "30")
     spare_key = "sk-proj-SPARESECRET2-stall-after-output"  # streams one delta, then waits
     text, env = spare_pool(fake, spare_key)
-    web = MitmwebProcess(tmp_path / "web", text, env)
+    # verbose: mitmproxy's connection lines are in the log, so a relay connection would show
+    web = MitmwebProcess(tmp_path / "web", text, env, extra=["--set", "failover_verbose=true"])
     sock = start_raw_post(web.port, f"{fake.base}/v1/responses", CLIENT_KEY)
     try:
         read_until(sock, b"reasoning_summary_text.delta")  # streaming to the client now

@@ -287,7 +287,7 @@ def test_the_losing_attempt_shows_the_rejection_it_received_and_why_it_lost(page
 
     open_tab(page, "Comment")
     expect(comment(page)).to_have_text(re.compile(
-        r"^attempt 1/2: client via direct: failover \(overloaded\), HTTP 200, \d+ ms \(codex-failover r\d+\)$"))
+        r"^attempt 1/2: client via direct: failover \(overloaded\), HTTP 200, \d+ ms \(codex-failover [0-9a-z]{4}-r\d+\)$"))
     assert_no_secret(page)
 
 
@@ -301,7 +301,7 @@ def test_the_winning_attempt_shows_the_answer_and_no_error(page):
     expect(row_marked(page, SERVED).locator(".icon-warning")).to_have_count(0)
     open_tab(page, "Comment")
     expect(comment(page)).to_have_text(re.compile(
-        r"^attempt 2/2: spare via direct: commit \(output\), HTTP 200, \d+ ms \(codex-failover r\d+\)$"))
+        r"^attempt 2/2: spare via direct: commit \(output\), HTTP 200, \d+ ms \(codex-failover [0-9a-z]{4}-r\d+\)$"))
     assert_no_secret(page)
 
 
@@ -314,8 +314,8 @@ def test_the_client_flows_comment_tells_the_whole_story(page):
     assert shown.inner_text().startswith(STORY)  # what is rendered (mitmweb runs the lines together)
     lines = shown.text_content().splitlines()  # what the comment holds: one line per attempt
     assert lines[0] == STORY, lines
-    assert re.fullmatch(r"• r\d+ attempt 1: client via direct: failover \(overloaded\), HTTP 200, \d+ ms", lines[1]), lines
-    assert re.fullmatch(r"• r\d+ attempt 2: spare via direct: commit \(output\), HTTP 200, \d+ ms", lines[2]), lines
+    assert re.fullmatch(r"• [0-9a-z]{4}-r\d+ attempt 1: client via direct: failover \(overloaded\), HTTP 200, \d+ ms", lines[1]), lines
+    assert re.fullmatch(r"• [0-9a-z]{4}-r\d+ attempt 2: spare via direct: commit \(output\), HTTP 200, \d+ ms", lines[2]), lines
     assert len(lines) == 3, lines
     open_tab(page, "Response")
     expect(detail(page).locator(".contentview pre")).to_contain_text(f"Hello from {SPARE_LABEL}")

@@ -112,6 +112,9 @@ def test_unit_quotes_exec_start_for_systemd(clone):
     assert lines["Restart"] == ["on-failure"]
     assert lines["RestartSec"] == ["2"]
     assert lines["Environment"] == ["PYTHONUNBUFFERED=1"]
+    config = os.environ.get("XDG_CONFIG_HOME", "")
+    config = config if config.startswith("/") else f"{Path.home()}/.config"
+    assert lines["EnvironmentFile"] == [f"-{config}/codex-failover/env".replace("%", "%%")]
     assert lines["WantedBy"] == ["default.target"]
     assert lines["Description"] == ["codex-failover proxy for OpenAI Codex (mitmdump on 127.0.0.1:9090)"]
     assert f"# Written by {clone}/scripts/service install" in text
@@ -231,11 +234,13 @@ def test_launchd_plist_parses_with_the_arguments_in_order(clone, fake_env):
     plist = plistlib.loads(text.encode())
     home = fake_env["HOME"]
     assert plist["Label"] == LABEL
-    assert plist["ProgramArguments"] == [f"{clone}/scripts/run", *args]
+    logs = f"{fake_env['HOME']}/Library/Logs/codex-failover"
+    assert plist["ProgramArguments"] == [f"{clone}/scripts/service-run", f"{fake_env['XDG_CONFIG_HOME']}/codex-failover/env",
+                                         f"{logs}/proxy.log", "10", f"{clone}/scripts/run", *args]
     assert plist["RunAtLoad"] is True
     assert plist["KeepAlive"] == {"SuccessfulExit": False}
     assert plist["WorkingDirectory"] == str(clone)
-    assert plist["StandardOutPath"] == f"{home}/Library/Logs/codex-failover/proxy.log"
+    assert plist["StandardOutPath"] == f"{home}/Library/Logs/codex-failover/proxy.err.log"  # service-run's own
     assert plist["StandardErrorPath"] == f"{home}/Library/Logs/codex-failover/proxy.err.log"
     assert plist["EnvironmentVariables"]["PYTHONUNBUFFERED"] == "1"
 
@@ -245,7 +250,7 @@ def test_launchd_install_and_uninstall_with_a_fake_launchctl(clone, fake_env):
     plist = Path(fake_env["HOME"]) / "Library" / "LaunchAgents" / f"{LABEL}.plist"
     target = f"gui/{os.getuid()}"
     service("install", "--launchd", "--", *ARGS, env=fake_env, script=script)
-    assert plistlib.loads(plist.read_bytes())["ProgramArguments"] == [f"{clone}/scripts/run", *ARGS]
+    assert plistlib.loads(plist.read_bytes())["ProgramArguments"][4:] == [f"{clone}/scripts/run", *ARGS]
     assert (Path(fake_env["HOME"]) / "Library" / "Logs" / "codex-failover").is_dir()
     assert calls(fake_env) == ["setup none", f"launchctl print {target}/{LABEL}", f"launchctl enable {target}/{LABEL}",
                                f"launchctl bootstrap {target} {plist}"]
@@ -330,6 +335,157 @@ def test_status_names_the_file_asks_systemctl_and_checks_the_recorded_port(clone
                for c in calls(fake_env))
 
 
+# -- the environment file ---------------------------------------------------------------------------
+
+KEY = "sk-test-from-the-env-file"
+
+
+def env_file(env) -> Path:
+    return Path(env["XDG_CONFIG_HOME"]) / "codex-failover" / "env"
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """NAME='value' lines as systemd's EnvironmentFile= reads them (the subset the script writes)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.split("=", 1)
+            assert value.startswith("'") and value.endswith("'"), line
+            out[name] = value[1:-1]
+    return out
+
+
+def test_install_env_writes_a_private_file_the_unit_reads_and_never_prints_a_value(clone, fake_env):
+    script = clone / "scripts" / "service"
+    env = {**fake_env, "SPARE_OPENAI_KEY": KEY, "SSL_CERT_FILE": "/etc/ssl/corp bundle.pem"}
+    proc = service("install", "--systemd", "--env", "SPARE_OPENAI_KEY", "--env", "SSL_CERT_FILE", env=env, script=script)
+    path = env_file(fake_env)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert read_env_file(path) == {"SPARE_OPENAI_KEY": KEY, "SSL_CERT_FILE": "/etc/ssl/corp bundle.pem"}
+    unit = (Path(fake_env["XDG_CONFIG_HOME"]) / "systemd" / "user" / UNIT).read_text()
+    assert unit_lines(unit)["EnvironmentFile"] == [f"-{path}"]
+    assert KEY not in proc.stdout + proc.stderr
+    assert "SPARE_OPENAI_KEY" in proc.stdout
+
+    # Again with one more name: the earlier entries stay, the proxy restarts (its environment changed).
+    Path(fake_env["FAKE_LOG"]).write_text("")
+    proc = service("install", "--systemd", "--env", "OTHER_KEY", env={**fake_env, "OTHER_KEY": "sk-test-other"},
+                   script=script)
+    assert read_env_file(path) == {"SPARE_OPENAI_KEY": KEY, "SSL_CERT_FILE": "/etc/ssl/corp bundle.pem",
+                                   "OTHER_KEY": "sk-test-other"}
+    assert f"systemctl --user restart {UNIT}" in calls(fake_env)
+    # The same values again: nothing changed, no restart.
+    Path(fake_env["FAKE_LOG"]).write_text("")
+    service("install", "--systemd", "--env", "OTHER_KEY", env={**fake_env, "OTHER_KEY": "sk-test-other"}, script=script)
+    assert f"systemctl --user restart {UNIT}" not in calls(fake_env)
+
+
+def test_install_env_dry_run_names_the_variables_only(clone, fake_env):
+    proc = service("install", "--systemd", "--dry-run", "--env", "SPARE_OPENAI_KEY",
+                   env={**fake_env, "SPARE_OPENAI_KEY": KEY}, script=clone / "scripts" / "service")
+    assert f"would write {env_file(fake_env)} (mode 0600) with: SPARE_OPENAI_KEY" in proc.stdout
+    assert KEY not in proc.stdout + proc.stderr
+    assert not env_file(fake_env).exists()
+
+
+@pytest.mark.parametrize("name,value,why", [("SPARE_OPENAI_KEY", None, "is not set"), ("1BAD", "x", "not a variable name"),
+                                            ("QUOTED", "it's", "holds a quote"), ("SLASHED", "a\\b", "holds a quote")])
+def test_install_env_refuses_what_the_file_cannot_carry(clone, fake_env, name, value, why):
+    env = {**fake_env, **({name: value} if value is not None else {})}
+    proc = service("install", "--systemd", "--env", name, env=env, script=clone / "scripts" / "service", check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert why in proc.stderr
+    assert value is None or value not in proc.stderr
+    assert not env_file(fake_env).exists()
+    assert calls(fake_env) == []
+
+
+def test_restart_asks_the_service_manager(clone, fake_env):
+    script = clone / "scripts" / "service"
+    service("restart", "--systemd", env=fake_env, script=script)
+    assert calls(fake_env)[-1] == f"systemctl --user restart {UNIT}"
+    service("install", "--launchd", env=fake_env, script=script)
+    service("restart", "--launchd", env=fake_env, script=script)
+    assert calls(fake_env)[-1] == f"launchctl kickstart -k gui/{os.getuid()}/{LABEL}"
+
+
+SERVICE_RUN = ROOT / "scripts" / "service-run"
+
+
+def test_service_run_rotates_a_log_over_its_cap_and_sources_the_env_file(tmp_path):
+    log, env = tmp_path / "logs" / "proxy.log", tmp_path / "env"
+    env.write_text("# comment\nSPARE_OPENAI_KEY='sk-test-x y'\n")
+    log.parent.mkdir()
+    log.write_text("x" * (1024 * 1024 + 1))
+    cmd = ["env", "-i", f"HOME={tmp_path}", "PATH=/usr/bin:/bin", str(SERVICE_RUN), str(env), str(log), "1",
+           "sh", "-c", 'echo "started with [$SPARE_OPENAI_KEY]"']
+    subprocess.run(cmd, check=True, timeout=TIMEOUT)
+    assert log.read_text() == "started with [sk-test-x y]\n"
+    assert (log.parent / "proxy.log.1").stat().st_size == 1024 * 1024 + 1
+    subprocess.run(cmd, check=True, timeout=TIMEOUT)  # under the cap: appended, not moved
+    assert log.read_text().count("started") == 2
+    env.unlink()
+    subprocess.run(cmd, check=True, timeout=TIMEOUT)  # no env file: starts anyway
+    assert log.read_text().endswith("started with []\n")
+
+
+# -- a start with nothing but the environment file -----------------------------------------------
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("kind", ["systemd", "launchd"])
+def test_a_clean_start_as_the_service_starts_it_reads_api_keys_from_the_env_file(tmp_path, fake_env, kind):
+    """The pool names `api_key_env: SPARE_OPENAI_KEY`; the key is in this shell only when `install
+    --env` runs. The proxy is then started with `env -i` exactly as the unit (ExecStart= after
+    EnvironmentFile=) or the agent (ProgramArguments) would start it, and serves the spare."""
+    from harness import MITMDUMP, STARTED, FakeUpstreamProcess, free_port, post_responses, stop, wait_port
+
+    root = tmp_path / "clone"
+    (root / "scripts").mkdir(parents=True)
+    for name in ("service", "service-run"):
+        shutil.copy(ROOT / "scripts" / name, root / "scripts" / name)
+    port = free_port()
+    # scripts/run as the clone's would run it, with this checkout's mitmdump (no .venv to set up here).
+    executable(root / "scripts" / "run", f"""#!/bin/sh
+exec {shlex.quote(MITMDUMP)} --listen-host 127.0.0.1 -p {port} -s {shlex.quote(str(ROOT / "addon" / "failover.py"))} \\
+    --set confdir={shlex.quote(str(tmp_path / "conf"))} "$@"
+""")
+    executable(root / "scripts" / "setup", "#!/bin/sh\nexit 0\n")
+    fake = FakeUpstreamProcess(tmp_path)
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(f"credentials:\n  - name: spare\n    api_key_env: SPARE_OPENAI_KEY\n    base_url: {fake.base}/v1\n")
+    args = ["--set", f"failover_config={pool}"]
+    script = root / "scripts" / "service"
+    service("install", f"--{kind}", "--env", "SPARE_OPENAI_KEY", "--", *args,
+            env={**fake_env, "SPARE_OPENAI_KEY": KEY}, script=script)
+    home = fake_env["HOME"]
+    if kind == "systemd":
+        unit = unit_lines((Path(fake_env["XDG_CONFIG_HOME"]) / "systemd" / "user" / UNIT).read_text())
+        variables = read_env_file(Path(unit["EnvironmentFile"][0].lstrip("-")))
+        argv = shlex.split(unit["ExecStart"][0])
+        cwd = unit["WorkingDirectory"][0]
+        log = None
+    else:
+        plist = plistlib.loads((Path(home) / "Library" / "LaunchAgents" / f"{LABEL}.plist").read_bytes())
+        variables, argv, cwd = plist["EnvironmentVariables"], plist["ProgramArguments"], plist["WorkingDirectory"]
+        log = Path(argv[2])
+    env = ["env", "-i", f"HOME={home}", "PATH=/usr/bin:/bin", *(f"{k}={v}" for k, v in variables.items())]
+    out = open(tmp_path / "proxy.out", "w")
+    proc = subprocess.Popen([*env, *argv], cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    STARTED.append(proc)
+    try:
+        wait_port(port, proc)
+        reply = post_responses(port, f"{fake.base}/v1/responses", "sk-test-client-overload")
+        assert reply.status == 200
+        assert [r["credential"] for r in fake.model_requests()] == ["sk-test-client-overload", KEY]
+    finally:
+        stop(proc)
+        out.close()
+        fake.stop()
+    text = (log or tmp_path / "proxy.out").read_text()
+    assert "credentials: spare (apikey)" in text, text
+    assert KEY not in text
+
+
 # -- refusals and usage -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("command", ["unit", "install"])
@@ -368,5 +524,5 @@ def test_help_prints_usage_and_exits_0():
 
 @pytest.mark.skipif(not shutil.which("shellcheck"), reason="shellcheck is not installed")
 def test_shellcheck_is_clean():
-    proc = subprocess.run(["shellcheck", str(SERVICE)], capture_output=True, text=True, timeout=TIMEOUT)
+    proc = subprocess.run(["shellcheck", str(SERVICE), str(SERVICE_RUN)], capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stdout

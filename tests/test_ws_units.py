@@ -38,3 +38,40 @@ def test_exhaustion_without_frames_is_a_status_bearing_error_frame(reason, statu
     assert frame["status"] == want_status
     assert frame["error"]["code"] == want_code
     assert frame["error"]["message"]
+
+
+def test_an_upstream_writing_after_close_notify_ends_the_socket_with_one_debug_line(caplog):
+    """The shutdown race: the upstream's TLS sends data after its close_notify and the read raises
+    ssl.SSLError(APPLICATION_DATA_AFTER_CLOSE_NOTIFY). The socket has ended: no error, no traceback."""
+    import asyncio
+    import logging
+    import ssl
+
+    from wsproto import ConnectionType, WSConnection
+
+    from codex_failover.ws.conn import ABNORMAL, WsConn
+
+    class Reader:
+        async def read(self, n):
+            error = ssl.SSLError(1, "[SSL: APPLICATION_DATA_AFTER_CLOSE_NOTIFY] application data after close notify")
+            error.reason = "APPLICATION_DATA_AFTER_CLOSE_NOTIFY"
+            raise error
+
+    class Writer:
+        closed = False
+
+        def is_closing(self):
+            return self.closed
+
+        def close(self):
+            self.closed = True
+
+        def write(self, data):
+            pass
+
+    conn = WsConn(Reader(), Writer(), WSConnection(ConnectionType.CLIENT))
+    with caplog.at_level(logging.DEBUG, logger="codex_failover"):
+        assert asyncio.run(conn.recv()) is None
+    assert conn.close_code == ABNORMAL
+    assert [(r.levelno, r.exc_info) for r in caplog.records] == [(logging.DEBUG, None)]
+    assert "APPLICATION_DATA_AFTER_CLOSE_NOTIFY" in caplog.records[0].getMessage()

@@ -31,7 +31,8 @@ def add_options(loader) -> None:
     loader.add_option("failover_metrics", str, "",
                       "Serve Prometheus metrics at HOST:PORT/metrics (e.g. 127.0.0.1:9464); empty: off.")
     loader.add_option("failover_verbose", bool, False,
-                      "Also log mitmproxy's per-connection lines for the addon's own attempts and relay hops.")
+                      "Also log mitmproxy's per-connection lines (every client's, the attempts' and relay "
+                      "hops') and mitmdump's flow echo; off: the addon's lines, warnings and errors only.")
 
 
 @dataclass

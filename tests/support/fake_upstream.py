@@ -69,6 +69,10 @@ SCENARIOS = {
     "http-502": "synchronous HTTP 502",
     "http-503": "synchronous HTTP 503 that is not an overload (service unavailable, no code)",
     "http-504": "synchronous HTTP 504",
+    "spaced": "a normal answer in JSON with spaces after ':' and ',' (as Python's json.dumps writes it), then the "
+              "stream stays open --stall seconds before it ends",
+    "toolcall-again": "as toolcall, also on a request that already carries a tool's output (a session of many calls)",
+    "linger": "a normal answer through response.completed, then the stream stays open --stall seconds before it ends",
     "toolcall": "a call to an unknown tool (Codex answers it with a follow-up request); on HTTP, a request that "
                 "already carries a tool's output (or a compaction of it) gets a normal answer, and the call reports 500 input tokens "
                 "(so a low model_auto_compact_token_limit compacts mid-turn)",
@@ -112,6 +116,10 @@ def label_of(headers: dict[str, str]) -> str:
 
 def sse(obj: dict) -> bytes:
     return f"event: {obj['type']}\ndata: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+
+
+def sse_spaced(obj: dict) -> bytes:
+    return f"event: {obj['type']}\ndata: {json.dumps(obj)}\n\n".encode()
 
 
 def ws_text(obj: dict) -> str:
@@ -507,7 +515,7 @@ class FakeUpstream:
                       compact: bool = False, encrypted: bool = False) -> bool:
         if scenario == "stall-headers" and not await self._stall(reader, label):
             return False
-        turn = Turn(label, self.deltas, compact=compact, encrypted=encrypted)
+        turn = Turn(label, self.deltas, sse_spaced if scenario == "spaced" else sse, compact=compact, encrypted=encrypted)
         used = b"100" if scenario == "window-full" else b"10"
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
                      b"access-control-allow-origin: *\r\n"
@@ -549,6 +557,11 @@ class FakeUpstream:
             if not await self._stall(reader, label):
                 return False
             events = answer[7:]
+        elif scenario in ("linger", "spaced"):  # as a real upstream may: the last event well before the stream's end
+            await self._send(writer, events + turn.answer(), label)
+            if not await self._stall(reader, label):
+                return False
+            events = []
         elif scenario == "garbage":
             events += [b"this line is not SSE at all\n", b"data: {not json}\n\n", b"data: \xff\xfe\xc3(\n\n"] + turn.answer()
         elif scenario == "huge-line":
@@ -577,7 +590,7 @@ class FakeUpstream:
         elif scenario == "cut":
             events += turn.answer()[:4]
             ending = b""
-        elif scenario == "toolcall" and not compact:
+        elif scenario in ("toolcall", "toolcall-again") and not compact:
             call = {"id": "fc_" + turn.rid[-8:], "type": "function_call", "status": "completed",
                     "call_id": f"call_{turn.rid[-8:]}", "name": "fake_unknown_tool", "arguments": "{}"}
             events += [turn.ev("response.output_item.added", output_index=0, item=call),
@@ -749,7 +762,7 @@ class WsSession:
             msgs = turn.handshake() + [turn.failed("server_error", "Selected model is at capacity. Please try a different model.")]
         elif scenario == "slow-down":
             msgs = turn.handshake() + [turn.failed("slow_down", "Please slow down.")]
-        elif scenario == "toolcall":
+        elif scenario in ("toolcall", "toolcall-again"):
             call = {"id": "fc_1", "type": "function_call", "status": "completed", "call_id": f"call_{turn.rid[-8:]}",
                     "name": "fake_unknown_tool", "arguments": "{}"}
             msgs = turn.handshake() + [turn.ev("response.output_item.done", output_index=0, item=call), turn.completed([call])]

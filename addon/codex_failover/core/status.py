@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from . import token_expiry
+
 
 def build(pool, health, usage, seen_clients, route_health, bridges, counters: dict, ended=None) -> dict:
     """The report: every credential, the clients' own credentials (by label), every route endpoint,
@@ -25,8 +27,11 @@ def build(pool, health, usage, seen_clients, route_health, bridges, counters: di
         if state.status == "cooling":
             entry["cooling_for_s"] = round(state.until - now, 1)
         entry.update(early(cred.name))
+        token = token_expiry.describe(cred, now)
+        if token is not None:  # a ChatGPT token: when it ends, and the command that refreshes it
+            entry.update(token)
         if cred.auth.expires_at is not None and cred.auth.expires_at <= now:
-            entry["state"], entry["reason"] = "expired", "run `codex login` for this account"
+            entry["state"], entry["reason"] = "expired", f"refresh it: {token_expiry.refresh_command(cred)}"
         creds.append(entry)
     seen = {key: (name, kind, round(ago)) for key, name, kind, ago in seen_clients.recent()}
     # Plus clients' credentials not seen here but cooling or out (learnt from a shared store).
@@ -58,6 +63,8 @@ def render(report: dict) -> str:
         if "cooldown_ended" in c:
             e = c["cooldown_ended"]
             text += f" (cooldown ended {e['s_ago']}s ago: {e['how']})"
+        if "token_expires_in_s" in c and c["state"] != "expired":
+            text += f"; token expires in {token_expiry.left(c['token_expires_in_s'])} ({c['refresh']})"
         lines.append(f"  {c['name']:<20} {c['kind']:<8} {c['base_url']:<45} {text}; {c['usage']}")
     for c in report["clients"]:
         text = c["state"] + (f" for {c['cooling_for_s']:.0f}s more ({c['reason']})" if c["state"] == "cooling"

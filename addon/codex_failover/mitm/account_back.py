@@ -13,7 +13,7 @@ from urllib.parse import unquote
 from mitmproxy import command, http
 
 from ..config import PoolConfig
-from ..core.auth import CHATGPT, auth_from_headers
+from ..core.auth import CHATGPT, AuthMaterial, auth_from_headers
 from ..core.client_access import is_loopback_host
 from ..core.cooldown_end import (BY_HAND, RECHECKED, REDEEMED, CooldownEnds, Ended, UsageRecheck,
                                  redeems_reset_credit, usage_has_headroom, usage_url, usage_windows)
@@ -31,6 +31,7 @@ class AccountBack:
         """`owner`: the FailoverAddon, whose pool (it changes on reload), health, usage, shared parts and
         state keeper this reads."""
         self.owner = owner
+        self._sent: dict[str, AuthMaterial] = {}  # flow id -> the credential of a redemption on its way
         self.ends = CooldownEnds()
         self.recheck = UsageRecheck()
         self.task: asyncio.Task | None = None
@@ -54,14 +55,23 @@ class AccountBack:
 
     # -- a redeemed reset credit ---------------------------------------------------------
 
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        """A redemption's credential, kept in memory (never in the flow) until its answer: the
+        request's own headers are redacted once it left (passthrough_redact.py)."""
+        req = flow.request
+        if not flow.is_replay and ATTEMPT_TAG not in flow.metadata and redeems_reset_credit(req.method, req.path, 200):
+            if (auth := auth_from_headers(req.headers)) is not None:
+                self._sent[flow.id] = auth
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._sent.pop(flow.id, None)
+
     def response(self, flow: http.HTTPFlow) -> None:
-        if flow.is_replay or ATTEMPT_TAG in flow.metadata or flow.response is None:
+        auth = self._sent.pop(flow.id, None)
+        if auth is None or flow.response is None:
             return
         req = flow.request
         if not redeems_reset_credit(req.method, req.path, flow.response.status_code):
-            return
-        auth = auth_from_headers(req.headers)
-        if auth is None:
             return
         pooled = next((c.name for c in self._pool().credentials if c.auth.fingerprint == auth.fingerprint), None)
         key = pooled or client_key(auth)

@@ -8,7 +8,6 @@ import itertools
 import json
 import logging
 import sys
-import time
 import traceback
 
 from mitmproxy import command, ctx, exceptions, http
@@ -24,19 +23,21 @@ from .account_back import AccountBack
 from ..core.provenance import Provenance
 from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
 from ..core.auth import AuthMaterial, auth_from_headers
-from ..auth_watch import AuthWatch
+from .file_watch import FileWatch
 from ..core.client_access import ClientAccess, is_loopback_host
 from ..core.codex_request import EndpointMatcher, asks_to_stream, is_compact, is_websocket_upgrade, parse_body
 from ..config import ConfigError, PoolConfig, load_pool
 from ..core.health import Health
 from ..core.intercept_scope import InterceptScope
 from .held_client import RelayHops, point_at_relay
+from .passthrough_redact import PassThroughRedaction
 from .request_run import RequestRun, start_run
 from .usage_answer import UsageAnswer
 from ..shared import Shared
 from ..core.recovery import Slots
 from ..net.relay import Relay
 from ..core.routes import RouteHealth
+from ..core.run_ids import run_id
 from ..core.rules import RulesError, load_rules
 from ..metrics import Metrics, MetricsListener, snapshot_on_loop
 from ..options import add_options, parse_options
@@ -71,19 +72,20 @@ class FailoverAddon:
         self.matcher = EndpointMatcher()
         self.attempts: dict[str, Attempt] = {}
         self._ids = itertools.count(1)
+        self.run = run_id()  # in front of request and WebSocket ids: unique across restarts (run_ids.py)
         self._notices: set = set()
         self._held = 0  # requests held right now
-        self.auth_watch = AuthWatch()
-        self._auth_checked = 0.0
+        self.files = FileWatch()  # the pool file, auth files, token ends (file_watch.py)
         self._tasks: set[asyncio.Task] = set()
-        self.ws_gate = WebsocketGate()
+        self.ws_gate = WebsocketGate(self.run)
         self._tls = None  # (options it was built from, upstream TLS context) for gated WebSockets
         self.quiet = quiet_log.QuietLog()
         self.tls = TlsScope()  # a nested addon: which TLS connections are decrypted, and upstream trust
-        self.hops = RelayHops(self.quiet)  # nested addons, each for the flows of one kind
+        self.hops = RelayHops()  # nested addons, each for the flows of one kind
         self.boundary = ClientBoundary()  # whose requests are the user's own programs' (docs/machine-proxy.md)
         self.back = AccountBack(self)  # cooldowns that end early; failover.reset
-        self.addons = [self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, UsageAnswer(self)]
+        self.addons = [self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, UsageAnswer(self),
+                       PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host))]
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
         self.seen_clients = SeenClients()
@@ -96,6 +98,7 @@ class FailoverAddon:
 
     def load(self, loader) -> None:
         add_options(loader)
+        self.quiet.install()  # before the proxy listens: its first connections are chatter too
 
     def configure(self, updated: set[str]) -> None:
         try:
@@ -129,6 +132,7 @@ class FailoverAddon:
                 ctx.options.connection_strategy = "lazy"
 
     def _load_files(self) -> None:
+        self.files.before_load(ctx.options.failover_config or None)
         try:
             pool = load_pool(ctx.options.failover_config or None)
             rules = load_rules(ctx.options.failover_rules or None)
@@ -140,7 +144,6 @@ class FailoverAddon:
         self.warm.close_all()  # connections through old endpoints or bridges are not used again
         if self._running:
             self._open_state()
-        self.auth_watch.remember(pool.credentials)
         self.affinity.idle, self.affinity.max_sessions = pool.policy.session_idle, pool.policy.max_sessions
         self.provenance.idle = pool.policy.session_idle  # an artifact lives as long as its session may
         self.route_health.floor, self.route_health.cap = pool.policy.route_backoff, pool.policy.route_backoff_max
@@ -149,6 +152,7 @@ class FailoverAddon:
             log.warning("codex-failover: %s", note)
         names = ", ".join(f"{c.name} ({c.kind})" for c in pool.credentials) or "none (client credential only)"
         log.info("codex-failover: pool %s: credentials: %s", pool.source or "(no file)", names)
+        self.files.loaded(pool.credentials, self._notices)
 
     # `running`/`done` stay synchronous: a script hot reload calls them outside the event loop's
     # await chain (docs/architecture.md#hooks-and-tasks). Async work is started as a task.
@@ -156,7 +160,6 @@ class FailoverAddon:
         self._running = True
         self._open_state()
         self._serve_metrics()
-        self.quiet.install(lambda: self.relay.port)
         self._spawn(self.relay.start())
         self.back.start()
         for host in self._listen_hosts():
@@ -271,11 +274,8 @@ class FailoverAddon:
                       self.metrics, self.provenance, self.boundary.rejected)
 
     def _refresh_auth_files(self) -> None:
-        """At most once a second: reload auth files that changed (auth_watch.py)."""
-        now = time.monotonic()
-        if now - self._auth_checked >= 1.0:
-            self._auth_checked = now
-            self.pool = self.auth_watch.refresh_pool(self.pool, self.health)
+        """At most once a second: the pool file and auth files that changed, reloaded (file_watch.py)."""
+        self.pool = self.files.refresh(lambda: self.pool, self._load_files, self.health)
 
     async def _hold(self, flow: http.HTTPFlow, body: dict, client_auth: AuthMaterial) -> None:
         """Start the held request's run and return: the client flow gets its stand-in server
@@ -283,7 +283,7 @@ class FailoverAddon:
         n = next(self._ids)
         await self.relay.start()
         self._held += 1
-        run = RequestRun(flow, self.shared(), body, f"r{n}", rotation=n, client_auth=client_auth)
+        run = RequestRun(flow, self.shared(), body, f"{self.run}-r{n}", rotation=n, client_auth=client_auth)
         task = start_run(run, self._release_hold)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

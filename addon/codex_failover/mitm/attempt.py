@@ -32,8 +32,10 @@ SECRET_HEADERS = ("authorization", "cookie", "chatgpt-account-id", "proxy-author
 PLACEHOLDER = "<redacted by codex-failover>"
 JUDGE_WAIT = 5.0  # longest a final hook waits for the run's verdict (never hangs the replay)
 # A stream's last event: once relayed, the client has the whole answer (Codex over HTTP/2 then
-# resets its stream at once, which cancels the winner before its upstream's final chunk).
-TERMINAL_MARKERS = (b'"type":"response.completed"', b'"type":"response.failed"', b'"type":"response.incomplete"')
+# resets its stream at once, which cancels the winner before its upstream's final chunk). Matched as
+# the JSON string alone, so `"type": "response.completed"` (JSON written with spaces) counts too; a
+# text that mentions it has its quotes escaped (`\"response.completed\"`) and does not match.
+TERMINAL_MARKERS = (b'"response.completed"', b'"response.failed"', b'"response.incomplete"')
 _MARKER_SPAN = max(map(len, TERMINAL_MARKERS))
 # Backpressure: past HIGH bytes queued and not yet taken (a client reading slower than the upstream
 # sends), reading from the upstream pauses until the queue is down to LOW. docs/architecture.md.

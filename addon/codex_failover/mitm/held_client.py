@@ -147,8 +147,7 @@ class RelayHops:
     """A nested addon of FailoverAddon: a held client flow's answer is streamed live, its start kept
     for mitmweb; through the relay, the real (redacted) request is shown again once it ends."""
 
-    def __init__(self, quiet):
-        self.quiet = quiet  # quiet_log.QuietLog: the hop's connection lines at debug level
+    def __init__(self):
         self.captures: dict[str, Capture] = {}  # client flow id -> what its relayed stream began with
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
@@ -156,12 +155,10 @@ class RelayHops:
             stream = flow.response.stream
             self.captures[flow.id] = stream if isinstance(stream, Capture) else Capture()
             flow.response.stream = self.captures[flow.id]
-            self.quiet.held_client(flow.client_conn.peername)  # mitmproxy's "Streaming response" line
         elif RELAY_TAG in flow.metadata and flow.response.status_code != 101:
             flow.response.stream = self.captures[flow.id] = Capture()
             # The relay closes its own one-shot hop; the client keeps its connection for the next request.
             flow.response.headers.pop("connection", None)
-            self.quiet.held_client(flow.client_conn.peername)
 
     def response(self, flow: http.HTTPFlow) -> None:
         self._restore(flow)
@@ -177,9 +174,6 @@ class RelayHops:
             flow.request = http.Request.from_state(original)
         if flow.metadata.pop(HOP_TAG, None):
             client_hop.ended(flow.server_conn)  # before `-w` saves the flow (its hook runs after ours)
-            self.quiet.held_client_done(flow.client_conn.peername)
-        elif original is not None:
-            self.quiet.held_client_done(flow.client_conn.peername)
         capture = self.captures.pop(flow.id, None)
         if capture is not None and flow.response is not None and flow.response.raw_content is None:
             capture.keep_on(flow.response)

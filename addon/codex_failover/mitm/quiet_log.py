@@ -1,19 +1,36 @@
-"""A quiet default log: the addon's own lines, not mitmproxy's chatter about the addon's plumbing.
+"""A quiet default log: the addon's own lines, mitmproxy's warnings and errors, and nothing per
+connection or per message.
 
-Each attempt is a mitmproxy replay and each held flow is answered through a hop (in process, or the
-loopback relay); mitmproxy logs INFO lines for them (`[replay] server connect`, `server connect
-127.0.0.1:<relay>`, `Streaming response from <host>.`, the dumper's echo of every replayed flow),
-which drown the one line per attempt. Those are lowered to DEBUG (the event log at debug verbosity
-still has them); warnings and errors are untouched. `failover_verbose` turns this off.
+Run all day as a machine's proxy, mitmproxy's INFO lines are about traffic nobody asked to see:
+`client connect` / `server connect` / disconnect for every tunnelled connection of every program,
+the same for each attempt and relay hop of the addon, `Streaming response from …`, and mitmdump's
+echo of every flow (every WebSocket message under `failover_websocket=gate`, and the
+` << stream reset by client (CANCEL)` Codex causes at the end of each stream). Left alone, a Codex
+session logs some 24 lines per model request, one of them the addon's.
+
+Two public knobs keep them out, and both are undone by `failover_verbose=true`:
+
+- every INFO record of mitmproxy's connection loggers is lowered to DEBUG (the event log at
+  `termlog_verbosity=debug`, or mitmweb's debug view, still has them). Two kinds keep their level:
+  the TLS handshake lines that say a client does not trust the CA (how a missing CA shows), and a
+  server connection that could not be made (how a broken egress shows).
+- mitmdump's flow echo is off (`flow_detail=0`) while `flow_detail` and `dumper_filter` are at their
+  defaults: a user who sets either (or `-v`, which sets `flow_detail=2`) asked for flows, and then
+  only the addon's own attempts are left out of the echo (`dumper_filter=!~replayq`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable
 
-SERVER_LOGGER = "mitmproxy.proxy.server"  # connection events of every client connection
+# Everything a connection's layers log (connects, HTTP/2 resets, streaming) goes through the first;
+# replays started with mitmproxy's own client playback log through the second.
+CONNECTION_LOGGERS = ("mitmproxy.proxy.server", "mitmproxy.addons.clientplayback")
+# INFO lines that stay: a client that does not trust the CA, and an upstream the proxy cannot reach
+# (with every program on the proxy, a broken egress must show in the log).
+KEPT = ("Client TLS handshake failed", "error establishing server connection")
 DUMPER_FILTER = "!~replayq"  # the dumper's echo: every flow but replayed requests (our attempts)
+DEFAULT_FLOW_DETAIL = 1  # mitmdump's default
 
 
 def lowered(record: logging.LogRecord) -> None:
@@ -24,9 +41,8 @@ class QuietLog(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
         self.verbose = False
-        self._relay_port: Callable[[], int | None] = lambda: None
-        self._held_clients: dict[tuple, int] = {}  # client peername -> held flows streaming now (their hop or relay hop)
         self._set_dumper_filter = False
+        self._set_flow_detail = False
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -34,40 +50,31 @@ class QuietLog(logging.Filter):
         self.verbose = bool(options.failover_verbose)
         if "dumper_filter" not in options.keys():  # mitmweb and mitmproxy have no dumper
             return
-        if not self.verbose and options.dumper_filter is None:
-            self._set_dumper_filter = True
-            options.dumper_filter = DUMPER_FILTER
-        elif self.verbose and self._set_dumper_filter and options.dumper_filter == DUMPER_FILTER:
-            self._set_dumper_filter = False
+        user_asked_for_flows = options.dumper_filter is not None or options.flow_detail != DEFAULT_FLOW_DETAIL
+        if not self.verbose:
+            if not user_asked_for_flows:
+                self._set_flow_detail = True
+                options.flow_detail = 0
+            if options.dumper_filter is None:
+                self._set_dumper_filter = True
+                options.dumper_filter = DUMPER_FILTER
+            return
+        if self._set_flow_detail and options.flow_detail == 0:
+            options.flow_detail = DEFAULT_FLOW_DETAIL
+        if self._set_dumper_filter and options.dumper_filter == DUMPER_FILTER:
             options.dumper_filter = None
+        self._set_flow_detail = self._set_dumper_filter = False
 
-    def install(self, relay_port: Callable[[], int | None]) -> None:
-        self._relay_port = relay_port
-        logging.getLogger(SERVER_LOGGER).addFilter(self)
+    def install(self) -> None:
+        for name in CONNECTION_LOGGERS:
+            logging.getLogger(name).addFilter(self)
 
     def uninstall(self) -> None:
-        logging.getLogger(SERVER_LOGGER).removeFilter(self)
-
-    # -- held flows (answered in process, or through the relay) ------------------------------------
-
-    def held_client(self, peername) -> None:
-        self._held_clients[peername] = self._held_clients.get(peername, 0) + 1
-
-    def held_client_done(self, peername) -> None:
-        left = self._held_clients.get(peername, 0) - 1
-        if left > 0:
-            self._held_clients[peername] = left
-        else:
-            self._held_clients.pop(peername, None)
+        for name in CONNECTION_LOGGERS:
+            logging.getLogger(name).removeFilter(self)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.verbose or record.levelno > logging.INFO:
-            return True
-        message = record.getMessage()
-        port = self._relay_port()
-        if port and message.endswith(f" 127.0.0.1:{port}"):  # server connect/disconnect of a relay hop
-            lowered(record)
-        elif message.startswith("Streaming response from") and getattr(record, "client", None) in self._held_clients:
+        if not self.verbose and record.levelno == logging.INFO and not str(record.msg).startswith(KEPT):
             lowered(record)
         return True
 

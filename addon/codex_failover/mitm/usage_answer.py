@@ -12,7 +12,7 @@ import logging
 from mitmproxy import http
 
 from ..core.affinity import session_of
-from ..core.auth import CHATGPT, auth_from_headers
+from ..core.auth import CHATGPT, AuthMaterial, auth_from_headers
 from ..core.cooldown_end import usage_has_headroom, usage_url, usage_windows
 from ..core.planner import client_key, make_plan
 from ..core.usage_view import UsageCache, is_usage_request, own_can_send, pooled_view
@@ -27,19 +27,29 @@ class UsageAnswer:
     def __init__(self, owner):
         self.owner = owner  # the FailoverAddon: its pool, health, affinity, clients, shared parts
         self.cache = UsageCache()
+        self._asking: dict[str, AuthMaterial] = {}  # flow id -> the credential asking, while its answer comes
         self._told: dict[str, str] = {}  # own key -> the credential its last answer came from (one log line a change)
 
-    async def response(self, flow: http.HTTPFlow) -> None:
-        if flow.is_replay or ATTEMPT_TAG in flow.metadata or flow.response is None:
-            return
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        """The asking credential, kept in memory (never in the flow) until the answer: the request's
+        own headers are redacted once it left (passthrough_redact.py)."""
         req, owner = flow.request, self.owner
-        if not is_usage_request(req.method, req.path):
+        if flow.is_replay or ATTEMPT_TAG in flow.metadata or not is_usage_request(req.method, req.path):
             return
         if not owner.clients.allows(flow.client_conn.peername[0] if flow.client_conn.peername else None):
             return
         own = auth_from_headers(req.headers)
-        if own is None or owner.boundary.passed_by(flow, own):
-            return  # no key of its own, or never lent the pool (a browser's, another user's, refused lately)
+        if own is not None and not owner.boundary.passed_by(flow, own):  # never lent: a browser's, another user's
+            self._asking[flow.id] = own
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._asking.pop(flow.id, None)
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        own = self._asking.pop(flow.id, None)
+        if own is None or flow.response is None:
+            return
+        req, owner = flow.request, self.owner
         pool, health = owner.pool, owner.health
         pooled_own = next((c for c in pool.credentials if c.auth.fingerprint == own.fingerprint), None)
         own_key = pooled_own.name if pooled_own else client_key(own)

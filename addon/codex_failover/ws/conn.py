@@ -5,6 +5,8 @@ and out, pings answered at once, fragments joined. The gate's relay uses it towa
 from __future__ import annotations
 
 import asyncio
+import logging
+import ssl
 from collections import deque
 
 from wsproto import ConnectionType, WSConnection
@@ -13,6 +15,8 @@ from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Eve
                             RejectData, Request, TextMessage)
 from wsproto.extensions import PerMessageDeflate
 from wsproto.utilities import RemoteProtocolError
+
+log = logging.getLogger("codex_failover")
 
 Message = tuple[bytes, bool]  # (content, is_text)
 READ = 65536
@@ -128,7 +132,7 @@ class WsConn:
         self._write(self.ws.send(TextMessage(data=data) if is_text else BytesMessage(data=data)))
         try:
             await self.writer.drain()  # backpressure: a slow reader slows its source
-        except ConnectionError:
+        except (ConnectionError, ssl.SSLError):
             self._closed(ABNORMAL, "connection lost")
 
     def close(self, code: int = 1000, reason: str = "") -> None:
@@ -153,7 +157,11 @@ class WsConn:
                 return None
             try:
                 data = await self.reader.read(READ)
-            except ConnectionError:
+            except (ConnectionError, ssl.SSLError) as exc:
+                # An SSLError here is a peer that broke TLS while going away, e.g. an upstream that
+                # writes after its close_notify (APPLICATION_DATA_AFTER_CLOSE_NOTIFY) as a socket
+                # shuts down: the connection has ended, which is news only at debug level.
+                log.debug("websocket: connection ended: %r", exc)
                 data = b""
             if not data:
                 self._closed(ABNORMAL, "connection lost")

@@ -43,13 +43,14 @@ TICK = object()  # the hold's time budget ran out while waiting for the upstream
 
 
 class WebsocketGate:
-    def __init__(self) -> None:
+    def __init__(self, run: str = "") -> None:
         self.sessions: dict[str, GateSession] = {}
         self._ids = itertools.count(1)
+        self._prefix = f"{run}-" if run else ""  # the proxy's run id (core/run_ids.py)
 
     async def open(self, flow: http.HTTPFlow, ctx: Shared) -> tuple["GateSession | None", str]:
         """The session for a gated upgrade with its upstream open, or None and why not."""
-        sid = f"w{next(self._ids)}"
+        sid = f"{self._prefix}w{next(self._ids)}"
         session = GateSession(sid, flow, ctx, self)
         why = await session.connect_first()
         if why is not None:
@@ -139,8 +140,10 @@ class GateSession:
                 continue
             if turn is not None:
                 self.dialer.new_turn(self.up.cand.key)
-                log.info("[%s] turn %d on %s%s", self.sid, turn.n, self.up.cand.name,
-                         "" if turn.movable else f" (cannot move: {turn.why_pinned})")
+                # The turn's one line is its verdict (_attempt_line); a pin is news only when a
+                # rejection could not move (_decided, _exhausted).
+                log.debug("[%s] turn %d on %s%s", self.sid, turn.n, self.up.cand.name,
+                          "" if turn.movable else f" (cannot move: {turn.why_pinned})")
                 if turn.stays_home and self.dialer.home_of(turn.bound_to) != self.up.cand.key:
                     await self._go_home(turn)
                     continue
@@ -288,7 +291,9 @@ class GateSession:
         rejection as upstream sent it (the rest of that response follows from there); if it closed,
         the last rejection seen (a status-bearing `error` frame for a failed upgrade), then a close."""
         last = rejection if up.conn.open or self.dialer.last is None else self.dialer.last
-        self._note(f"no other credential can serve turn {self.gate.turn.n if self.gate.turn else 0}: "
+        turn = self.gate.turn
+        pinned = f", and it cannot move ({turn.why_pinned})" if turn is not None and not turn.movable else ""
+        self._note(f"no other credential can serve turn {turn.n if turn else 0}{pinned}: "
                    f"delivering the rejection ({last.reason})")
         for frame in as_frames(last, self.dialer.soonest()):
             await self.down.send(frame)
