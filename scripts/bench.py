@@ -35,6 +35,7 @@ Reported per configuration and concurrency (ms: median / p95):
 Timestamps from different processes are wall-clock (time.time()) on one machine.
 
     scripts/bench [--quick] [--png docs/bench.png] [--json FILE]
+    scripts/bench --cost [--sessions N] [--baseline OTHER/addon/failover.py ...]   (scripts/bench_cost.py)
 """
 
 from __future__ import annotations
@@ -545,6 +546,10 @@ def main() -> int:
         import bench_stores
 
         return bench_stores.main([a for a in sys.argv[1:] if a != "--stores"])
+    if "--cost" in sys.argv[1:]:  # CPU per request, idle CPU and RSS against plain mitmdump (scripts/bench_cost.py)
+        import bench_cost
+
+        return bench_cost.main([a for a in sys.argv[1:] if a != "--cost"])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n".join(__doc__.splitlines()[2:]))
     ap.add_argument("--quick", action="store_true", help="smoke run: concurrency 1 and 4, few streams (< 60 s)")

@@ -74,15 +74,6 @@ def test_a_bug_while_opening_a_gated_websocket_answers_426_not_an_ungated_upgrad
     assert b"internal error: RuntimeError" in flow.response.content
 
 
-def test_a_request_that_ends_pokes_the_state_keeper():
-    """What a run changed is written FLUSH seconds after it ended, however long the proxy was idle."""
-    addon, pokes = make_addon(), []
-    addon.keeper = type("Keeper", (), {"poke": lambda self: pokes.append(1)})()
-    addon._held = 1
-    addon._release_hold(None)
-    assert pokes == [1] and addon._held == 0
-
-
 def test_failover_reset_is_a_mitmproxy_command_and_ends_a_cooldown():
     from mitmproxy.test import taddons
 

@@ -121,7 +121,7 @@ def test_the_status_page_refuses_a_reset_from_another_machine_and_answers_404_fo
             self.client_conn = type("C", (), {"peername": (peer, 1)})()
             self.request = type("R", (), {"path": path})()
 
-    back = AccountBack(type("Owner", (), {"pool": None, "keeper": None})())
+    back = AccountBack(type("Owner", (), {"pool": None})())
     assert back.reset_from_status_page(Flow("192.0.2.7", "/reset/a")).status_code == 403
     assert back.reset_from_status_page(Flow("127.0.0.1", "/other")).status_code == 404
 

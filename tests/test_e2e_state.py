@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from harness import LocalProxies, ProxyProcess, free_port, pool_yaml, post_responses
+from harness import LocalProxies, ProxyProcess, free_port, pool_yaml, post_responses, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -196,3 +196,37 @@ def test_two_proxies_on_one_machine_share_the_sqlite_file_safely(fake, tmp_path)
     kinds = [row[0] for row in state_rows(tmp_path)]
     assert kinds.count("cooling") == 6, kinds
     assert kinds.count("session") == 6, kinds
+
+
+@pytest.mark.parametrize("fault", ["deleted", "corrupted"])
+def test_a_state_file_lost_while_running_is_said_once_and_written_afresh(fake, tmp_path, fault):
+    """Issue 26: the file deleted (or overwritten) under the running proxy: its next write notices,
+    says so once with the path, and writes the whole state to a new file; a restart restores it."""
+    url = f"{fake.base}/v1/responses"
+    path = tmp_path / "state" / "codex-failover" / "state.sqlite"
+    proxy = restart(tmp_path, fake, [("spare", KEYS["spare"])], overload_cooldown="120s")
+    try:
+        assert post_responses(proxy.port, url, CLIENT, headers={"session-id": "thread-1"}).status == 200
+        wait_until(lambda: path.exists() and len(state_rows(tmp_path)) >= 3, what="the first rows written")
+        if fault == "deleted":
+            path.unlink()
+        else:
+            path.write_bytes(b"not a database " * 700)
+        other = "sk-test-other-overload"
+        assert post_responses(proxy.port, url, other, headers={"session-id": "thread-2"}).status == 200
+        line = f"pool state file {path} was {fault} while running; writing it afresh"
+        wait_until(lambda: line in proxy.log(), what="the one warning")
+        wait_until(lambda: sorted(r[0] for r in state_rows(tmp_path)).count("cooling") == 2, what="written afresh")
+        time.sleep(0.5)
+        assert proxy.log().count("was " + fault) == 1, proxy.log()
+    finally:
+        proxy.stop()
+    kinds = sorted(r[0] for r in state_rows(tmp_path))
+    assert kinds.count("cooling") == 2 and kinds.count("session") == 2, kinds  # both requests' state
+    again = restart(tmp_path, fake, [("spare", KEYS["spare"])], overload_cooldown="120s")
+    try:
+        assert "2 entries restored" not in restored(again)  # more than the second request's alone
+        assert post_responses(again.port, url, CLIENT).status == 200
+        assert served(fake)[-1] == KEYS["spare"], "the first request's cooldown was lost with the file"
+    finally:
+        again.stop()

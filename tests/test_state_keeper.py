@@ -146,75 +146,378 @@ def test_endpoint_ids_leave_the_password_out():
     assert endpoint_id(a) == endpoint_id(b)
 
 
-# -- the flush loop: FLUSH while there is something to write, less often when idle, a poke wakes it --
+# -- change tracking: a pass costs the changes, not the entries held (issue 27) --------------
 
 import asyncio  # noqa: E402
+import logging  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
 
 import pytest  # noqa: E402
 
 from codex_failover import state_keeper  # noqa: E402
-from codex_failover.state_keeper import FLUSH, IDLE_FLUSH, next_interval  # noqa: E402
+from codex_failover.core.affinity import seen_step  # noqa: E402
+from codex_failover.state_keeper import FLUSH, open_keeper, close_keeper  # noqa: E402
+from codex_failover.state_rows import Kind  # noqa: E402
+from codex_failover.state_store import describe_fault  # noqa: E402
 
 
-@pytest.mark.parametrize("current, wrote, shared, expected", [
-    (FLUSH, True, False, FLUSH),  # changes: keep the pace
-    (FLUSH, False, False, 2 * FLUSH),  # nothing: look half as often
-    (IDLE_FLUSH, False, False, IDLE_FLUSH),  # bounded
-    (IDLE_FLUSH, True, False, FLUSH),  # a change: back to the pace at once
-    (FLUSH, False, True, FLUSH),  # a shared store: the others read it every REFRESH (docs/state.md)
+def held_world(sessions=0):
+    """A keeper whose pool holds `sessions` sessions, a cooldown, a usage window and a backoff,
+    all written already (start)."""
+    wall, mono = Clock(1_800_000_000.0), Clock(5_000.0)
+    pool, keeper = world(wall, mono)
+    keeper.affinity.max_sessions = 10_000
+    keeper.health.cool("spare", 600, "overloaded")
+    keeper.usage.record("spare", [Window("primary", 42.0, None)])
+    keeper.routes.failed(pool.routes["corp"][0], "refused")
+    for i in range(sessions):
+        keeper.affinity.set(f"thread-{i}", "spare")
+    keeper.start([])  # nothing to restore; what is held counts as written
+    keeper.changes()
+    return pool, keeper, wall, mono
+
+
+def later(wall, mono, seconds):
+    wall.t += seconds
+    mono.t += seconds
+
+
+@pytest.mark.parametrize("what, step, written, deleted", [
+    ("nothing", lambda p, k, w, m: None, [], []),
+    ("time passes within a session's step", lambda p, k, w, m: later(w, m, 30), [], []),
+    ("the cooldown ends (an expiry)", lambda p, k, w, m: (later(w, m, 601), k.health.state("spare")), [], []),
+    ("a session expires", lambda p, k, w, m: (later(w, m, 3601), k.affinity.get("thread-1")), [], []),
+    ("the same usage again", lambda p, k, w, m: k.usage.record("spare", [Window("primary", 42.0, None)]), [], []),
+    ("a shorter cooldown (never shortens)", lambda p, k, w, m: k.health.cool("spare", 5, "overloaded"), [], []),
+    ("the same turn again soon", lambda p, k, w, m: (later(w, m, 30), k.affinity.set("thread-1", "spare")), [], []),
+    ("a route that never failed succeeds", lambda p, k, w, m: k.routes.succeeded(_other_ep()), [], []),
+    ("a new session", lambda p, k, w, m: k.affinity.set("thread-new", "spare"), ["session"], []),
+    ("a session's turn a step later", lambda p, k, w, m: (later(w, m, 61), k.affinity.set("thread-1", "spare")),
+     ["session"], []),
+    ("a session moves home", lambda p, k, w, m: k.affinity.set("thread-1", "client:abc"), ["session"], []),
+    ("a longer cooldown", lambda p, k, w, m: k.health.cool("spare", 900, "overloaded"), ["cooling"], []),
+    ("taken out", lambda p, k, w, m: k.health.take_out("spare", "HTTP 401"), ["out"], []),
+    ("restored", lambda p, k, w, m: k.health.restore("spare"), [], ["cooling"]),
+    ("new usage", lambda p, k, w, m: k.usage.record("spare", [Window("primary", 43.0, None)]), ["usage"], []),
+    ("the route fails again", lambda p, k, w, m: k.routes.failed(p.routes["corp"][0], "refused"), ["route"], []),
+    ("the route is back", lambda p, k, w, m: k.routes.succeeded(p.routes["corp"][0]), [], ["route"]),
 ])
-def test_next_interval(current, wrote, shared, expected):
-    assert next_interval(current, wrote, shared) == expected
+def test_a_pass_writes_what_changed_and_nothing_else(what, step, written, deleted):
+    pool, keeper, wall, mono = held_world(sessions=3)
+    step(pool, keeper, wall, mono)
+    upserts, deletes = keeper.changes()
+    assert [r.kind for r in upserts] == written, what
+    assert [kind for kind, _ in deletes] == deleted, what
+    assert keeper.changes() == ([], []), "written once"
+
+
+def _other_ep():
+    from codex_failover.core.routes import parse_endpoint
+
+    return parse_endpoint("other", 0, "http://proxy2.test:3128")
+
+
+def test_a_session_seen_is_stored_as_a_wall_time_written_when_it_moves_a_step():
+    pool, keeper, wall, mono = held_world()
+    keeper.affinity.set("t", "spare")
+    (row,), _ = keeper.changes()
+    assert row.value == {"credential": credential_id(pool.credentials[0].auth), "seen": wall.t}
+    assert row.expires == wall.t + 3600
+    assert seen_step(3600) == 60 and seen_step(300) == 30  # a tenth of a short session_idle
+    for _ in range(5):  # a busy session: a turn every 20 s, written once a step
+        later(wall, mono, 20)
+        keeper.affinity.set("t", "spare")
+    upserts, _ = keeper.changes()
+    assert [r.value["seen"] for r in upserts] == [wall.t - 40]  # the turn at +60 s
+
+
+def test_ten_thousand_sessions_and_one_changed_is_one_row_converted_and_written():
+    pool, keeper, wall, mono = held_world(sessions=10_000)
+    converted = []
+    session_kind = keeper.kinds[-1]
+    rows = session_kind.rows
+    keeper.kinds[-1] = Kind(session_kind.source, lambda s: converted.append(s) or rows(s), session_kind.ids)
+    later(wall, mono, 61)
+    keeper.affinity.set("thread-5000", "spare")
+    t0 = time.perf_counter()
+    upserts, deletes = keeper.changes()
+    took = time.perf_counter() - t0
+    assert [r.id for r in upserts] == ["thread-5000"] and deletes == []
+    assert converted == ["thread-5000"]
+    assert took < 0.010, took  # a pass costs the change: microseconds (the full snapshot took ~65 ms)
+    keeper.affinity.set("thread-new", "spare")  # over max_sessions: the least recently used goes
+    upserts, deletes = keeper.changes()
+    assert [r.id for r in upserts] == ["thread-new"] and deletes == [("session", "thread-0")]
+
+
+def test_rows_read_back_from_a_shared_store_are_not_written_back():
+    pool, keeper, wall, mono = held_world()
+    other = [Row("cooling", credential_id(pool.credentials[0].auth), {"until": wall.t + 900, "reason": "x"},
+                 wall.t + 900)]
+    keeper.health.take_out("client:abc", "HTTP 401")  # a local change, not yet written
+    keeper.applied_quietly(other, sessions=False)
+    assert keeper.health.recovers_in("spare") == 900
+    upserts, _ = keeper.changes()
+    assert [r.kind for r in upserts] == ["out"]  # the local change only
 
 
 class CountingStore:
     shared = False
 
-    def __init__(self):
-        self.writes = []
+    def __init__(self, fail=0):
+        self.writes, self.fail = [], fail
 
     def write(self, upserts, deletes):
-        self.writes.append((upserts, deletes))
+        if self.fail:
+            self.fail -= 1
+            raise OSError("down")
+        self.writes.append((list(upserts), list(deletes)))
+
+    def load(self, now):
+        return []
+
+    def close(self):
+        pass
 
 
-def test_an_idle_local_store_is_looked_at_less_and_less_often(monkeypatch):
-    monkeypatch.setattr(state_keeper, "FLUSH", 0.01)
-    monkeypatch.setattr(state_keeper, "IDLE_FLUSH", 0.32)
-    wall, mono = Clock(1_800_000_000.0), Clock(5.0)
-    _, keeper = world(wall, mono)
-    keeper.store = CountingStore()
-    keeper.start([])
-    looks = []
-    snapshot = keeper.snapshot
-    monkeypatch.setattr(keeper, "snapshot", lambda: looks.append(1) or snapshot())
-
+def run_for(keeper, seconds, during=None):
     async def go():
         task = asyncio.get_running_loop().create_task(keeper.run())
+        if during is not None:
+            await during()
+        await asyncio.sleep(seconds)
+        task.cancel()
+    asyncio.run(go())
+
+
+def test_an_idle_proxy_runs_no_pass_and_a_change_is_written_once_flush_seconds_later():
+    pool, keeper, wall, mono = held_world(sessions=100)
+    keeper.store = CountingStore()
+    seen = {}
+
+    async def idle_then_change():
+        await asyncio.sleep(0.6)
+        seen["idle passes"], seen["idle writes"] = keeper.passes, list(keeper.store.writes)
+        keeper.health.take_out("spare", "HTTP 401")  # one request's changes
+        keeper.affinity.set("thread-new", "spare")
+    run_for(keeper, FLUSH + 0.4, idle_then_change)
+    assert seen == {"idle passes": 0, "idle writes": []}  # no timer: nothing woke it
+    assert keeper.passes == 1
+    assert [sorted(r.kind for r in upserts) for upserts, _ in keeper.store.writes] == [["out", "session"]]
+
+
+def test_a_shared_store_is_read_every_refresh_even_when_nothing_changes(monkeypatch):
+    monkeypatch.setattr(state_keeper, "REFRESH", 0.1)
+    _, keeper, _, _ = held_world()
+    store = CountingStore()
+    store.shared, loads = True, []
+    store.load = lambda now: loads.append(now) or []
+    keeper.store, keeper._mono = store, time.monotonic
+    run_for(keeper, 1.0)
+    assert 6 <= len(loads) <= 12, len(loads)  # every REFRESH, never a spin
+    assert store.writes == []
+
+
+def test_a_failed_write_is_retried_and_then_everything_is_written(monkeypatch, caplog):
+    monkeypatch.setattr(state_keeper, "RETRY_FIRST", 0.05)
+    pool, keeper, wall, mono = held_world(sessions=3)
+    keeper.store = CountingStore(fail=2)
+    keeper._mono = time.monotonic  # the retry timer runs on the real clock here
+
+    async def change():
+        keeper.health.take_out("spare", "HTTP 401")
+    with caplog.at_level(logging.WARNING, "codex_failover"):
+        run_for(keeper, FLUSH + 0.6, change)
+    (upserts, deletes), = keeper.store.writes
+    assert sorted(r.kind for r in upserts) == ["cooling", "out", "route", "session", "session", "session", "usage"]
+    assert caplog.text.count("pool state store unavailable") == 1 and "store is back" in caplog.text
+
+
+# -- the SQLite file's faults (issue 26, item 7) ---------------------------------------------
+
+def sqlite_keeper(tmp_path, sessions=2):
+    pool, keeper, wall, mono = held_world(sessions)
+    store = SqliteStore(tmp_path / "s.sqlite", "default")
+    keeper.store, keeper.where = store, str(store.path)
+    keeper.store.write(list(keeper.snapshot().values()), [])
+    return pool, keeper, store
+
+
+def ids_in(path):
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    try:
+        return sorted(r[0] for r in db.execute("SELECT kind FROM state"))
+    finally:
+        db.close()
+
+
+EVERYTHING = ["cooling", "route", "session", "session", "usage"]
+
+
+@pytest.mark.parametrize("fault", ["deleted", "corrupted", "replaced"])
+def test_a_file_deleted_or_corrupted_while_running_is_said_once_and_written_afresh(tmp_path, caplog, fault):
+    pool, keeper, store = sqlite_keeper(tmp_path)
+    path = store.path
+    if fault == "deleted":
+        path.unlink()
+    elif fault == "corrupted":
+        path.write_bytes(b"\0garbage" * 1024)
+    else:
+        path.unlink()
+        other = SqliteStore(path, "default")  # another file at the path, with nothing of ours
+        other.close()
+
+    async def change():
+        keeper.health.take_out("spare", "HTTP 401")
+    with caplog.at_level(logging.WARNING, "codex_failover"):
+        run_for(keeper, 2 * FLUSH + 0.5, change)
+    store.close()
+    assert ids_in(path) == sorted(EVERYTHING + ["out"]), fault
+    assert caplog.text.count(f"pool state file {path} was {fault} while running; writing it afresh") == 1
+    assert (path.with_name("s.sqlite.corrupt").exists()) == (fault == "corrupted")
+
+
+def test_a_failed_open_at_start_is_retried_with_backoff_and_then_restores(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(state_keeper, "RETRY_FIRST", 0.05)
+    good = tmp_path / "state" / "s.sqlite"
+    seed = SqliteStore(good, "default")
+    seed.write([Row("out", "client:abc", {"reason": "HTTP 401", "fingerprint": "abc"}, None)], [])
+    seed.close()
+    blocker = tmp_path / "blocked"
+    blocker.write_text("a file where the folder should be")
+    pool = parse_pool({**POOL, "state": {"store": f"sqlite://{blocker}/s.sqlite"}}, "pool.yaml",
+                      {"K": "sk-test-secret-1"}, None)
+    health, usage, routes, affinity = Health(), UsageBook(), RouteHealth(), Affinity()
+    opens = []
+
+    async def go():
+        keeper = open_keeper(pool, None, health, usage, routes, affinity)
+        assert keeper.store is None
+        real = keeper.opener
+
+        def opener():
+            opens.append(time.monotonic())
+            if len(opens) < 3:
+                return real()  # still the blocked path: fails
+            return SqliteStore(good, "default")
+        keeper.opener = opener
+        health.cool("spare", 60, "overloaded")  # learned while the store was away
         await asyncio.sleep(1.0)
-        task.cancel()
+        close_keeper(keeper)
 
-    asyncio.run(go())
-    assert 2 <= len(looks) <= 15, len(looks)  # at a steady 10 ms: ~100
-    assert keeper.interval == 0.32
+    with caplog.at_level(logging.INFO, "codex_failover"):
+        asyncio.run(go())
+    assert len(opens) == 3
+    assert opens[2] - opens[1] > opens[1] - opens[0] > 0.04  # backoff: 0.1 s, then 0.2 s
+    assert caplog.text.count("pool state store unavailable") == 1
+    assert f"{blocker}/s.sqlite" in caplog.text and "1 entry restored" in caplog.text
+    assert health.state("client:abc").status == "out"  # restored once it opened
+    assert ids_in(good) == ["cooling", "out"]  # and what it learned meanwhile written
 
 
-def test_a_poke_ends_a_long_wait_and_the_change_is_written():
-    _, keeper = world(Clock(1_800_000_000.0), Clock(5.0))
-    keeper.store = CountingStore()
-    keeper.start([])
-    keeper.interval = 30.0  # idle for long
+def test_a_full_disk_is_named_as_such(tmp_path, caplog):
+    pool, keeper, store = sqlite_keeper(tmp_path, sessions=0)
+    store._db.execute("PRAGMA max_page_count = 2")  # the file cannot grow: SQLite's SQLITE_FULL
+
+    async def change():
+        for i in range(300):
+            keeper.affinity.set(f"thread-{i}-" + "x" * 200, "spare")
+    with caplog.at_level(logging.WARNING, "codex_failover"):
+        run_for(keeper, FLUSH + 0.3, change)
+    assert "pool state store unavailable" in caplog.text
+    assert f"{store.path}: the disk is full (database or disk is full)" in caplog.text
+    assert describe_fault(OSError(28, "No space left on device")).startswith("the disk is full")
+
+
+def immutable(path, on: bool) -> bool:
+    """chattr +i: the file cannot be opened for writing, even by root (who ignores modes)."""
+    try:
+        return subprocess.run(["chattr", "+i" if on else "-i", str(path)], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def test_a_read_only_file_is_restored_read_only_with_one_warning(tmp_path, caplog):
+    path = tmp_path / "s.sqlite"
+    seed = SqliteStore(path, "default")
+    seed.write([Row("out", "client:abc", {"reason": "HTTP 401", "fingerprint": "abc"}, None)], [])
+    seed.close()
+    if not immutable(path, True):
+        pytest.skip("chattr +i is not available here (needs root and a file system that has it)")
+    try:
+        pool = parse_pool({"state": {"store": f"sqlite://{path}"}}, "pool.yaml", {}, None)
+        health = Health()
+
+        async def go():
+            keeper = open_keeper(pool, None, health, UsageBook(), RouteHealth(), Affinity())
+            health.take_out("client:def", "HTTP 403")
+            await asyncio.sleep(FLUSH + 0.2)
+            close_keeper(keeper)
+        with caplog.at_level(logging.INFO, "codex_failover"):
+            asyncio.run(go())
+    finally:
+        immutable(path, False)
+    assert health.state("client:abc").status == "out"  # restored
+    assert caplog.text.count(f"pool state file {path} is read-only: 1 entry restored from it; changes are kept "
+                             "in memory only") == 1, caplog.text
+    assert "unavailable" not in caplog.text and "could not" not in caplog.text, caplog.text
+    assert ids_in(path) == ["out"]  # untouched
+
+
+def test_a_store_that_cannot_be_read_at_start_is_read_once_it_answers(monkeypatch, caplog):
+    """Redis not up yet when the proxy starts: its rows are restored once it answers."""
+    monkeypatch.setattr(state_keeper, "RETRY_FIRST", 0.05)
+    row = Row("out", "client:abc", {"reason": "HTTP 401", "fingerprint": "abc"}, None)
+
+    class LateStore(CountingStore):
+        loads = 0
+
+        def load(self, now):
+            LateStore.loads += 1
+            if LateStore.loads == 1:
+                raise ConnectionError("Connection refused")
+            return [row]
+    monkeypatch.setattr(state_keeper, "open_store", lambda spec, namespace: LateStore())
+    pool = parse_pool({**POOL, "state": {"store": "redis://127.0.0.1:1/0"}}, "pool.yaml", {"K": "sk-test-secret-1"},
+                      None)
+    health = Health()
 
     async def go():
-        task = asyncio.get_running_loop().create_task(keeper.run())
-        await asyncio.sleep(0.05)
-        keeper.health.cool("spare", 60, "overloaded")  # a request's rejection
-        keeper.poke()  # the request ended
-        for _ in range(100):  # bounded: ~FLUSH after the poke, never the 30 s
-            if keeper.store.writes:
-                break
-            await asyncio.sleep(0.02)
-        task.cancel()
+        keeper = open_keeper(pool, None, health, UsageBook(), RouteHealth(), Affinity())
+        await asyncio.sleep(0.5)
+        close_keeper(keeper)
+    with caplog.at_level(logging.INFO, "codex_failover"):
+        asyncio.run(go())
+    assert health.state("client:abc").status == "out"
+    assert caplog.text.count("pool state store unavailable: redis://127.0.0.1:1/0: ConnectionError") == 1
+    assert "1 entry restored" in caplog.text
 
-    asyncio.run(go())
-    assert [[r.kind for r in upserts] for upserts, _ in keeper.store.writes] == [["cooling"]]
-    assert keeper.interval == FLUSH
+
+def test_a_whole_rewrite_of_ten_thousand_sessions_is_several_short_passes():
+    """After a store failure or a lost file every row is written again: in passes of at most
+    PASS_KEYS keys, so no pass holds the event loop for the whole state."""
+    pool, keeper, wall, mono = held_world(sessions=10_000)
+    keeper.store = CountingStore()
+    took = []
+    convert = keeper._convert
+
+    def timed(taken):
+        t0 = time.perf_counter()
+        try:
+            return convert(taken)
+        finally:
+            took.append(time.perf_counter() - t0)
+    keeper._convert = timed
+
+    async def lose_the_store():
+        keeper._whole = True
+        keeper.changed.set()
+    run_for(keeper, 8 * FLUSH + 0.5, lose_the_store)
+    sizes = [len(upserts) for upserts, _ in keeper.store.writes]
+    assert len(sizes) >= 5 and max(sizes) <= state_keeper.PASS_KEYS, sizes
+    written = {r.id for upserts, _ in keeper.store.writes for r in upserts if r.kind == "session"}
+    assert len(written) == 10_000
+    assert max(took) < 0.05, took  # ~5 ms each; the whole state at once took 16-29 ms

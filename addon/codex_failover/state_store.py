@@ -1,7 +1,7 @@
 """Where pool state outlives the process: rows of (kind, id) -> JSON value with an expiry, in SQLite
 (the default) or nowhere (`memory`). docs/state.md.
 
-The store knows nothing of credentials: `state_keeper.py` turns the in-memory health, usage,
+The store knows nothing of credentials: `state_rows.py` turns the in-memory health, usage,
 route backoff and affinity into rows with non-secret ids, and back. SQLite runs in WAL mode, so
 several proxies on one machine may share a file; each writes its own changes and reads the file at
 start. Calls are blocking and short: the keeper runs them off the event loop.
@@ -9,10 +9,13 @@ start. Calls are blocking and short: the keeper runs them off the event loop.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import sqlite3
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Protocol
@@ -33,7 +36,8 @@ class Row:
 class Store(Protocol):
     def load(self, now: float) -> list[Row]: ...
 
-    def write(self, upserts: Iterable[Row], deletes: Iterable[tuple[str, str]]) -> None: ...
+    def write(self, upserts: Iterable[Row], deletes: Iterable[tuple[str, str]]) -> str | None:
+        """None, or why the store started afresh (everything must be written again)."""
 
     def close(self) -> None: ...
 
@@ -57,28 +61,77 @@ def default_sqlite_path(environ=os.environ) -> Path:
     return Path(base) / "codex-failover" / "state.sqlite"
 
 
+MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite file
+PRUNE_EVERY = 600.0  # seconds: expired rows are deleted from the file at most this often (while writing)
+
+
 class SqliteStore:
-    """One table, namespaced: (namespace, kind, id) -> value, expires."""
+    """One table, namespaced: (namespace, kind, id) -> value, expires.
+
+    Faults the file can have while the proxy runs, and what is done (docs/state.md):
+    - deleted, or replaced by another file: noticed at the next write (the file at the path is not
+      the one opened), started afresh; `write` returns why, and the keeper writes everything again;
+    - corrupted (its header is not SQLite's, or SQLite says so): moved aside to `<name>.corrupt`,
+      started afresh, likewise;
+    - read-only at open (a file the user made so, or of another user): opened read-only, its rows
+      restored, nothing written (`read_only`; the keeper says so once);
+    - a full disk: SQLite's `database or disk is full`, named as such by `describe_fault`.
+    """
+
+    shared = False
 
     def __init__(self, path: Path, namespace: str):
         self.path, self.namespace = Path(path), namespace
+        self.read_only = False
+        self._lock = threading.Lock()  # one connection, used by one thread at a time
+        self._db: sqlite3.Connection | None = None
+        self._identity: tuple[int, int] | None = None  # (device, inode) of the file opened
+        self._pruned = time.time()  # `load` drops what expired before
+        self._open()
+
+    def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # One connection, used by one thread at a time (the keeper's writes are serialised).
-        self._db = sqlite3.connect(self.path, timeout=5, check_same_thread=False, isolation_level=None)
-        self._lock = threading.Lock()
-        os.chmod(self.path, 0o600)  # holds no secret, but it is nobody else's business either
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("CREATE TABLE IF NOT EXISTS state (namespace TEXT NOT NULL, kind TEXT NOT NULL, "
-                             "id TEXT NOT NULL, value TEXT NOT NULL, expires REAL, PRIMARY KEY (namespace, kind, id))")
+        created = not self.path.exists()
+        if not created and not os.access(self.path, os.W_OK):  # SQLite would open it read-only without a word
+            self._open_read_only()
+            return
+        db = sqlite3.connect(self.path, timeout=5, check_same_thread=False, isolation_level=None)
+        try:
+            if created:
+                os.chmod(self.path, 0o600)  # holds no secret, but it is nobody else's business either
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("CREATE TABLE IF NOT EXISTS state (namespace TEXT NOT NULL, kind TEXT NOT NULL, "
+                       "id TEXT NOT NULL, value TEXT NOT NULL, expires REAL, PRIMARY KEY (namespace, kind, id))")
+        except sqlite3.OperationalError as exc:
+            db.close()
+            if created or not getattr(exc, "sqlite_errorname", "").startswith("SQLITE_READONLY"):
+                raise
+            self._open_read_only()
+            return
+        except BaseException:
+            db.close()
+            raise
+        self._opened(db)
+
+    def _open_read_only(self) -> None:
+        """A file that cannot be written: its rows are read, nothing is written (`read_only`)."""
+        self.read_only = True
+        self._opened(sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=5,
+                                     check_same_thread=False, isolation_level=None))
+
+    def _opened(self, db: sqlite3.Connection) -> None:
+        self._db = db
+        st = os.stat(self.path)
+        self._identity = (st.st_dev, st.st_ino)
 
     def load(self, now: float) -> list[Row]:
         with self._lock:
-            self._db.execute("DELETE FROM state WHERE namespace = ? AND expires IS NOT NULL AND expires <= ?",
-                             (self.namespace, now))
-            rows = self._db.execute("SELECT kind, id, value, expires FROM state WHERE namespace = ?",
-                                    (self.namespace,)).fetchall()
+            if not self.read_only:
+                self._db.execute("DELETE FROM state WHERE namespace = ? AND expires IS NOT NULL AND expires <= ?",
+                                 (self.namespace, now))
+            rows = self._db.execute("SELECT kind, id, value, expires FROM state WHERE namespace = ? "
+                                    "AND (expires IS NULL OR expires > ?)", (self.namespace, now)).fetchall()
         out = []
         for kind, id_, value, expires in rows:
             try:
@@ -89,25 +142,101 @@ class SqliteStore:
                 out.append(Row(kind, id_, doc, expires))
         return out
 
-    def write(self, upserts, deletes) -> None:
+    def write(self, upserts, deletes) -> str | None:
+        """Write one transaction. Returns None, or why the file had to be started afresh first
+        ("deleted", "replaced", "corrupted"): then only these rows are in it, and the caller writes
+        everything again. A read-only file: nothing is written."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            if self.read_only:
+                return None
+            fresh = self._check()
             try:
-                self._db.executemany(
-                    "INSERT INTO state (namespace, kind, id, value, expires) VALUES (?, ?, ?, ?, ?) "
-                    "ON CONFLICT (namespace, kind, id) DO UPDATE SET value = excluded.value, expires = excluded.expires",
-                    [(self.namespace, r.kind, r.id, json.dumps(r.value, separators=(",", ":")), r.expires)
-                     for r in upserts])
-                self._db.executemany("DELETE FROM state WHERE namespace = ? AND kind = ? AND id = ?",
-                                     [(self.namespace, kind, id_) for kind, id_ in deletes])
-                self._db.execute("COMMIT")
-            except BaseException:
+                self._write(upserts, deletes)
+            except sqlite3.DatabaseError as exc:
+                if getattr(exc, "sqlite_errorname", "") not in ("SQLITE_CORRUPT", "SQLITE_NOTADB"):
+                    raise
+                fresh = self._afresh("corrupted")
+                self._write(upserts, deletes)
+            if time.time() - self._pruned >= PRUNE_EVERY:  # rows that expired while running (never read back)
+                self._pruned = time.time()
+                self._db.execute("DELETE FROM state WHERE namespace = ? AND expires IS NOT NULL AND expires <= ?",
+                                 (self.namespace, self._pruned))
+            return fresh
+
+    def _write(self, upserts, deletes) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.executemany(
+                "INSERT INTO state (namespace, kind, id, value, expires) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (namespace, kind, id) DO UPDATE SET value = excluded.value, expires = excluded.expires",
+                [(self.namespace, r.kind, r.id, json.dumps(r.value, separators=(",", ":")), r.expires)
+                 for r in upserts])
+            self._db.executemany("DELETE FROM state WHERE namespace = ? AND kind = ? AND id = ?",
+                                 [(self.namespace, kind, id_) for kind, id_ in deletes])
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:  # SQLite may have rolled back itself (a full disk does)
                 self._db.execute("ROLLBACK")
-                raise
+            raise
+
+    def _check(self) -> str | None:
+        """Is the file at the path still the one opened, and still a database? (A stat and a
+        16-byte read: SQLite itself would go on writing to a deleted file, or past a header
+        overwritten under it, without a word.)"""
+        try:
+            st = os.stat(self.path)
+            with open(self.path, "rb") as f:
+                head = f.read(len(MAGIC))
+        except FileNotFoundError:
+            return self._afresh("deleted")
+        if (st.st_dev, st.st_ino) != self._identity:
+            return self._afresh("replaced")
+        if head != MAGIC:
+            return self._afresh("corrupted")
+        return None
+
+    def _afresh(self, why: str) -> str:
+        """Close the lost file, set a corrupted one aside, and open a new one at the path."""
+        self._db.close()
+        if why == "corrupted":
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(self.path, self.path.with_name(self.path.name + ".corrupt"))
+        if why != "replaced":  # a WAL left from the lost file must not be replayed into the new one
+            for suffix in ("-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.path.with_name(self.path.name + suffix))
+        self._open()
+        return why
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def describe_fault(exc: BaseException) -> str:
+    """What went wrong with a store, in words (no secret: SQLite's and OSError's texts hold none;
+    a Redis error may name the host)."""
+    name = getattr(exc, "sqlite_errorname", "")
+    if name == "SQLITE_FULL" or getattr(exc, "errno", None) == errno.ENOSPC:
+        return f"the disk is full ({exc})"
+    if name.startswith("SQLITE_READONLY") or isinstance(exc, PermissionError):
+        return f"not writable ({exc})"
+    if name in ("SQLITE_CORRUPT", "SQLITE_NOTADB"):
+        return f"the file is corrupted ({exc})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def location(spec: str, environ=os.environ) -> str:
+    """Where a store spec points, for the log (a Redis URL without its password)."""
+    if spec == SQLITE:
+        return str(default_sqlite_path(environ))
+    if spec.startswith("sqlite:///"):
+        return spec[len("sqlite://"):]
+    if spec.startswith(("redis://", "rediss://", "unix://")):
+        from .core.routes import redact_url
+
+        return redact_url(spec)
+    return spec
 
 
 class RedisStore:

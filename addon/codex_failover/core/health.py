@@ -1,4 +1,6 @@
-"""Credential health: ready, cooling until a time, or out of rotation. Pure, clock injected."""
+"""Credential health: ready, cooling until a time, or out of rotation. Pure, clock injected.
+Mutations are tracked (`Tracked`, keys (COOLING or OUT, credential key)) for the state keeper;
+a cooldown's end is not a change."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .cooldown_policy import OverloadStreaks
+from .tracked import Tracked
 
 READY = "ready"
 COOLING = "cooling"
@@ -20,8 +23,9 @@ class State:
     reason: str | None = None
 
 
-class Health:
+class Health(Tracked):
     def __init__(self, clock: Callable[[], float] = time.time):
+        super().__init__()
         self._clock = clock
         self._cooling: dict[str, tuple[float, str]] = {}
         self._out: dict[str, str] = {}
@@ -34,17 +38,38 @@ class Health:
         """Cool for `seconds`; an existing, later cooldown is never shortened."""
         if seconds <= 0:
             return
-        until = self._clock() + seconds
+        self.cool_until(key, self._clock() + seconds, reason)
+
+    def cool_until(self, key: str, until: float, reason: str) -> None:
+        """Cool until a clock time (a stored cooldown: the same `until`, not one recomputed from a
+        fresh clock read, so a shared store's row read back is not a change)."""
         current = self._cooling.get(key)
         if current is None or current[0] < until:
             self._cooling[key] = (until, reason)
+            self._changed((COOLING, key))
 
     def take_out(self, key: str, reason: str) -> None:
-        self._out[key] = reason
+        if self._out.get(key) != reason:
+            self._out[key] = reason
+            self._changed((OUT, key))
 
     def restore(self, key: str) -> None:
-        self._out.pop(key, None)
-        self._cooling.pop(key, None)
+        if self._out.pop(key, None) is not None:
+            self._changed((OUT, key))
+        if self._cooling.pop(key, None) is not None:
+            self._changed((COOLING, key))
+
+    def stored(self, status: str, key: str) -> tuple[float | None, str] | None:
+        """(until, reason) of `key` in that status (OUT: until None), or None (for the state keeper)."""
+        if status == OUT:
+            reason = self._out.get(key)
+            return (None, reason) if reason is not None else None
+        cooling = self._cooling.get(key)
+        return cooling if cooling is not None and cooling[0] > self._clock() else None
+
+    def keys(self) -> list[tuple[str, str]]:
+        """(status, key) of every credential cooling or out of rotation (a whole rewrite of the state)."""
+        return [(OUT, key) for key in self._out] + [(COOLING, key) for key in self._cooling]
 
     def state(self, key: str) -> State:
         if key in self._out:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 from urllib.parse import unquote, urlsplit
 
+from .tracked import Tracked
+
 DIRECT = "direct"
 SCHEMES = {"http": 80, "https": 443, "socks5": 1080, "socks5h": 1080}
 
@@ -163,8 +165,12 @@ class _EndpointState:
     probing: bool = False
 
 
-class RouteHealth:
+class RouteHealth(Tracked):
+    """Backoff per endpoint. A failure, a success after failures and a restore are tracked
+    (`Tracked`) for the state keeper; a probe's claim and release are not stored."""
+
     def __init__(self, floor: float = 30.0, cap: float = 300.0, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
         self.floor, self.cap = floor, cap
         self._clock = clock
         self._states: dict[str, _EndpointState] = {}
@@ -191,10 +197,12 @@ class RouteHealth:
         state.failures += 1
         backoff = min(self.cap, self.floor * 2 ** (state.failures - 1))
         state.until, state.reason, state.probing = self._clock() + backoff, reason, False
+        self._changed(ep.key)
         return backoff
 
     def succeeded(self, ep: Endpoint) -> None:
-        self._states.pop(ep.key, None)
+        if self._states.pop(ep.key, None) is not None:
+            self._changed(ep.key)
 
     def release(self, ep: Endpoint) -> None:
         """A claimed probe ended without a verdict on the endpoint (e.g. the client left)."""
@@ -214,6 +222,15 @@ class RouteHealth:
     def restore(self, ep: Endpoint, failures: int, until: float, reason: str) -> None:
         """A backoff remembered from before a restart (`until` on this clock)."""
         self._states[ep.key] = _EndpointState(failures=failures, until=until, reason=reason)
+        self._changed(ep.key)
+
+    def stored(self, key: str) -> tuple[int, float, str] | None:
+        """(failures, until on this clock, reason) of an endpoint backing off (for the state keeper)."""
+        state = self._states.get(key)
+        return (state.failures, state.until, state.reason) if state is not None and state.failures else None
+
+    def keys(self) -> list[str]:
+        return list(self._states)
 
     def describe(self, ep: Endpoint) -> str:
         state = self._states.get(ep.key)

@@ -1,12 +1,15 @@
 """What each credential has used of its rate-limit windows, from response headers
 (`x-codex-primary-used-percent`, `…-reset-at`, `…-reset-after-seconds`) and `codex.rate_limits`
-events. A window at 100% means the credential is cooling until that window resets. Pure."""
+events. A window at 100% means the credential is cooling until that window resets. Pure.
+Changes are tracked (`Tracked`) for the state keeper."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 from typing import Mapping
+
+from .tracked import Tracked
 
 WINDOWS = ("primary", "secondary")
 
@@ -53,8 +56,9 @@ def from_event(payload: Mapping) -> list[Window]:
     return out
 
 
-class UsageBook:
+class UsageBook(Tracked):
     def __init__(self) -> None:
+        super().__init__()
         self._by_key: dict[str, dict[str, Window]] = {}
 
     def record(self, key: str, windows: list[Window], full_at: float = 100.0) -> float | None:
@@ -64,17 +68,23 @@ class UsageBook:
             return None
         book = self._by_key.setdefault(key, {})
         for w in windows:
-            book[w.name] = w
+            if book.get(w.name) != w:
+                book[w.name] = w
+                self._changed(key)
         full = [w.resets_at for w in windows if w.used_percent >= full_at and w.resets_at is not None]
         return max(full) if full else None
 
     def forget(self, key: str) -> None:
         """The credential's windows no longer hold (its cooldown was ended: they reset)."""
-        self._by_key.pop(key, None)
+        if self._by_key.pop(key, None) is not None:
+            self._changed(key)
 
     def entries(self) -> dict[str, list[Window]]:
         """Every credential's last known windows (for the state store and the metrics)."""
         return {key: list(book.values()) for key, book in self._by_key.items()}
+
+    def keys(self) -> list[str]:
+        return list(self._by_key)
 
     def windows(self, key: str) -> list[Window]:
         return list(self._by_key.get(key, {}).values())

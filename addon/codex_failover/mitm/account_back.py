@@ -28,8 +28,8 @@ log = logging.getLogger("codex_failover")
 
 class AccountBack:
     def __init__(self, owner):
-        """`owner`: the FailoverAddon, whose pool (it changes on reload), health, usage, shared parts and
-        state keeper this reads."""
+        """`owner`: the FailoverAddon, whose pool (it changes on reload), health, usage and shared parts
+        this reads."""
         self.owner = owner
         self._sent: dict[str, AuthMaterial] = {}  # flow id -> the credential of a redemption on its way
         self.ends = CooldownEnds()
@@ -48,10 +48,6 @@ class AccountBack:
 
     def _shared(self):
         return self.owner.shared()
-
-    def _poke(self) -> None:
-        if self.owner.keeper is not None:
-            self.owner.keeper.poke()  # the pool's state changed: written soon
 
     # -- a redeemed reset credit ---------------------------------------------------------
 
@@ -157,8 +153,7 @@ class AccountBack:
     def _ended(self, key: str, name: str, ended: Ended | None) -> str:
         if ended is None:
             return f"codex-failover: credential {name}: nothing to end"
-        self.usage.forget(key)  # its old full windows no longer hold
-        self._poke()
+        self.usage.forget(key)  # its old full windows no longer hold (the state keeper hears of both)
         text = f"codex-failover: credential {name}: cooldown ended ({ended.how}; was {ended.was}); in rotation again"
         log.warning(text)
         return text

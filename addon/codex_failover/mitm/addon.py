@@ -251,7 +251,6 @@ class FailoverAddon:
     async def _gate_upgrade(self, flow: http.HTTPFlow) -> None:
         """Open the upstream socket now (any credential, any route that works); 426 if none can."""
         self._refresh_auth_files()
-        _poke(self.keeper)
         await self.relay.start()
         try:
             session, why = await self.ws_gate.open(flow, self.shared())
@@ -291,11 +290,9 @@ class FailoverAddon:
         # request hooks, the hop): those have until the first output, the upstream is waiting now.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(run.dispatched.wait(), DISPATCH_FIRST)
-        _poke(self.keeper)  # the run will change the pool's state: written FLUSH seconds from now
 
     def _release_hold(self, run: RequestRun) -> None:
         self._held -= 1
-        _poke(self.keeper)
 
     def http_connect_upstream(self, flow: http.HTTPFlow) -> None:
         """Proxy credentials of a route endpoint go to that proxy only, on its CONNECT."""
@@ -322,8 +319,3 @@ class FailoverAddon:
         log.info(text)
         return text
 
-
-def _poke(keeper: StateKeeper | None) -> None:
-    """A request began or ended, or a WebSocket began: the pool's state may change (StateKeeper.poke)."""
-    if keeper is not None:
-        keeper.poke()

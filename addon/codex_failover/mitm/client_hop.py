@@ -26,6 +26,7 @@ import contextlib
 import itertools
 import logging
 import time
+import types
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
@@ -34,8 +35,10 @@ from mitmproxy.connection import ConnectionState, Server
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import Http2Server, HttpLayer, HttpStream
+from mitmproxy.proxy.mode_servers import ProxyConnectionHandler
 from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 
+from . import hook_chain
 from .attempt import Capture
 from ..net.relay import UNCLAIMED_TTL, UpstreamBroken
 from .client_answers import client_response
@@ -81,7 +84,6 @@ class HopLayer(layer.Layer):
         elif isinstance(event, _Deliver):
             while hop.queue:
                 yield http_layers.ReceiveHttp(hop.queue.pop(0))
-        yield from ()
 
 
 class ClientHop:
@@ -95,10 +97,8 @@ class ClientHop:
         self.status: int | None = None
         self.reason, self.headers = "", []
         self.body: Callable[[], AsyncIterator[bytes]] | None = None
-        self.first = b""
-        self.pump: asyncio.Task | None = None
-        self.gone = False
-        self.detached = False
+        self.first, self.pump = b"", None  # the held bytes; the task that streams the answer
+        self.gone = self.detached = False
         self.flow_id = ""
         self.first_out = asyncio.Event()  # the answer's first body bytes went to the client
         self._joined: list[bytes] | None = None  # the head's bytes, while they wait for the first body bytes
@@ -139,6 +139,8 @@ class ClientHop:
         flow.metadata[HOP_TAG] = True
         _by_flow[flow.id] = hop
         hop.flow_id = flow.id
+        if type(handler).handle_hook is ProxyConnectionHandler.handle_hook:  # its hooks at a lower CPU cost
+            handler.handle_hook = types.MethodType(hook_chain.client_handle_hook, handler)
         return hop
 
     def detach(self) -> None:
@@ -358,16 +360,12 @@ def relay_server(port: int) -> Server:
 
 
 def listen_hosts(modes, listen_host: str) -> list[str]:
-    """The hosts mitmproxy listens on for its `mode` specs (unparseable ones skipped)."""
-    hosts: list[str] = []
+    """The hosts mitmproxy listens on for its `mode` specs (unparseable ones skipped), in order."""
+    hosts: dict[str, None] = {}
     for spec in modes:
-        try:
-            host = ProxyMode.parse(spec).listen_host(listen_host)
-        except ValueError:
-            continue
-        if host not in hosts:
-            hosts.append(host)
-    return hosts
+        with contextlib.suppress(ValueError):
+            hosts[ProxyMode.parse(spec).listen_host(listen_host)] = None
+    return list(hosts)
 
 
 def is_reverse(client) -> bool:

@@ -15,7 +15,7 @@ import time
 from mitmproxy import ctx, http
 from mitmproxy.hooks import UpdateHook
 
-from . import client_answers, client_hop
+from . import client_answers, client_hop, hook_chain
 from .attempt import PLACEHOLDER, SECRET_HEADERS, Capture
 from .client_hop import HOP_TAG, ClientHop
 from .heartbeat import STREAM_HEADERS, HeartbeatSink
@@ -25,9 +25,11 @@ RELAY_TAG = "codex_failover.relay"
 
 
 def shown_changed(flow: http.HTTPFlow) -> None:
-    """Tell mitmweb (its view addon) that a live flow's comment or mark changed between hooks."""
+    """Tell mitmweb (its view addon) that a live flow's comment or mark changed between hooks;
+    nothing to do when no addon listens (mitmdump)."""
     try:
-        ctx.master.addons.trigger(UpdateHook([flow]))
+        if hook_chain.listens(ctx.master.addons, "update"):
+            ctx.master.addons.trigger(UpdateHook([flow]))
     except AttributeError:  # no master (unit tests without taddons)
         pass
 

@@ -34,6 +34,7 @@ from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import HTTPMode, HttpStream
 
+from . import hook_chain
 from .quiet_log import replay_level
 from ..core.warm_book import Slot
 
@@ -346,8 +347,8 @@ async def end_unsent(flow, message: str) -> None:
 
 
 async def run_hook(hook) -> None:
-    """An attempt flow's hook, as mitmproxy runs a flow's hooks (its AddonManager, and the update)."""
-    await ctx.master.addons.handle_lifecycle(hook)
+    """An attempt flow's hook, as mitmproxy runs a flow's hooks, at a lower CPU cost (hook_chain.py)."""
+    await hook_chain.lifecycle(ctx.master.addons, hook)
 
 
 def as_http11(request) -> None:
