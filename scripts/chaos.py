@@ -165,6 +165,62 @@ class Scenario(AdversarialRuns):
             time.sleep(0.02)
         self.problems.append("the upstream attempt kept running after the client left")
 
+    def run_overload_episodes(self) -> None:
+        """The same intermittent overloads (seeded episodes per account, and a load each account can
+        take) and the same steady client load, once per `compare` variant of the overload policy,
+        each on a fresh fake upstream and proxy: client-visible failures, side by side."""
+        results = []
+        for i, variant in enumerate(self.spec["compare"]):
+            failed, total, all_cooling = self._episodes_run(variant, self.tmp / f"variant{i}")
+            results.append((variant["name"], failed, total))
+            self.observed.append(f"{variant['name']}: {failed}/{total} failed ({all_cooling} answered all cooling)")
+        if self.expect.get("fewer_failures") and not results[-1][1] < results[0][1]:
+            self.problems.append(f"{results[-1][0]} did not fail fewer requests than {results[0][0]}")
+
+    def _episodes_run(self, variant: dict, tmp: Path) -> tuple[int, int, int]:
+        spec = self.spec
+        fake = FakeUpstreamProcess(tmp, "--pace", "0.002", "--deltas", "4")
+        proxy = None
+        try:
+            accounts = [f"sk-test-acct{i}-good" for i in range(int(spec.get("accounts", 4)))]
+            text, env = pool_yaml(fake.base, [(f"acct{i}", key) for i, key in enumerate(accounts)],
+                                  **{"bootstrap_timeout": "10s", **spec.get("policy", {})})
+            if variant.get("overload"):
+                text += yaml.safe_dump({"overload": variant["overload"]})
+            proxy = ProxyProcess(tmp, text, env)
+            rng = random.Random(spec.get("seed", 11))
+            duration = float(spec.get("seconds", 20))
+            for key in accounts:
+                windows, t = [], rng.uniform(0, duration / 3)
+                while t < duration:
+                    length = rng.uniform(*spec.get("episode_s", [2, 4]))
+                    windows.append([t, t + length])
+                    t += length + rng.uniform(*spec.get("gap_s", [4, 10]))
+                fake.control("/_fake/episodes", {"credential": key, "windows": windows,
+                                                 "max_per_s": spec.get("max_per_s", 3)})
+            rate = float(spec.get("rate", 8))
+            n = int(rate * duration)
+            started = time.monotonic()
+
+            def one(i: int):
+                delay = started + i / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                try:
+                    return post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-good", timeout=30)
+                except OSError:
+                    return None
+
+            with concurrent.futures.ThreadPoolExecutor(32) as pool:
+                replies = list(pool.map(one, range(n)))
+            bad = [r for r in replies if r is None or r.status != 200 or self.stream_kind(r) != "complete"]
+            cooling = sum(1 for r in bad if r is not None and b"every credential is cooling" in r.body)
+            return len(bad), n, cooling
+        finally:
+            if proxy is not None:
+                proxy.stop()
+            fake.stop()
+
     def ws_turn(self, token: str) -> tuple[int, list[dict]]:
         """One gated WebSocket turn: (101 or the upgrade's status, the turn's messages)."""
         client = WsClient.connect(self.proxy.port, self.url, {"authorization": f"Bearer {token}"}, timeout=30)

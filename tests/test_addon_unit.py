@@ -72,3 +72,19 @@ def test_a_bug_while_opening_a_gated_websocket_answers_426_not_an_ungated_upgrad
         asyncio.run(addon.request(flow))
     assert flow.response.status_code == 426
     assert b"internal error: RuntimeError" in flow.response.content
+
+
+def test_failover_reset_is_a_mitmproxy_command_and_ends_a_cooldown():
+    from mitmproxy.test import taddons
+
+    from codex_failover.config import Credential, PoolConfig
+    from codex_failover.core.auth import AuthMaterial
+
+    addon = make_addon()
+    addon.pool = PoolConfig(credentials=(Credential("a", AuthMaterial("apikey", "sk-test-a"), "http://x/v1", "env"),))
+    addon.health.cool("a", 3600, "usage_limit")
+    with taddons.context(addon) as tctx:
+        text = tctx.master.commands.execute("failover.reset a")
+    assert "credential a: cooldown ended (ended by hand; was usage_limit)" in text
+    assert addon.health.ready("a")
+    assert addon.status_report()["credentials"][0]["cooldown_ended"]["how"] == "ended by hand"

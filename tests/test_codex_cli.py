@@ -559,3 +559,34 @@ def test_real_codex_chatgpt_session_compacts_after_a_failover_and_completes_on_t
     assert not any(r[4] for r in served), f"another account's encrypted content was sent: {served}"
     assert "made by credential work" in codex.proxy_log, context
     codex.assert_loopback_only()
+
+
+# -- nothing can serve: what the user reads, and how soon -------------------------------------------
+
+def _errors(codex: CodexRun) -> list[str]:
+    return [e.get("message", "") for e in codex.events if e.get("type") == "error"]
+
+
+def test_real_codex_with_the_whole_pool_overloaded_stops_with_a_clear_message_within_the_bound(tmp_path, codex_bin,
+                                                                                               capsys):
+    """Every credential overloaded (resting 15 s or more, the first of an overload streak): the answer
+    has no Retry-After (nothing is back within max_retry_after), so Codex stops after its quick re-sends
+    with "Selected model is at capacity" in seconds, not minutes (docs/decisions.md#answers-that-tell-the-time)."""
+    codex = run_codex(tmp_path, codex_bin, [("spare", "sk-test-spare-overload")])
+    errors = _errors(codex)
+    with capsys.disabled():
+        print(f"\n[codex-cli] whole pool overloaded: codex exec took {codex.took:.2f}s, exit {codex.run.returncode}, "
+              f"{len(codex.fake.model_requests())} model requests upstream; errors: {errors}")
+    assert codex.run.returncode != 0, codex.context
+    assert errors and "at capacity" in errors[-1], codex.context
+    assert codex.took < 15.0, codex.context
+
+
+def test_real_codex_with_the_whole_pool_at_its_usage_limit_prints_when_to_try_again(tmp_path, codex_bin, capsys):
+    codex = run_codex(tmp_path, codex_bin, [("spare", "sk-test-spare-usage-limit")],
+                      use_client_credential=False)
+    errors = _errors(codex)
+    with capsys.disabled():
+        print(f"\n[codex-cli] whole pool at its usage limit: codex exec took {codex.took:.2f}s; errors: {errors}")
+    assert codex.run.returncode != 0, codex.context
+    assert errors and "try again at" in errors[-1].lower(), codex.context

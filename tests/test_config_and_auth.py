@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from codex_failover.core.cooldown_policy import OverloadPolicy
+
 from codex_failover.core.auth import APIKEY, CHATGPT, AuthError, auth_from_headers, read_auth_file
 from codex_failover.config import ConfigError, Policy, load_pool
 
@@ -45,7 +47,8 @@ policy:
     assert work.auth.account_id == "2b1c1a9e-0000-4000-8000-000000000001"
     assert (spare.kind, spare.base_url, spare.source) == (APIKEY, "https://api.openai.com/v1", "$SPARE_OPENAI_KEY")
     assert pool.policy == Policy(max_attempts=3, bootstrap_timeout=20, overload_cooldown=60,
-                                 use_client_credential=False, max_retry_after=2)
+                                 use_client_credential=False, max_retry_after=2,
+                                 overload=OverloadPolicy(first=60))  # overload_cooldown: a streak's first rest
     assert "sk-secret-value" not in repr(pool)
 
 

@@ -91,7 +91,7 @@ def body(name):
         (200, b"{}", "commit", "ok"),
         (503, body("503_server_is_overloaded_full.json"), "failover", "overloaded"),
         (503, body("503_server_is_overloaded_minimal.json"), "failover", "overloaded"),
-        (503, b"not json", "failover", "overloaded"),
+        (503, b"not json", "failover", "upstream_5xx"),  # a gateway's page: the way failed, not the account
         (529, b"", "failover", "overloaded"),
         (429, json.dumps({"error": {"type": "usage_limit_reached", "resets_in_seconds": 30}}).encode(), "failover", "usage_limit"),
         (429, b"{}", "failover", "rate_limited"),

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from harness import (FakeUpstreamProcess, ProxyProcess, free_port, pool_yaml, post_responses, request, start_raw_post,
+from harness import (FakeUpstreamProcess, ProxyProcess, free_port, pool_yaml, post_responses, proxy_status, request, start_raw_post,
                      wait_until)
 
 pytestmark = pytest.mark.e2e
@@ -51,12 +51,17 @@ def test_three_overloaded_then_one_good(fake, start_proxy):
     assert len(fake.model_requests()) == 4
 
 
-def test_all_overloaded_gives_503_with_attempts_and_retry_after(fake, start_proxy):
-    proxy = start_proxy(fake, [("a", "sk-test-a-overload"), ("b", "sk-test-b-overload-503")], max_retry_after="3s")
+def test_all_overloaded_gives_503_with_attempts_and_the_time(fake, start_proxy):
+    # The whole pool may rest (max_held_out: 100%), so every credential cools.
+    proxy = start_proxy(fake, [("a", "sk-test-a-overload"), ("b", "sk-test-b-overload-503")], max_retry_after="3s",
+                        overload={"max_held_out": "100%"})
     reply = post_responses(proxy.port, url(fake), "sk-test-client-overload")
     assert reply.status == 503
-    assert 1 <= int(reply.headers["retry-after"]) <= 3
+    # Nothing is back within max_retry_after: no Retry-After (Codex gives up after its quick tries
+    # instead of waiting it out), but the body says when the first credential is back.
+    assert "retry-after" not in reply.headers
     error = reply.json()["error"]
+    assert 10 <= error["retry_after_seconds"] <= 15  # the first rest of an overload streak
     assert error["code"] == "server_is_overloaded"
     assert error["type"] == "service_unavailable_error"
     assert [a["credential"] for a in error["attempts"]] == ["client", "a", "b"]
@@ -70,6 +75,22 @@ def test_all_overloaded_gives_503_with_attempts_and_retry_after(fake, start_prox
     assert time.monotonic() - started < 1.0
     assert len(fake.model_requests()) == before
     assert {c["state"] for c in again.json()["error"]["credentials"]} == {"cooling"}
+
+
+def test_at_most_a_share_of_the_pool_rests_for_overload_and_the_least_recently_failed_is_tried(fake, start_proxy):
+    proxy = start_proxy(fake, [("a", "sk-test-a-overload"), ("b", "sk-test-b-overload"), ("c", "sk-test-c-overload")],
+                        use_client_credential=False)
+    first = post_responses(proxy.port, url(fake), "sk-test-client-good")
+    assert first.status == 503
+    # A quarter of three is less than one: one rests (c, the last to fail); a and b are back.
+    assert "credential a is back in rotation early" in proxy.log()
+    states = {c["name"]: c["state"] for c in proxy_status(proxy.port)["credentials"]}
+    assert states == {"a": "ready", "b": "ready", "c": "cooling"}
+    before = len(fake.model_requests())
+    again = post_responses(proxy.port, url(fake), "sk-test-client-good")
+    assert again.status == 503 and "every credential is cooling" not in again.body.decode()
+    assert [r["credential"] for r in fake.model_requests()[before:]][0] == "sk-test-a-overload"
+    assert "retry-after" not in again.headers  # nothing tried is a promise
 
 
 def test_usage_limit_cools_the_credential_and_the_next_request_skips_it(fake, start_proxy):
@@ -269,7 +290,9 @@ def test_without_a_pool_the_own_credential_is_retried_with_backoff(fake, tmp_pat
 
 
 def test_holds_for_a_credential_recovering_within_cooldown_wait(fake, start_proxy):
-    proxy = start_proxy(fake, [("spare", "sk-test-spare-overload-once")], overload_cooldown="1s", cooldown_wait="3s")
+    # The whole pool may rest (else the least recently failed is tried at once, without a hold).
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-overload-once")], overload_cooldown="1s", cooldown_wait="3s",
+                        overload={"max_held_out": "100%"})
     first = post_responses(proxy.port, url(fake), "sk-test-client-overload")
     assert first.status == 503
     started = time.monotonic()

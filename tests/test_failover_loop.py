@@ -17,6 +17,7 @@ from codex_failover.config import Credential, Policy, PoolConfig
 from codex_failover.core.failover_loop import (BACKOFF, RECOVERING, RECOVERY_RETRY, SERVED, AllCooling, Exhausted,
                                           FailoverLoop, Final, RecoveryExhausted, Rejected, Rejection, RouteDown,
                                           Served, Transient, Try, Wait, cools, own_refusal)
+from codex_failover.core.cooldown_policy import OverloadPolicy
 from codex_failover.core.health import Health
 from codex_failover.core.pool_feedback import PoolFeedback
 from codex_failover.core.planner import Candidate, make_plan
@@ -53,10 +54,14 @@ class World:
         self.clock = Clock()
         self.health = Health(self.clock)
         self.route_health = RouteHealth(floor=30, cap=300, clock=self.clock)
+        # The loop's cases are written against a fixed overload cooldown and no share held out
+        # (the cooldown policy has its own tests: test_cooldown_policy.py).
+        fixed = policy.get("overload_cooldown", 60.0)
+        policy.setdefault("overload", OverloadPolicy(first=fixed, factor=1.0, max=max(fixed, 1.0), max_held_out=1.0))
         self.pool = PoolConfig(tuple(creds), Policy(use_client_credential=use_client, **policy),
                                routes=parse_routes(routes), recovery=recovery or RecoveryPolicy())
         self.movable = movable
-        self.feedback = PoolFeedback(self.health, Affinity(clock=self.clock), UsageBook())
+        self.feedback = PoolFeedback(self.health, Affinity(clock=self.clock), UsageBook(), pool_size=len(creds) + use_client)
         self.told: list[str] = []
 
     def plan(self):
@@ -165,7 +170,7 @@ CASES = [
          {"creds": [cred("a"), cred("b"), cred("c")], "max_attempts": 2}),
     Case("every credential rejected: exhausted with the last rejection",
          {"a": [rej("overloaded")], "b": [rej("usage_limit", 429)]},
-         ["try a #1", "try b #2", "exhausted: usage_limit, retry-after 5"], POOL),
+         ["try a #1", "try b #2", "exhausted: usage_limit, retry-after None"], POOL),
     # -- the only credential --------------------------------------------------------------------
     Case("the only credential is retried after 0.5 s", {"client": [rej("overloaded"), SERVED]},
          ["try client #1", "wait 0.5s (backoff)", "try client #2"], ALONE),
@@ -173,7 +178,7 @@ CASES = [
          {"client": [rej("overloaded")] * 5},
          ["try client #1", "wait 0.5s (backoff)", "try client #2", "wait 1s (backoff)", "try client #3",
           "wait 2s (backoff)", "try client #4", "wait 4s (backoff)", "try client #5",
-          "exhausted: overloaded, retry-after 5"],
+          "exhausted: overloaded, retry-after None"],
          {**ALONE, "max_attempts": 5, "cooldown_wait": 10.0}),
     Case("the only credential: upstream's Retry-After lengthens the backoff",
          {"client": [rej("overloaded", retry_after="1.5"), SERVED]},
@@ -184,13 +189,13 @@ CASES = [
     Case("the only credential: a backoff past cooldown_wait ends it",
          {"client": [rej("overloaded")] * 4},
          ["try client #1", "wait 0.5s (backoff)", "try client #2", "wait 1s (backoff)", "try client #3",
-          "wait 2s (backoff)", "try client #4", "exhausted: overloaded, retry-after 5"],
+          "wait 2s (backoff)", "try client #4", "exhausted: overloaded, retry-after None"],
          {**ALONE, "max_attempts": 5}),
     Case("the only credential: a hint past cooldown_wait ends it at once",
          {"client": [rej("overloaded", retry_after="30")]},
-         ["try client #1", "exhausted: overloaded, retry-after 5"], ALONE),
+         ["try client #1", "exhausted: overloaded, retry-after None"], ALONE),
     Case("the only credential: a rejection not worth retrying ends it at once",
-         {"client": [rej("rate_limited", 429)]}, ["try client #1", "exhausted: rate_limited, retry-after 5"], ALONE),
+         {"client": [rej("rate_limited", 429)]}, ["try client #1", "exhausted: rate_limited, retry-after None"], ALONE),
     Case("a pinned request's own credential is the only one",
          {"client": [rej("overloaded"), SERVED]}, ["try client #1", "wait 0.5s (backoff)", "try client #2"],
          {"creds": [cred("a")], "use_client": True, "movable": False}),
@@ -199,9 +204,12 @@ CASES = [
          {}, ["all cooling (a cooling overloaded; b cooling usage_limit_window), retry-after 10"],
          {**POOL, "max_retry_after": 60.0},
          before=lambda w: (w.cool("a", 30), w.cool("b", 10, "usage_limit_window"))),
-    Case("all cooling: Retry-After capped by max_retry_after",
-         {}, ["all cooling (a cooling overloaded; b cooling overloaded), retry-after 5"], POOL,
+    Case("all cooling: no Retry-After when the first back is later than max_retry_after (a promise nobody keeps)",
+         {}, ["all cooling (a cooling overloaded; b cooling overloaded), retry-after None"], POOL,
          before=lambda w: (w.cool("a", 30), w.cool("b", 10))),
+    Case("all cooling: Retry-After when the first back is within max_retry_after",
+         {}, ["all cooling (a cooling overloaded; b cooling overloaded), retry-after 4"], POOL,
+         before=lambda w: (w.cool("a", 30), w.cool("b", 3.2))),
     Case("all cooling: no Retry-After when max_retry_after is 0",
          {}, ["all cooling (a cooling overloaded; b out HTTP 401 from upstream), retry-after None"],
          {**POOL, "max_retry_after": 0.0},
@@ -214,7 +222,7 @@ CASES = [
          {"a": [rej("overloaded")], "b": [SERVED]}, ["try a #1", "wait 1.5s (recovering)", "try b #2"], POOL,
          before=lambda w: w.cool("b", 1.5), told=("holding 1.5s for the first to recover",)),
     Case("a cooling credential past cooldown_wait: exhausted after the rejection",
-         {"a": [rej("overloaded")]}, ["try a #1", "exhausted: overloaded, retry-after 5"], POOL,
+         {"a": [rej("overloaded")]}, ["try a #1", "exhausted: overloaded, retry-after None"], POOL,
          before=lambda w: w.cool("b", 30)),
     # -- route endpoints ------------------------------------------------------------------------
     Case("an endpoint backing off is skipped: the next endpoint", {"a@corp[1]": [SERVED]}, ["try a@corp[1] #1"],
@@ -227,9 +235,9 @@ CASES = [
          {"a@corp[0]": [rej(PRE_DISPATCH)], "a@corp[1]": [rej(PRE_DISPATCH)], "b": [SERVED]},
          ["try a@corp[0] #1", "try a@corp[1] #1", "route down a", "try b #2"], ROUTED,
          states={"a": "ready", "b": "ready"}),
-    Case("the only credential's route down: exhausted with route_down (502), not retried",
+    Case("the only credential's route down: exhausted with route_down (502), not retried, no Retry-After (a is not cooling: no promise)",
          {"a@corp[0]": [rej(PRE_DISPATCH)], "a@corp[1]": [rej(PRE_DISPATCH)]},
-         ["try a@corp[0] #1", "try a@corp[1] #1", "route down a", "exhausted: route_down, retry-after 1"],
+         ["try a@corp[0] #1", "try a@corp[1] #1", "route down a", "exhausted: route_down, retry-after None"],
          {"creds": [cred("a", "corp")], "routes": ROUTES}, states={"a": "ready"}),
     Case("no endpoint may be dialled: route down without an attempt on it",
          {"b": [SERVED]}, ["route down a", "try b #2"], ROUTED,
@@ -277,7 +285,7 @@ CASES = [
          ["try a #1", "wait 0.125s (retry)", "try a #1", "try b #2"], {**POOL, "recovery": RECOVERY}),
     # -- a WebSocket handshake ------------------------------------------------------------------
     Case("a handshake never waits: the only credential's overload ends it",
-         {"client": [rej("overloaded")]}, ["try client #1", "exhausted: overloaded, retry-after 5"], ALONE,
+         {"client": [rej("overloaded")]}, ["try client #1", "exhausted: overloaded, retry-after None"], ALONE,
          loop={"handshake": True}),
     Case("a handshake never holds for a cooling credential",
          {"a": [rej("overloaded")]}, ["try a #1", "exhausted: overloaded, retry-after 1"], POOL,

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from .core.auth import APIKEY, CHATGPT, AuthError, AuthMaterial, auth_from_document, read_auth_file
+from .core.cooldown_policy import OverloadConfigError, OverloadPolicy, parse_overload
 from .core.recovery import RecoveryConfigError, RecoveryPolicy, parse_recovery
 from .core.routes import DIRECT, RouteError, looks_like_secret, parse_routes, redact_url
 from .core.units import parse_duration
@@ -57,6 +58,8 @@ class Policy:
     connect_timeout: float = 10.0  # an attempt not connected (to its proxy or upstream) by then failed before dispatch
     route_backoff: float = 30.0  # first backoff of a dead route endpoint; doubles per failure
     route_backoff_max: float = 300.0  # the longest backoff
+    overload: OverloadPolicy = OverloadPolicy()  # the pool file's `overload:` section (cooldown_policy.py)
+    usage_recheck: float = 300.0  # a usage-limit cooldown is re-checked on the account's usage endpoint this often (0: never)
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,7 @@ _POLICY_FIELDS = {
     "connect_timeout": "duration",
     "route_backoff": "duration",
     "route_backoff_max": "duration",
+    "usage_recheck": "duration",
 }
 
 
@@ -222,18 +226,18 @@ def _parse_pool(doc: object, source: str, environ: Mapping[str, str], base_dir: 
     where = f"pool file {source}"
     if doc is None:
         doc = {}
-    top = _mapping(doc, where, {"credentials", "policy", "base_urls", "routes", "recovery", "state"})
+    top = _mapping(doc, where, {"credentials", "policy", "base_urls", "routes", "recovery", "state", "overload"})
     try:
         recovery, notes = parse_recovery(top.get("recovery"), f"{where}: recovery")
-    except RecoveryConfigError as exc:
+        overload = parse_overload(top.get("overload"), f"{where}: overload", top.get("policy"))
+    except (RecoveryConfigError, OverloadConfigError) as exc:
         raise ConfigError(str(exc)) from None
     try:
         routes = parse_routes(top.get("routes"))
     except RouteError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    policy = _policy({} if top.get("policy") is None else top["policy"], f"{where}: policy")
-    creds = top.get("credentials")
-    creds = [] if creds is None else creds
+    policy = replace(_policy({} if top.get("policy") is None else top["policy"], f"{where}: policy"), overload=overload)
+    creds = [] if (creds := top.get("credentials")) is None else creds
     if not isinstance(creds, list):
         raise ConfigError(f"{where}: credentials: expected a list")
     seen: set[str] = set()

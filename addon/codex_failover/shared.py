@@ -51,4 +51,5 @@ class Shared:
 
     @property
     def feedback(self) -> PoolFeedback:
-        return PoolFeedback(self.health, self.affinity, self.usage, self.rejected_keys)
+        names = frozenset(c.name for c in self.pool.credentials)
+        return PoolFeedback(self.health, self.affinity, self.usage, self.rejected_keys, max(1, len(names)), names)

@@ -77,6 +77,10 @@ SCENARIOS = {
                 "already carries a tool's output (or a compaction of it) gets a normal answer, and the call reports 500 input tokens "
                 "(so a low model_auto_compact_token_limit compacts mid-turn)",
     "held-many": "WebSocket turns: 61 holdable messages, then the deltas, all in one burst",
+    "overload-400": "HTTP 400 invalid_request_error whose only sign is the message 'Our servers are currently overloaded'",
+    "overload-msg": "an `error` event and a response.failed carrying only the overload message (no type, no code)",
+    "capacity-400": "HTTP 400 'Selected model is at capacity' with code null",
+    "lb-503": "a load balancer's plain-text (HTML) 503 page",
     "good": "a normal streamed answer (reasoning summary + text)",
     # Any model request (POST or WebSocket turn) whose input ends in {"type":"compaction_trigger"} is answered
     # with a `compaction` item, and `POST …/responses/compact` with a JSON compaction (synchronous scenarios
@@ -254,6 +258,18 @@ def other_body(path: str, account: str | None = None) -> dict:
     return body
 
 
+def usage_body(used: float) -> dict:
+    """`GET …/wham/usage` as Codex reads it: the plan, whether it may send, and both windows."""
+    now, used = int(time.time()), int(used)  # whole numbers: Codex reads them as integers
+    limited = used >= 100
+    window = lambda seconds, pct: {"used_percent": pct, "limit_window_seconds": seconds,  # noqa: E731
+                                   "reset_after_seconds": 3600, "reset_at": now + 3600}
+    return {"plan_type": "plus", "rate_limit": {"allowed": not limited, "limit_reached": limited,
+                                                "primary_window": window(18000, used),
+                                                "secondary_window": window(604800, min(used, 50))},
+            "credits": {"has_credits": False, "unlimited": False, "balance": "0"}}
+
+
 def json_error(status: int, error: dict, extra: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
     return status, {"content-type": "application/json", **(extra or {})}, json.dumps({"error": error}).encode()
 
@@ -275,6 +291,13 @@ SYNC = {
     "http-502": lambda: json_error(502, {"type": "server_error", "code": "bad_gateway", "message": "Bad gateway."}),
     "http-503": lambda: json_error(503, {"type": "server_error", "code": "upstream_unavailable", "message": "Try again."}),
     "http-504": lambda: json_error(504, {"type": "server_error", "code": "gateway_timeout", "message": "Gateway timeout."}),
+    "overload-400": lambda: json_error(400, {"type": "invalid_request_error",
+                                             "message": "Our servers are currently overloaded. Please try again later."}),
+    "capacity-400": lambda: json_error(400, {"type": "invalid_request_error", "code": None, "param": None,
+                                             "message": "Selected model is at capacity. Please try a different model."}),
+    "lb-503": lambda: (503, {"content-type": "text/html"},
+                       b"<html><head><title>503 Service Temporarily Unavailable</title></head><body>"
+                       b"<center><h1>503 Service Temporarily Unavailable</h1></center><hr><center>nginx</center></body></html>"),
     "invalid": lambda: json_error(400, {"type": "invalid_request_error", "code": "invalid_value",
                                         "message": "Invalid value for 'input'.", "param": "input"}),
     "unauthorized": lambda: json_error(401, {"type": "invalid_request_error", "code": "invalid_api_key",
@@ -291,6 +314,10 @@ class FakeUpstream:
         self.trace_events = trace_events  # log when every event is written (credential, sequence_number)
         self.seen: dict[str, int] = {}  # requests per credential (for overload-once)
         self.forced: dict[str, list[str]] = {}  # credential label -> scenarios of its next model requests
+        self.used: dict[str, float] = {}  # credential label -> used percent its usage endpoint reports
+        self.episodes: dict[str, list[tuple[float, float]]] = {}  # credential label -> overloaded windows (monotonic)
+        self.max_per_s: dict[str, float] = {}  # credential label -> model requests a second it takes
+        self.recent: dict[str, list[float]] = {}  # credential label -> its model requests' times, the last second
         self._digests: dict[int, "hashlib._Hash"] = {}  # per open response: sha256 of its body
         self.requests: list[dict] = []  # in-process users read this
         self.sockets = 0  # WebSocket connections so far (their ids in the log)
@@ -349,6 +376,30 @@ class FakeUpstream:
             self._log({"ts": time.time(), "event": "control", **order})
             await write_full(writer, 200, {"content-type": "application/json"}, b"{}")
             return True
+        if path == "/_fake/episodes" and method == "POST":
+            # Test control: the credential is overloaded during each [start, end) window (seconds from
+            # now), and, with `max_per_s`, whenever it already serves that many model requests this
+            # second (load it cannot take: spilled load overloads it).
+            order = json.loads(body or b"{}")
+            now = time.monotonic()
+            self.episodes[order["credential"]] = [(now + a, now + b) for a, b in order.get("windows", [])]
+            if order.get("max_per_s"):
+                self.max_per_s[order["credential"]] = float(order["max_per_s"])
+            self._log({"ts": time.time(), "event": "control", **order})
+            await write_full(writer, 200, {"content-type": "application/json"}, b"{}")
+            return True
+        if path == "/_fake/usage" and method == "POST":
+            # Test control: what the credential's usage endpoint reports from now on (used percent).
+            order = json.loads(body or b"{}")
+            self.used[order["credential"]] = float(order["used_percent"])
+            self._log({"ts": time.time(), "event": "control", **order})
+            await write_full(writer, 200, {"content-type": "application/json"}, b"{}")
+            return True
+        if method == "GET" and path.split("?")[0].endswith(("/wham/usage", "/api/codex/usage")):
+            record["scenario"] = "usage"
+            self._log(record)
+            await write_full(writer, 200, {"content-type": "application/json"},
+                             json.dumps(usage_body(self.used.get(record["credential"], 10.0))).encode())
         if method == "OPTIONS":  # a CORS preflight: allowed from anywhere, as api.openai.com does
             record["scenario"] = "other"
             self._log(record)
@@ -367,6 +418,8 @@ class FakeUpstream:
             return True
         if self.forced.get(record["credential"]):
             scenario = record["scenario"] = self.forced[record["credential"]].pop(0)
+        elif self._overloaded_now(record["credential"]):
+            scenario = record["scenario"] = "overload"
         record["body_bytes"] = len(body)
         record["session"] = headers.get("session-id") or headers.get("session_id")
         record["proxy_authorization"] = "proxy-authorization" in headers  # must never arrive here
@@ -406,6 +459,21 @@ class FakeUpstream:
             await write_full(writer, *SYNC[scenario]())
             return
         await WsSession(self, self.sockets, label, scenario, reader, writer).run(head)
+
+    def _overloaded_now(self, label: str) -> bool:
+        """In one of the credential's overload episodes, or over the load it takes (/_fake/episodes)."""
+        now = time.monotonic()
+        if any(a <= now < b for a, b in self.episodes.get(label, ())):
+            return True
+        limit = self.max_per_s.get(label)
+        if limit is None:
+            return False
+        recent = self.recent.setdefault(label, [])
+        recent[:] = [t for t in recent if now - t < 1.0]
+        if len(recent) >= limit:
+            return True  # a rejection costs it nothing: only the requests it serves count
+        recent.append(now)
+        return False
 
     def _trace(self, ev: bytes, label: str, traced: set[str]) -> None:
         for kind, markers in (("rejection_sent", _REJECTION), ("first_output_sent", _OUTPUT)):
@@ -468,6 +536,11 @@ class FakeUpstream:
             events += turn.answer()[:8] + [turn.failed("server_error", "An error occurred while processing your request.")]
         elif scenario == "overload-flat":
             events += [turn.ev("error", code="server_is_overloaded", message="Our servers are currently overloaded.")]
+        elif scenario == "overload-msg":
+            message = "Our servers are currently overloaded. Please try again later."
+            events += [turn.ev("error", message=message),
+                       turn.ev("response.failed", response={"id": turn.rid, "object": "response", "status": "failed",
+                                                            "output": [], "error": {"message": message}})]
         elif scenario == "flood":
             answer = turn.answer()
             await self._send(writer, events + answer[:7], label)  # through the first text delta
@@ -669,6 +742,9 @@ class WsSession:
             msgs = [turn.created(), turn.completed([])]
         elif scenario == "overload":
             msgs = [turn.created(), turn.wrapped(503, OVERLOADED)]
+        elif scenario == "overload-msg":
+            message = "Our servers are currently overloaded. Please try again later."
+            msgs = [turn.created(), turn.wrapped(400, {"type": "invalid_request_error", "message": message})]
         elif scenario == "overload-nostatus":
             msgs = [turn.created(), turn.overload_error(), turn.failed("server_is_overloaded", OVERLOADED["message"])]
         elif scenario == "overload-close":

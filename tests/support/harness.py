@@ -136,6 +136,13 @@ class FakeUpstreamProcess:
                 return sent
             time.sleep(0.05)
 
+    def control(self, path: str, order: dict) -> None:
+        """POST a test control (`/_fake/...`) to the fake upstream."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        conn.request("POST", path, body=json.dumps(order))
+        conn.getresponse().read()
+        conn.close()
+
     def overload_next(self, credential: str, count: int = 1, scenario: str = "overload") -> None:
         """Make the next `count` model requests of `credential` (its label) follow `scenario`
         (default: overloaded in-stream)."""
@@ -557,10 +564,13 @@ def make_test_pki(tmp: Path, names: tuple[str, ...] = ("localhost",)) -> tuple[P
     return ca_path, server_path
 
 
-def pool_yaml(base_url: str, creds: list[tuple[str, str]], routes: dict | None = None, **policy) -> tuple[str, dict[str, str]]:
+def pool_yaml(base_url: str, creds: list[tuple[str, str]], routes: dict | None = None, overload: dict | None = None,
+              **policy) -> tuple[str, dict[str, str]]:
     """A pool file with API-key credentials (name, key[, route]) pointing at `base_url`, and the env
-    it needs. `routes`: {name: [proxy urls] or "direct"}."""
+    it needs. `routes`: {name: [proxy urls] or "direct"}; `overload`: the `overload:` section."""
     lines, env = [], {}
+    if overload:
+        lines += ["overload:", *(f"  {k}: {v}" for k, v in overload.items())]
     if routes:
         lines.append("routes:")
         for name, value in routes.items():

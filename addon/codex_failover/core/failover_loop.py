@@ -50,6 +50,7 @@ from typing import Callable, Iterable, Union
 from ..config import PoolConfig
 from .health import Health
 from .planner import Candidate, Plan
+from .pool_wait import Soonest, retry_after as true_retry_after, soonest
 from .recovery import RetryBudget
 from .routes import Endpoint, RouteHealth
 from .taxonomy import AUTH_REJECTED, UPSTREAM_5XX, hinted_seconds
@@ -145,6 +146,7 @@ class Exhausted:
 
     last: Rejection
     retry_after: int | None  # seconds, or None: no Retry-After
+    soonest: Soonest | None = None  # the first of the request's credentials back, if any is cooling
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,7 @@ class AllCooling:
 
     states: tuple[tuple[str, str, str | None], ...]  # (credential name, why skipped, health reason)
     retry_after: int | None
+    soonest: Soonest | None = None
 
 
 @dataclass(frozen=True)
@@ -383,18 +386,19 @@ class FailoverLoop:
     # -- the end --------------------------------------------------------------------------------
 
     def _end(self) -> Exhausted | AllCooling:
+        first = soonest(self.health, self.plan.all_keys)
         retry_after = self.retry_after()
         if self.last is None:
             states = tuple((c.name, why, self.health.state(c.key).reason) for c, why in self.plan.skipped)
-            return AllCooling(states, retry_after)
-        return Exhausted(self.last, retry_after)
+            return AllCooling(states, retry_after, first)
+        return Exhausted(self.last, retry_after, first)
 
     def retry_after(self) -> int | None:
-        """Seconds for Retry-After: the soonest recovery, capped; None (no header) when the cap is 0.
-        Codex sits through it silently before each of its re-sends (docs/architecture.md#what-codex-does-with-our-answers)."""
-        cap = self.policy.max_retry_after
-        if cap <= 0:
-            return None
-        waits = [w for w in (self.health.recovers_in(k) for k in self.plan.all_keys) if w is not None]
-        soonest = min(waits) if waits else None
-        return max(1, int(min(cap if soonest is None else soonest, cap) + 0.999))
+        """Seconds for Retry-After: the soonest recovery, when it is within `max_retry_after`; None (no
+        header) when it is later (a promise nobody keeps: Codex would sit through it silently before
+        each of its re-sends, docs/architecture.md#what-codex-does-with-our-answers) or the cap is 0."""
+        # A credential this request just tried that is ready again (back early: the share held out
+        # for overload; or not cooled: its route is down) is no promise that a re-send is served.
+        waits = [w for k in self.plan.all_keys if (w := self.health.recovers_in(k)) is not None
+                 and not (w == 0 and k in self.tried)]
+        return true_retry_after(waits, self.policy.max_retry_after)

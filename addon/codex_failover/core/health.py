@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from .cooldown_policy import OverloadStreaks
 from .tracked import Tracked
 
 READY = "ready"
@@ -28,6 +29,7 @@ class Health(Tracked):
         self._clock = clock
         self._cooling: dict[str, tuple[float, str]] = {}
         self._out: dict[str, str] = {}
+        self.streaks = OverloadStreaks()  # each credential's overload streak (cooldown_policy.py)
 
     def now(self) -> float:
         return self._clock()

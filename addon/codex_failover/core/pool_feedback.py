@@ -12,8 +12,9 @@ from .auth import AuthMaterial
 from .client_boundary import RejectedKeys
 from ..config import Policy
 from .health import Health
+from .cooldown_policy import OVERLOAD_CLASSES, held_out, over_cap
 from .seen_clients import label
-from .taxonomy import AUTH_REJECTED, cooldown_seconds
+from .taxonomy import AUTH_REJECTED, cooldown_seconds, hinted_seconds
 from .usage import UsageBook, Window
 
 log = logging.getLogger("codex_failover")
@@ -26,6 +27,8 @@ class PoolFeedback:
     affinity: Affinity
     usage: UsageBook
     rejected_keys: RejectedKeys | None = None
+    pool_size: int = 1  # the pooled credentials (for the share held out for overload)
+    pool_keys: frozenset[str] = frozenset()  # the pooled credentials' keys (empty: every key counts)
 
     def rejected(self, key: str, name: str, reason: str, status: int | None, error: dict | None,
                  retry_after: str | None, policy: Policy, where: str = "") -> None:
@@ -34,8 +37,25 @@ class PoolFeedback:
             log.error("%scredential %s rejected with HTTP %s: taken out of rotation until its auth file or key "
                       "changes", where, name, status)
             return
+        if reason in OVERLOAD_CLASSES:
+            return self._overloaded(key, name, reason, error, retry_after, policy, where)
         seconds = cooldown_seconds(reason, error, retry_after, self.health.now(), policy)
         self.health.cool(key, seconds, reason)
+
+    def _overloaded(self, key: str, name: str, reason: str, error: dict | None, retry_after: str | None,
+                    policy: Policy, where: str) -> None:
+        """Rest for the account's streak (or upstream's own time); past the share held out, the least
+        recently failed overloaded accounts are back in rotation (cooldown_policy.py)."""
+        now = self.health.now()
+        rest = self.health.streaks.overloaded(key, now, policy.overload)
+        hinted = hinted_seconds(error or {}, retry_after, now)
+        self.health.cool(key, min(max(hinted if hinted is not None else rest, 1.0), policy.max_cooldown), reason)
+        # Held out of the pool: its credentials only (a client's own key rests by its streak alone).
+        held = [k for k in held_out(self.health.entries()) if not self.pool_keys or k in self.pool_keys]
+        for back in over_cap(held, self.health.streaks, self.pool_size, policy.overload):
+            self.health.restore(back)
+            log.info("%scredential %s is back in rotation early: more than %g%% of the pool is resting for "
+                     "overload", where, back, policy.overload.max_held_out * 100)
 
     def usage_seen(self, key: str, name: str, windows: list[Window], policy: Policy, where: str = "",
                    full_at: float = 100.0) -> None:
@@ -53,6 +73,7 @@ class PoolFeedback:
         state = self.health.state(key)
         if state.status == "cooling" and state.reason != USAGE_WINDOW_FULL:
             self.health.restore(key)
+        self.health.streaks.succeeded(key)  # its overload streak is over
         self.affinity.set(session, key)
 
     def client_refused(self, auth: AuthMaterial | None) -> None:

@@ -31,6 +31,7 @@ class RejectionRule:
     messages: tuple[str, ...] = ()
     require_message: tuple[str, ...] = ()
     statuses: frozenset[int] = frozenset()
+    plain_text: bool = False  # `statuses` only for a body that is not a JSON error (a gateway's page)
 
     def matches(self, code: str, kind: str, message: str) -> bool:
         """`code`, `kind` and `message` must already be lower-cased."""
@@ -50,15 +51,17 @@ class Rules:
     empty_parts: frozenset[str] = frozenset()
     rejections: tuple[RejectionRule, ...] = field(default_factory=tuple)
 
-    def rejection_class(self, code: object, kind: object, message: object, status: object = None) -> str | None:
-        """The rejection class of an error, by its body first, then by its HTTP status."""
+    def rejection_class(self, code: object, kind: object, message: object, status: object = None,
+                        plain_text: bool = False) -> str | None:
+        """The rejection class of an error, by its body first, then by its HTTP status. `plain_text`:
+        the body was no JSON error at all (then `message` is its text, if any)."""
         code_s, kind_s, msg_s = (_lower(code), _lower(kind), _lower(message))
         for rule in self.rejections:
-            if rule.matches(code_s, kind_s, msg_s):
+            if (rule.codes or rule.types or rule.messages) and rule.matches(code_s, kind_s, msg_s):
                 return rule.klass
-        if isinstance(status, int):
-            for rule in self.rejections:
-                if status in rule.statuses:
+        if isinstance(status, int) and not isinstance(status, bool):
+            for rule in sorted(self.rejections, key=lambda r: not r.plain_text):
+                if status in rule.statuses and (plain_text or not rule.plain_text):
                     return rule.klass
         return None
 
@@ -136,7 +139,7 @@ def _size(value: object, where: str) -> int:
 def _rejections(value: object, where: str) -> tuple[RejectionRule, ...]:
     if not isinstance(value, list) or not value:
         raise RulesError(f"{where}: expected a non-empty list of rules")
-    allowed = {"class", "codes", "types", "messages", "require_message", "statuses"}
+    allowed = {"class", "codes", "types", "messages", "require_message", "statuses", "plain_text"}
     rules = []
     for i, item in enumerate(value):
         here = f"{where}[{i}]"
@@ -151,7 +154,10 @@ def _rejections(value: object, where: str) -> tuple[RejectionRule, ...]:
             messages=_string_list(entry.get("messages", []), f"{here}.messages"),
             require_message=_string_list(entry.get("require_message", []), f"{here}.require_message"),
             statuses=_statuses(entry.get("statuses", []), f"{here}.statuses"),
+            plain_text=_bool(entry.get("plain_text", False), f"{here}.plain_text"),
         )
+        if rule.plain_text and not rule.statuses:
+            raise RulesError(f"{here}.plain_text: applies to statuses, and the rule lists none")
         if not (rule.codes or rule.types or rule.messages or rule.statuses):
             raise RulesError(f"{here}: needs at least one of codes, types, messages, statuses")
         rules.append(rule)
@@ -164,3 +170,9 @@ def _statuses(value: object, where: str) -> frozenset[int]:
     ):
         raise RulesError(f"{where}: expected a list of HTTP status codes (100-599)")
     return frozenset(value)
+
+
+def _bool(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise RulesError(f"{where}: expected true or false, got {value!r}")
+    return value

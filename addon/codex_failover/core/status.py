@@ -6,10 +6,17 @@ from __future__ import annotations
 from . import token_expiry
 
 
-def build(pool, health, usage, seen_clients, route_health, bridges, counters: dict) -> dict:
+def build(pool, health, usage, seen_clients, route_health, bridges, counters: dict, ended=None) -> dict:
     """The report: every credential, the clients' own credentials (by label), every route endpoint,
-    then `counters` (held requests, attempts, relay, connections, WebSockets)."""
+    then `counters` (held requests, attempts, relay, connections, WebSockets). `ended`: health key ->
+    how its last cooldown ended early (cooldown_end.Ended)."""
     now = health.now()
+    ended = ended or {}
+
+    def early(key: str) -> dict:
+        e = ended.get(key)
+        return {"cooldown_ended": {"how": e.how, "was": e.was, "s_ago": round(now - e.at)}} if e else {}
+
     creds = []
     for cred in pool.credentials:
         state = health.state(cred.name)
@@ -19,6 +26,7 @@ def build(pool, health, usage, seen_clients, route_health, bridges, counters: di
                                    for w in usage.windows(cred.name)]}
         if state.status == "cooling":
             entry["cooling_for_s"] = round(state.until - now, 1)
+        entry.update(early(cred.name))
         token = token_expiry.describe(cred, now)
         if token is not None:  # a ChatGPT token: when it ends, and the command that refreshes it
             entry.update(token)
@@ -35,6 +43,7 @@ def build(pool, health, usage, seen_clients, route_health, bridges, counters: di
         entry = {"label": name, "kind": kind, "seen_s_ago": ago, "state": state.status, "reason": state.reason}
         if state.status == "cooling":
             entry["cooling_for_s"] = round(state.until - now, 1)
+        entry.update(early(key))
         clients.append(entry)
     routes = [{"endpoint": ep.label, "state": route_health.describe(ep),
                **({"bridge_port": port} if (port := bridges.port(ep)) else {})}
@@ -51,6 +60,9 @@ def render(report: dict) -> str:
             text += f" for {c['cooling_for_s']:.0f}s more ({c['reason']})"
         elif c["state"] in ("out", "expired"):
             text += f": {c['reason']}"
+        if "cooldown_ended" in c:
+            e = c["cooldown_ended"]
+            text += f" (cooldown ended {e['s_ago']}s ago: {e['how']})"
         if "token_expires_in_s" in c and c["state"] != "expired":
             text += f"; token expires in {token_expiry.left(c['token_expires_in_s'])} ({c['refresh']})"
         lines.append(f"  {c['name']:<20} {c['kind']:<8} {c['base_url']:<45} {text}; {c['usage']}")

@@ -25,7 +25,7 @@ OK = "ok"
 _NO_COOLDOWN = {"closed_before_output", UPSTREAM_5XX, AUTH_REJECTED, "pre_dispatch", "route_down", "host_network"}
 # Status for an exhausted request, by the class of the rejection that decided it. Codex treats
 # 429 as final for the turn and re-sends a 503 four times (docs/architecture.md#what-codex-does-with-our-answers).
-_EXHAUSTED_STATUS = {"usage_limit": 429, "capacity": 429, "rate_limited": 429,
+_EXHAUSTED_STATUS = {"usage_limit": 429, "usage_window_full": 429, "capacity": 429, "rate_limited": 429,
                      "pre_dispatch": 502, "route_down": 502, "host_network": 502}
 _TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
 
@@ -53,15 +53,26 @@ def error_object(body: bytes) -> dict:
     return {k: doc[k] for k in ("code", "type", "message") if k in doc}
 
 
+def _is_json(body: bytes) -> bool:
+    try:
+        json.loads(body)
+    except ValueError:
+        return False
+    return True
+
+
 def classify_response(status: int, body: bytes, rules: Rules) -> ResponseVerdict:
     """A synchronous answer (headers and complete body known, not an event stream)."""
     if 200 <= status < 300:
         return ResponseVerdict(COMMIT, OK)
     error = error_object(body)
+    plain = not error and not _is_json(body)
+    # A page that is no JSON error (a gateway's): its text is matched as the message, never kept.
+    message = body[:2048].decode("utf-8", "replace") if plain else error.get("message")
     error.setdefault("status", status)
     if status in (401, 403):
         return ResponseVerdict(FAILOVER, AUTH_REJECTED, error)
-    klass = rules.rejection_class(error.get("code"), error.get("type"), error.get("message"), status)
+    klass = rules.rejection_class(error.get("code"), error.get("type"), message, status, plain_text=plain)
     if klass:
         return ResponseVerdict(FAILOVER, klass, error)
     if status >= 500:
@@ -119,5 +130,5 @@ def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
-def exhausted_status(reason: str) -> int:
-    return _EXHAUSTED_STATUS.get(reason, 503)
+def exhausted_status(reason: str | None) -> int:
+    return _EXHAUSTED_STATUS.get(reason or "", 503)

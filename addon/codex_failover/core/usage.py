@@ -74,6 +74,11 @@ class UsageBook(Tracked):
         full = [w.resets_at for w in windows if w.used_percent >= full_at and w.resets_at is not None]
         return max(full) if full else None
 
+    def forget(self, key: str) -> None:
+        """The credential's windows no longer hold (its cooldown was ended: they reset)."""
+        if self._by_key.pop(key, None) is not None:
+            self._changed(key)
+
     def entries(self) -> dict[str, list[Window]]:
         """Every credential's last known windows (for the state store and the metrics)."""
         return {key: list(book.values()) for key, book in self._by_key.items()}

@@ -19,6 +19,7 @@ from . import quiet_log
 
 from ..core import status
 from ..core.affinity import Affinity
+from .account_back import AccountBack
 from ..core.provenance import Provenance
 from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
 from ..core.auth import AuthMaterial, auth_from_headers
@@ -31,6 +32,7 @@ from ..core.intercept_scope import InterceptScope
 from .held_client import RelayHops, point_at_relay
 from .passthrough_redact import PassThroughRedaction
 from .request_run import RequestRun, start_run
+from .usage_answer import UsageAnswer
 from ..shared import Shared
 from ..core.recovery import Slots
 from ..net.relay import Relay
@@ -81,7 +83,8 @@ class FailoverAddon:
         self.tls = TlsScope()  # a nested addon: which TLS connections are decrypted, and upstream trust
         self.hops = RelayHops()  # nested addons, each for the flows of one kind
         self.boundary = ClientBoundary()  # whose requests are the user's own programs' (docs/machine-proxy.md)
-        self.addons = [self.tls, AttemptHooks(self.attempts), self.hops, self.boundary,
+        self.back = AccountBack(self)  # cooldowns that end early; failover.reset
+        self.addons = [self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, UsageAnswer(self),
                        PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host))]
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
@@ -158,6 +161,7 @@ class FailoverAddon:
         self._open_state()
         self._serve_metrics()
         self._spawn(self.relay.start())
+        self.back.start()
         for host in self._listen_hosts():
             if not is_loopback_host(host):
                 log.warning("codex-failover: listening on %s; the pool and the status page serve %s",
@@ -172,6 +176,7 @@ class FailoverAddon:
         for attempt in self.attempts.values():
             attempt.redact()
         self._close_state()
+        self.back.stop()
         self.listener.stop()
         self.quiet.uninstall()
         self._spawn(self.relay.close())
@@ -216,9 +221,10 @@ class FailoverAddon:
         if not self.clients.allows(flow.client_conn.peername[0] if flow.client_conn.peername else None):
             flow.response = client_answers.client_not_allowed()
             return
-        if is_status:
-            flow.response = not_own_user() if not self.boundary.is_own(flow.client_conn) else http.Response.make(
-                200, json.dumps(self.status_report(), indent=2).encode(), {"content-type": "application/json"})
+        if is_status:  # a POST ends a cooldown (account_back.py)
+            flow.response = not_own_user() if not self.boundary.is_own(flow.client_conn) else (
+                self.back.reset_from_status_page(flow) if req.method == "POST" else http.Response.make(
+                    200, json.dumps(self.status_report(), indent=2).encode(), {"content-type": "application/json"}))
             return
         client_auth = auth_from_headers(req.headers)
         if client_auth is None or self.boundary.passed_by(flow, client_auth):
@@ -305,7 +311,7 @@ class FailoverAddon:
                     "relay_unclaimed": self.relay.pending, "relay_streaming": self.relay.streaming + client_hop.streaming(),
                     "recovery_buffering": self.recovery_slots.used, "artifacts_known": len(self.provenance), "websockets": self.ws_gate.report()}
         return status.build(self.pool, self.health, self.usage, self.seen_clients, self.route_health, self.bridges,
-                            counters)
+                            counters, self.back.report())
 
     @command.command("failover.status")
     def status(self) -> str:

@@ -8,6 +8,7 @@ import time
 
 from mitmproxy import http
 
+from ..core.pool_wait import Soonest, back_in, time_fields
 from ..net.relay import HOP_BY_HOP
 from ..core.taxonomy import AUTH_REJECTED, exhausted_status
 
@@ -18,6 +19,7 @@ _DEFAULTS = {
     "capacity": ("service_unavailable_error", "model_at_capacity"),
     "rate_limited": ("rate_limit_error", "rate_limit_exceeded"),
     "usage_limit": ("usage_limit_reached", "usage_limit_reached"),
+    "usage_window_full": ("usage_limit_reached", "usage_limit_reached"),
     "server_error_retryable": ("server_error", "server_error"),
     "pre_dispatch": ("upstream_error", "upstream_connect_failed"),
     "route_down": ("upstream_error", "route_down"),
@@ -36,8 +38,23 @@ def _json(status: int, error: dict, headers: dict[str, str] | None = None) -> ht
     return http.Response.make(status, body, all_headers)
 
 
-def exhausted(last, history, retry_after: int | None, pinned: str | None = None) -> http.Response:
-    """Every attempt was rejected. The status follows the rejection that decided it."""
+def _answer_class(reason: str | None, first: Soonest | None) -> str | None:
+    """The class an answer for "nothing can serve" speaks for: the cooldown that ends first (the
+    user's next chance), else the rejection that decided."""
+    return first.reason if first is not None and first.reason in _DEFAULTS else reason
+
+
+def _tell_the_time(error: dict, klass: str | None, first: Soonest | None) -> None:
+    """The soonest recovery the pool knows, in the fields Codex reads and in the message."""
+    usage = klass in ("usage_limit", "usage_window_full")
+    error.update(time_fields(first, usage))
+    error["message"] = f"{error['message']} {back_in(first)}"
+
+
+def exhausted(last, history, retry_after: int | None, pinned: str | None = None,
+              first: Soonest | None = None) -> http.Response:
+    """Every attempt was rejected. The status follows the rejection that decided it, or the cooldown
+    that ends first (with the time it ends)."""
     attempts = [h.as_dict() for h in history]
     real = [h for h in history if h.reason != AUTH_REJECTED]
     if last is None or last.reason == AUTH_REJECTED and not real:
@@ -45,22 +62,28 @@ def exhausted(last, history, retry_after: int | None, pinned: str | None = None)
                  "message": "codex-failover: no credential could serve this request (see attempts)."}
         status = 503
     else:
+        klass = _answer_class(last.reason, first)
         upstream = {k: v for k, v in (last.error or {}).items() if k in _KEEP and v is not None}
         kind, code = _DEFAULTS.get(last.reason, ("service_unavailable_error", last.reason))
+        if klass != last.reason:  # the answer speaks for another cooldown: upstream's fields are not its own
+            (kind, code), upstream = _DEFAULTS[klass], {k: v for k, v in upstream.items() if k == "message"}
         error = {"type": kind, "code": code, **upstream}
         error["message"] = (f"{upstream.get('message') or 'Upstream rejected the request.'} "
                             f"(codex-failover: {len(history)} attempt(s), last rejection: {last.reason})")
-        status = exhausted_status(last.reason)
+        _tell_the_time(error, klass, first)
+        status = exhausted_status(klass)
     error["attempts"] = attempts
     if pinned:
         error["not_moved_because"] = pinned
     return _json(status, error, _retry_after(retry_after))
 
 
-def all_cooling(skipped, retry_after: int | None, pinned: str | None = None) -> http.Response:
-    """Every credential is cooling or out of rotation: answered at once, nothing dialled."""
+def all_cooling(skipped, retry_after: int | None, pinned: str | None = None,
+                first: Soonest | None = None) -> http.Response:
+    """Every credential is cooling or out of rotation: answered at once, nothing dialled. The status
+    and the time are those of the cooldown that ends first."""
     reasons = [r for _, status, r in skipped if status == "cooling"]
-    reason = reasons[0] if reasons else None
+    reason = _answer_class(reasons[0] if reasons else None, first)
     kind, code = _DEFAULTS.get(reason or "", ("service_unavailable_error", "no_usable_credential"))
     error = {
         "type": kind,
@@ -68,6 +91,7 @@ def all_cooling(skipped, retry_after: int | None, pinned: str | None = None) -> 
         "message": "codex-failover: every credential is cooling down or out of rotation; not dialled.",
         "credentials": [{"credential": name, "state": status, "reason": why} for name, status, why in skipped],
     }
+    _tell_the_time(error, reason, first)
     if pinned:
         error["not_moved_because"] = pinned
     return _json(exhausted_status(reason or ""), error, _retry_after(retry_after))

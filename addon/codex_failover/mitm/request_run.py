@@ -119,15 +119,15 @@ class RequestRun:
                 case Final(rejection):
                     return self._answer(client_answers.upstream_failed(rejection.error.get("message") or rejection.reason,
                                                                        self.log.history), "upstream failed")
-                case Exhausted(last, retry_after):
-                    answer = client_answers.exhausted(last, self.log.history, retry_after, self.move.why_pinned)
+                case Exhausted(last, retry_after, first):
+                    answer = client_answers.exhausted(last, self.log.history, retry_after, self.move.why_pinned, first)
                     return self._answer(answer, "exhausted")
                 case AllCooling(states, _) if not states and (why := unreachable(self.client_auth, self.pool,
                                                                                  self.move.movable)):
                     return self._answer(client_answers.no_pool_credential(why), "no pool credential for it",
                                         " (not dialled)")
-                case AllCooling(states, retry_after):
-                    answer = client_answers.all_cooling(list(states), retry_after, self.move.why_pinned)
+                case AllCooling(states, retry_after, first):
+                    answer = client_answers.all_cooling(list(states), retry_after, self.move.why_pinned, first)
                     return self._answer(answer, story.nobody_to_serve(states, self.move.movable), " (not dialled)")
 
     def _tell(self, level: int, text: str) -> None:

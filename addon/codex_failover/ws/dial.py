@@ -25,6 +25,7 @@ from ..core.replay_safety import PIN_HEADER, assess
 from ..core.routes import Endpoint, RouteHealth
 from ..core.rules import Rules
 from ..net.socks_bridge import SocksBridges
+from ..core.pool_wait import USAGE_LIMIT_REASONS, Soonest, back_in, soonest, time_fields
 from ..core.taxonomy import FAILOVER, classify_response, error_object, exhausted_status
 from ..core.transport import HANDSHAKE_FAILED, UPGRADE_REFUSED
 from .conn import HANDSHAKE_HEADERS, HandshakeRejected, Message, WsConn
@@ -33,14 +34,17 @@ from .upstream import ConnectFailed, Target, open_upstream
 log = logging.getLogger("codex_failover")
 
 
-def as_frames(rejection: Rejection) -> tuple[Message, ...]:
+def as_frames(rejection: Rejection, first: Soonest | None = None) -> tuple[Message, ...]:
     """What the client gets on exhaustion: upstream's own messages, or a status-bearing `error`
-    frame shaped like Codex's wrapped errors."""
+    frame shaped like Codex's wrapped errors, telling when the pool's first credential is back."""
     if rejection.frames:
         return rejection.frames
     status = rejection.status or exhausted_status(rejection.reason)
     error = {"type": rejection.error.get("type") or "upstream_error", "code": rejection.error.get("code") or rejection.reason,
              "message": rejection.error.get("message") or f"codex-failover: {rejection.reason}"}
+    if first is not None:
+        error.update(time_fields(first, rejection.reason in USAGE_LIMIT_REASONS))
+        error["message"] = f"{error['message']} {back_in(first)}"
     body = {"type": "error", "status": status, "error": error}
     return ((json.dumps(body, separators=(",", ":")).encode(), True),)
 
@@ -73,6 +77,11 @@ class Dialer:
         """Would a reconnect find a credential other than `key`?"""
         plan = make_plan(self.client_auth, self.ctx.pool, self.ctx.health, not self.pinned)
         return any(c.key != key for c in plan.candidates)
+
+    def soonest(self) -> Soonest | None:
+        """The first of this socket's credentials to come back (for an answer that none can serve)."""
+        plan = make_plan(self.client_auth, self.ctx.pool, self.ctx.health, not self.pinned)
+        return soonest(self.ctx.health, plan.all_keys)
 
     def new_turn(self, key: str) -> None:
         """A new turn starts on the socket of credential `key` (its first attempt)."""

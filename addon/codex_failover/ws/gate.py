@@ -295,7 +295,7 @@ class GateSession:
         pinned = f", and it cannot move ({turn.why_pinned})" if turn is not None and not turn.movable else ""
         self._note(f"no other credential can serve turn {turn.n if turn else 0}{pinned}: "
                    f"delivering the rejection ({last.reason})")
-        for frame in as_frames(last):
+        for frame in as_frames(last, self.dialer.soonest()):
             await self.down.send(frame)
         if not up.conn.open:
             self.down.close(1011, "codex-failover: upstream closed")

@@ -1,0 +1,100 @@
+"""Codex's usage question (`GET …/wham/usage`, `…/api/codex/usage`) when its own account is limited:
+answered with the usage of the pooled credential its next turn would be placed on, asked with that
+credential's own token (core/usage_view.py decides). A nested addon of FailoverAddon; the own
+account's answer passes as it is whenever that account can send."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from mitmproxy import http
+
+from ..core.affinity import session_of
+from ..core.auth import CHATGPT, AuthMaterial, auth_from_headers
+from ..core.cooldown_end import usage_has_headroom, usage_url, usage_windows
+from ..core.planner import client_key, make_plan
+from ..core.usage_view import UsageCache, is_usage_request, own_can_send, pooled_view
+from ..net.usage_fetch import get_json
+from .attempt import ATTEMPT_TAG
+
+log = logging.getLogger("codex_failover")
+HEADER = "x-codex-failover-usage"  # on a rewritten answer: whose usage it is
+
+
+class UsageAnswer:
+    def __init__(self, owner):
+        self.owner = owner  # the FailoverAddon: its pool, health, affinity, clients, shared parts
+        self.cache = UsageCache()
+        self._asking: dict[str, AuthMaterial] = {}  # flow id -> the credential asking, while its answer comes
+        self._told: dict[str, str] = {}  # own key -> the credential its last answer came from (one log line a change)
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        """The asking credential, kept in memory (never in the flow) until the answer: the request's
+        own headers are redacted once it left (passthrough_redact.py)."""
+        req, owner = flow.request, self.owner
+        if flow.is_replay or ATTEMPT_TAG in flow.metadata or not is_usage_request(req.method, req.path):
+            return
+        if not owner.clients.allows(flow.client_conn.peername[0] if flow.client_conn.peername else None):
+            return
+        own = auth_from_headers(req.headers)
+        if own is not None and not owner.boundary.passed_by(flow, own):  # never lent: a browser's, another user's
+            self._asking[flow.id] = own
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._asking.pop(flow.id, None)
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        own = self._asking.pop(flow.id, None)
+        if own is None or flow.response is None:
+            return
+        req, owner = flow.request, self.owner
+        pool, health = owner.pool, owner.health
+        pooled_own = next((c for c in pool.credentials if c.auth.fingerprint == own.fingerprint), None)
+        own_key = pooled_own.name if pooled_own else client_key(own)
+        status = flow.response.status_code
+        if own_can_send(status, _doc(flow.response), health.ready(own_key)):
+            return
+        plan = make_plan(own, pool, health, True, owner.affinity.get(session_of(req.headers, None)))
+        cand = next((c for c in plan.candidates if not c.is_client and c.auth is not None and c.auth.kind == CHATGPT), None)
+        if cand is None:
+            return
+        doc = self.cache.get(cand.key) or await self._ask(cand.name)
+        if doc is None:
+            return
+        flow.response.status_code = 200
+        flow.response.headers["content-type"] = "application/json"
+        flow.response.headers[HEADER] = cand.name
+        flow.response.content = json.dumps(pooled_view(doc, cand.name, status)).encode()
+        if self._told.get(own_key) != cand.name:
+            self._told[own_key] = cand.name
+            log.info("codex-failover: usage asked for a limited account: answered with credential %s's "
+                     "(its next turn goes there)", cand.name)
+
+    async def _ask(self, name: str) -> dict | None:
+        """The pooled credential's own usage answer, if it has headroom (cached briefly)."""
+        pool = self.owner.pool
+        cred = next((c for c in pool.credentials if c.name == name), None)
+        if cred is None:
+            return None
+        shared = self.owner.shared()
+        endpoints = pool.routes.get(cred.route) or (None,)
+        try:
+            status, doc = await get_json(usage_url(cred.base_url), {**cred.auth.headers(), **cred.auth.account_headers()},
+                                         endpoints[0], shared.bridges, shared.upstream_tls, pool.policy.connect_timeout)
+        except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError) as exc:
+            log.info("codex-failover: credential %s: its usage could not be asked (%s)", name, type(exc).__name__)
+            return None
+        if not 200 <= status < 300 or not isinstance(doc, dict) or usage_has_headroom(doc, cred.max_usage_percent) is False:
+            return None
+        self.owner.usage.record(name, usage_windows(doc), cred.max_usage_percent)
+        self.cache.put(name, doc)
+        return doc
+
+
+def _doc(response: http.Response) -> object:
+    try:
+        return json.loads(response.get_content(strict=False) or b"")
+    except ValueError:
+        return None
