@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,7 @@ def test_when_the_credential_holding_the_state_cannot_serve_the_client_gets_its_
     assert limited.status == 429 and again.status == 429, (limited.body[:300], again.body[:300])
     error = json.loads(again.body)["error"]
     assert error["type"] == "usage_limit_reached", error
+    assert 3500 < error["resets_in_seconds"] <= 3600 and error["resets_at"] > time.time(), error  # Codex prints the time
     assert [c["credential"] for c in error["credentials"]] == ["work"]
     assert "made by credential work" in error["not_moved_because"]
     served = [r["credential"] for r in fake.model_requests()]
