@@ -12,7 +12,7 @@ import traceback
 
 from mitmproxy import command, ctx, exceptions, http
 
-from . import client_answers, client_hop
+from . import bounded_body, client_answers, client_hop
 from .boundary import ClientBoundary, not_own_user
 
 from . import quiet_log
@@ -120,7 +120,8 @@ class FailoverAddon:
         if "failover_verbose" in updated:
             self.quiet.configure(ctx.options)
         if "failover_max_body" in updated:
-            self.max_body = WsConn.max_message = parsed.max_body  # the gated WebSocket's limit too, both ways
+            # the gated WebSocket's limit too (both ways), and the cap on every body the addon decodes
+            self.max_body = WsConn.max_message = bounded_body.limit = parsed.max_body
         if "failover_metrics" in updated and self._running:
             self._serve_metrics()
         if "failover_config" in updated or "failover_rules" in updated:
@@ -239,11 +240,10 @@ class FailoverAddon:
             return
         if req.method != "POST":
             return
-        if len(req.raw_content or b"") > self.max_body:
-            log.warning("codex-failover: a %d-byte request body is over failover_max_body (%d): passed through "
-                        "untouched, without failover", len(req.raw_content), self.max_body)
+        decoded = await bounded_body.request_body(req, self.max_body)  # decoded (zstd) in slices, parsed once
+        if decoded is None:  # over failover_max_body: passed through untouched, without failover
             return
-        body = parse_body(req.get_content(strict=False) or b"")  # decoded (zstd) and parsed once
+        body = parse_body(decoded)
         if not asks_to_stream(body) and not (is_compact(req.path) and isinstance(body, dict)):
             return
         self._refresh_auth_files()

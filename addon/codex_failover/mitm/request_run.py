@@ -17,7 +17,7 @@ import traceback
 
 from mitmproxy import http
 
-from . import client_answers
+from . import bounded_body, client_answers
 from .client_hop import client_can_read
 from ..core.affinity import affinity_key, session_of
 from .attempt import END, ERROR, Attempt, Item, copy_request, hide_secrets
@@ -225,7 +225,12 @@ class RequestRun:
             await attempt.cancel()
             return AttemptEnd("rejected", Rejection(INCOMPLETE_RESPONSE, None, {"message": "upstream response did not complete"}))
         resp = attempt.flow.response
-        verdict = classify_response(resp.status_code, resp.get_content(strict=False) or b"", self.rules)
+        body = await bounded_body.content(resp)  # never get_content(): bounded, and the loop stays free
+        if body.over:
+            log.warning("[%s] credential %s: the HTTP %d answer's body decodes past failover_max_body (%d bytes); "
+                        "not read, judged by its status alone", self.request_id, cand.name, resp.status_code,
+                        bounded_body.limit)
+        verdict = classify_response(resp.status_code, body.content or b"", self.rules)
         if self.pool.recovery.enabled and resp.status_code in RECOVERABLE_STATUS and not self._rejected_by_body(verdict.error):
             self.log.record(attempt, cand, "recover", f"status_{resp.status_code}", resp.status_code)
             return AttemptEnd("recover", message=f"HTTP {resp.status_code}", final=resp.copy())
