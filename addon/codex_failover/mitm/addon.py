@@ -15,7 +15,7 @@ from mitmproxy import command, ctx, exceptions, http
 from . import bounded_body, client_answers, client_hop
 from .boundary import ClientBoundary, not_own_user
 
-from . import quiet_log
+from . import quiet_log, secret_guard
 
 from ..core import status
 from ..core.affinity import Affinity
@@ -97,6 +97,7 @@ class FailoverAddon:
     # -- lifecycle -------------------------------------------------------------------------
 
     def load(self, loader) -> None:
+        secret_guard.install()  # before anything is logged: no secret in any log (secret_guard.py)
         add_options(loader)
         self.quiet.install()  # before the proxy listens: its first connections are chatter too
 
@@ -141,6 +142,7 @@ class FailoverAddon:
             raise exceptions.OptionsError(str(exc)) from None
         self.tls.scope = InterceptScope(pool.gated_base_urls)
         self.pool, self.rules = pool, rules  # in-flight requests keep the objects they started with
+        secret_guard.set_pool(pool)
         self._spawn(self.bridges.close())  # new routes or passwords apply at once (bridges restart on use)
         self.warm.close_all()  # connections through old endpoints or bridges are not used again
         if self._running:
@@ -300,6 +302,7 @@ class FailoverAddon:
         endpoint = self.warm.endpoint_of(flow.client_conn)  # the CONNECT of a kept connection's dial
         authorization = self.bridges.proxy_authorization(endpoint) if endpoint is not None else None
         if authorization is not None:  # an HTTP proxy's credentials, or a SOCKS bridge's secret
+            secret_guard.arming([authorization])
             flow.request.headers["Proxy-Authorization"] = authorization
 
     # -- commands --------------------------------------------------------------------------
