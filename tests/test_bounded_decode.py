@@ -164,3 +164,59 @@ def test_the_allowance_is_per_message():
     for _ in range(5):  # 5 x 8000 bytes: each under the limit, together far over it
         client.receive_data(server.send(BytesMessage(data=bytes(8000))))
         assert [len(e.data) for e in client.events()] == [8000]
+
+
+# -- the shell's async reading (mitm/bounded_body.py) ---------------------------------------------
+
+def _request(body: bytes, coding: str | None):
+    from mitmproxy import http
+
+    req = http.Request.make("POST", "https://api.openai.com/v1/responses", b"", {"content-type": "application/json"})
+    if coding:
+        req.headers["content-encoding"] = coding
+    req.raw_content = body
+    return req
+
+
+def test_a_held_request_body_that_decodes_past_the_cap_is_not_held(caplog):
+    import asyncio
+
+    from codex_failover.mitm import bounded_body
+
+    bomb = _request(zeros("zstd", 64), "zstd")  # 2 KiB as sent, 64 MiB decoded
+    assert asyncio.run(bounded_body.request_body(bomb, 1 << 20)) is None
+    assert "decodes over failover_max_body" in caplog.text
+    small = _request(zstd.compress(TEXT), "zstd")
+    assert asyncio.run(bounded_body.request_body(small, 1 << 20)) == TEXT
+    assert asyncio.run(bounded_body.request_body(_request(TEXT, None), 100)) is None  # over as sent
+
+
+def test_decoding_gives_the_event_loop_back_every_few_milliseconds():
+    """Another task runs between the slices of one decode: at least once every 5 ms (BUDGET) of
+    decoding, plus one slice."""
+    import asyncio
+    import time
+
+    from codex_failover.mitm import bounded_body
+
+    bomb = _request(zeros("gzip", 256), "gzip")
+
+    async def main():
+        ticks, done = [], asyncio.Event()
+
+        async def ticker():
+            while not done.is_set():
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        outcome = await bounded_body.content(bomb, 128 << 20)
+        done.set()
+        await task
+        return outcome, ticks
+
+    outcome, ticks = asyncio.run(main())
+    assert outcome.over
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert len(ticks) > 5 and max(gaps) < 0.05, f"{len(ticks)} ticks, longest gap {max(gaps) * 1000:.0f} ms"

@@ -4,9 +4,9 @@ With `proxy_debug` and debug verbosity, mitmproxy logs the bytes of every reques
 write, and an attempt's head carries the real credentials (attempt.py arms them for that one step):
 pooled API keys, auth.json tokens, account ids, a route proxy's Proxy-Authorization. Masking at
 the source is impossible (those are mitmproxy's own lines), so every log record the process
-creates is masked as it is made: a log record factory, not a handler filter, so handlers added
+makes reads masked: a log record factory, not a handler filter, so handlers added
 later (mitmweb's event log, a user's) and records of every logger are covered alike. The cost is
-formatting each record once, eagerly, and only records a logger lets through are made at all.
+masking each record's text when a handler formats it (records nobody shows cost nothing more).
 
 `SECRETS` (core/mask.py) holds the values: the pool's (set when it loads or an auth file changes)
 and each value armed on an attempt or a CONNECT (added as it is armed). Key-shaped words are
@@ -28,16 +28,21 @@ _BASE = "_codex_failover_base"  # the factory ours wraps (kept on ours, so a rel
 __all__ = ["MASK", "SECRETS", "install", "uninstall", "set_pool", "arming"]
 
 
-def _mask_record(record: logging.LogRecord) -> None:
-    try:
-        text = record.getMessage()
-    except Exception:  # noqa: BLE001 - a broken record is logging's own error to report
-        return
-    masked = SECRETS.mask(text)
-    if masked != text:
-        record.msg, record.args = masked, ()
-    if record.exc_info and not record.exc_text:
-        record.exc_text = SECRETS.mask(logging.Formatter().formatException(record.exc_info))
+class MaskedRecord(logging.LogRecord):
+    """A log record whose text and traceback read masked. Masked when read (a handler formats it),
+    not when made: mitmproxy's root logger takes every DEBUG record, and most are never shown."""
+
+    def getMessage(self) -> str:
+        return SECRETS.mask(super().getMessage())
+
+    @property
+    def exc_text(self) -> str | None:  # set by Formatter.format from the traceback, then read back
+        text = self.__dict__.get("_exc_text")
+        return SECRETS.mask(text) if text else text
+
+    @exc_text.setter
+    def exc_text(self, value: str | None) -> None:
+        self.__dict__["_exc_text"] = value
 
 
 def install() -> None:
@@ -47,7 +52,8 @@ def install() -> None:
 
     def factory(*args, **kwargs):
         record = base(*args, **kwargs)
-        _mask_record(record)
+        if type(record) is logging.LogRecord:  # another factory's own class is left alone
+            record.__class__ = MaskedRecord
         return record
 
     setattr(factory, _BASE, base)
