@@ -210,3 +210,12 @@ def test_a_pooled_error_over_the_cap_is_not_forwarded_unread(guarded):
     assert got.status_code == 400 and json.loads(got.content)["error"]["code"] == "upstream_body_too_large"
     ok = _answer(200, b"x" * 100, "gzip")
     assert secret_guard.forwarded(ok, Outcome(None, over=True), own=False).raw_content == ok.raw_content
+
+
+def test_a_gated_websockets_exhausted_frame_masks_an_echoed_key(guarded):
+    from codex_failover.core.failover_loop import Rejection
+    from codex_failover.ws.dial import as_frames
+
+    (frame, is_text), = as_frames(Rejection("auth_rejected", 401, {"message": f"Incorrect API key provided: {KEY}"}))
+    assert is_text and KEY.encode() not in frame
+    assert json.loads(frame)["error"]["message"] == f"Incorrect API key provided: {MASK}"
