@@ -17,7 +17,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-import brotli
+import brotli  # brotli and zstd come with mitmproxy (it decodes both): no dependency of ours
 
 try:  # mitmproxy's own choice: the standard library's from 3.14, the backport before
     from compression import zstd
