@@ -219,3 +219,11 @@ def test_a_gated_websockets_exhausted_frame_masks_an_echoed_key(guarded):
     (frame, is_text), = as_frames(Rejection("auth_rejected", 401, {"message": f"Incorrect API key provided: {KEY}"}))
     assert is_text and KEY.encode() not in frame
     assert json.loads(frame)["error"]["message"] == f"Incorrect API key provided: {MASK}"
+
+
+def test_the_secrets_follow_the_pool_object_in_force():
+    secrets, pools = Secrets(), [["first-pool-secret"]]
+    secrets.follow(lambda: pools[-1], list)
+    assert secrets.mask("first-pool-secret") == MASK
+    pools.append(["second-pool-secret"])  # a new pool object (a reload, a changed auth file)
+    assert secrets.mask("first-pool-secret second-pool-secret") == f"first-pool-secret {MASK}"

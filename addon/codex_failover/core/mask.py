@@ -40,6 +40,19 @@ class Secrets:
         self._limit = recent
         self._regex: re.Pattern | None = None
         self._stale = False
+        self._source = self._seen = None  # see follow()
+
+    def follow(self, source, values_of) -> None:
+        """Take the pool's values from `source()` (the current pool) whenever it is another object
+        than last time: nobody has to remember to tell, wherever the pool is replaced."""
+        self._source, self._values_of, self._seen = source, values_of, None
+
+    def _refresh(self) -> None:
+        if self._source is not None:
+            current = self._source()
+            if current is not self._seen:
+                self._seen = current
+                self.set_pool(self._values_of(current))
 
     def set_pool(self, values: Iterable[str]) -> None:
         new = frozenset(v for v in values if v and len(v) >= MIN_KNOWN)
@@ -60,10 +73,11 @@ class Secrets:
                 self._recent.popitem(last=False)
 
     def clear(self) -> None:
-        self._pool, self._stale = frozenset(), True
+        self._pool, self._stale, self._source, self._seen = frozenset(), True, None, None
         self._recent.clear()
 
     def known(self) -> set[str]:
+        self._refresh()
         return set(self._pool) | set(self._recent)
 
     def _pattern(self) -> re.Pattern | None:
@@ -75,6 +89,7 @@ class Secrets:
 
     def mask(self, text: str) -> str:
         """`text` with every known value and every key-shaped word replaced by MASK."""
+        self._refresh()
         pattern = self._pattern()
         if pattern is not None:
             text = pattern.sub(MASK, text)

@@ -97,7 +97,7 @@ class FailoverAddon:
     # -- lifecycle -------------------------------------------------------------------------
 
     def load(self, loader) -> None:
-        secret_guard.install()  # before anything is logged: no secret in any log (secret_guard.py)
+        secret_guard.install(lambda: self.pool)  # no secret in any log, the pool's among them (secret_guard.py)
         add_options(loader)
         self.quiet.install()  # before the proxy listens: its first connections are chatter too
 
@@ -121,8 +121,7 @@ class FailoverAddon:
         if "failover_verbose" in updated:
             self.quiet.configure(ctx.options)
         if "failover_max_body" in updated:
-            # the gated WebSocket's limit too (both ways), and the cap on every body the addon decodes
-            self.max_body = WsConn.max_message = bounded_body.limit = parsed.max_body
+            self.max_body = WsConn.max_message = bounded_body.limit = parsed.max_body  # the WebSocket's, every decode's
         if "failover_metrics" in updated and self._running:
             self._serve_metrics()
         if "failover_config" in updated or "failover_rules" in updated:
@@ -142,7 +141,6 @@ class FailoverAddon:
             raise exceptions.OptionsError(str(exc)) from None
         self.tls.scope = InterceptScope(pool.gated_base_urls)
         self.pool, self.rules = pool, rules  # in-flight requests keep the objects they started with
-        secret_guard.set_pool(pool)
         self._spawn(self.bridges.close())  # new routes or passwords apply at once (bridges restart on use)
         self.warm.close_all()  # connections through old endpoints or bridges are not used again
         if self._running:
@@ -242,9 +240,8 @@ class FailoverAddon:
             return
         if req.method != "POST":
             return
-        decoded = await bounded_body.request_body(req, self.max_body)  # decoded (zstd) in slices, parsed once
-        if decoded is None:  # over failover_max_body: passed through untouched, without failover
-            return
+        if (decoded := await bounded_body.request_body(req, self.max_body)) is None:  # over failover_max_body
+            return  # passed through untouched, without failover (decoded in slices, parsed once otherwise)
         body = parse_body(decoded)
         if not asks_to_stream(body) and not (is_compact(req.path) and isinstance(body, dict)):
             return

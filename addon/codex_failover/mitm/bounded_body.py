@@ -59,3 +59,13 @@ async def request_body(request: http.Request, cap: int) -> bytes | None:
                     "untouched, without failover", sent, how, cap)
         return None
     return outcome.content or b""
+
+
+async def answer(response: http.Response, who: str) -> Outcome:
+    """An attempt's synchronous answer, decoded up to failover_max_body; past it, one log line:
+    the answer is judged by its status alone (request_run)."""
+    outcome = await content(response)
+    if outcome.over:
+        log.warning("%s: the HTTP %d answer's body decodes past failover_max_body (%d bytes); not read, judged "
+                    "by its status alone", who, response.status_code, limit)
+    return outcome

@@ -8,8 +8,8 @@ makes reads masked: a log record factory, not a handler filter, so handlers adde
 later (mitmweb's event log, a user's) and records of every logger are covered alike. The cost is
 masking each record's text when a handler formats it (records nobody shows cost nothing more).
 
-`SECRETS` (core/mask.py) holds the values: the pool's (set when it loads or an auth file changes)
-and each value armed on an attempt or a CONNECT (added as it is armed). Key-shaped words are
+`SECRETS` (core/mask.py) holds the values: the pool's (taken again whenever the addon's pool is
+another object: a new pool file, a changed auth file) and each value armed on an attempt or a CONNECT (added as it is armed). Key-shaped words are
 masked whether known or not. The masked value reads MASK, so a debug log still shows every step.
 """
 
@@ -25,7 +25,7 @@ from ..core.mask import MASK, Secrets, header_secrets
 SECRETS = Secrets()
 _BASE = "_codex_failover_base"  # the factory ours wraps (kept on ours, so a reload never stacks two)
 
-__all__ = ["MASK", "SECRETS", "install", "uninstall", "set_pool", "arming"]
+__all__ = ["MASK", "SECRETS", "install", "uninstall", "set_pool", "pool_values", "arming", "forwarded"]
 
 
 class MaskedRecord(logging.LogRecord):
@@ -45,8 +45,11 @@ class MaskedRecord(logging.LogRecord):
         self.__dict__["_exc_text"] = value
 
 
-def install() -> None:
-    """Mask every log record made from now on (idempotent, and across a script reload)."""
+def install(pool_of=None) -> None:
+    """Mask every log record made from now on (idempotent, and across a script reload); `pool_of()`:
+    the pool in force (config.PoolConfig), whose secrets are taken again whenever it is replaced."""
+    if pool_of is not None:
+        SECRETS.follow(pool_of, pool_values)
     current = logging.getLogRecordFactory()
     base = getattr(current, _BASE, current)
 
@@ -73,6 +76,10 @@ def arming(values) -> None:
 
 
 def set_pool(pool) -> None:
+    SECRETS.set_pool(pool_values(pool))
+
+
+def pool_values(pool) -> list[str]:
     """The secrets of a loaded pool (config.PoolConfig): every credential's identity headers,
     each route proxy's credentials, a state store URL's password."""
     values: list[str] = []
@@ -90,7 +97,7 @@ def set_pool(pool) -> None:
         values.append(urlsplit(pool.state.store).password or "")
     except ValueError:
         pass
-    SECRETS.set_pool(values)
+    return values
 
 
 def forwarded(resp, body, own: bool):
