@@ -12,7 +12,6 @@ own key (never armed by the addon, logged by mitmproxy as it arrives) is masked 
 
 from __future__ import annotations
 
-import math
 import re
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -115,22 +114,3 @@ def header_secrets(value: str) -> list[str]:
     scheme, _, token = value.strip().partition(" ")
     return [value, token] if token and scheme.lower() in ("bearer", "basic") else [value]
 
-
-def looks_like_key(name: str) -> bool:
-    """Is a credential's `name:` probably a pasted key rather than a name? Names are shown in every
-    log line, status page and metric, so a key there would be everywhere: `sk-…`/`sess-…`, a JWT,
-    a long letters-and-digits run (core/routes.looks_like_secret), or a random-looking run of 20+
-    letters and digits. Random: letters and digits change class at most characters (a chosen name,
-    even in camel case with a year, changes far less often) and spread over 3.5 bits a character."""
-    from .routes import looks_like_secret
-
-    if looks_like_secret(name):
-        return True
-    run = max(re.findall(r"[A-Za-z0-9]+", name), key=len, default="")
-    if len(run) < 20 or not (any(c.isdigit() for c in run) and any(c.isalpha() for c in run)):
-        return False
-    kinds = ["d" if c.isdigit() else "u" if c.isupper() else "l" for c in run]
-    changes = sum(a != b for a, b in zip(kinds, kinds[1:])) / (len(run) - 1)
-    counts = [run.count(c) for c in set(run)]
-    bits = -sum(n / len(run) * math.log2(n / len(run)) for n in counts)
-    return changes >= 0.45 and bits > 3.5
