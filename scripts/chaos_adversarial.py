@@ -185,3 +185,62 @@ class AdversarialRuns:
         self.observed.append(f"exit {done.returncode}, {len(lines)} line(s)")
         if done.returncode == 0 or len(lines) != 1 or secret in out or "Traceback" in out:
             self.problems.append(f"start-up error was not one clean line: {out[-300:]!r}")
+
+    def run_bomb(self) -> None:
+        """The client's attempt gets a synchronous 503 whose body decodes to 1 GiB (`encoding`: gzip,
+        zstd): the proxy's peak RSS, the slowest answer an unrelated client got from it meanwhile
+        (its status page, every 50 ms), and the failover to the spare."""
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(self.url, data=b'{"stream":true}', method="POST",
+                                     headers={"authorization": f"Bearer {self.spec['client']}"})
+        try:  # the fake compresses the bomb once, on its first request: not while the proxy is measured
+            urllib.request.urlopen(req, timeout=60)
+            wire = 0
+        except urllib.error.HTTPError as exc:
+            wire = len(exc.read())
+        slowest, stop = [0.0], threading.Event()
+
+        def unrelated() -> None:
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    proxy_status(self.proxy.port)
+                except OSError:
+                    pass
+                slowest[0] = max(slowest[0], time.monotonic() - started)
+                stop.wait(0.05)
+
+        watcher = threading.Thread(target=unrelated, daemon=True)
+        with PeakRss(self.proxy.proc.pid) as peak:
+            watcher.start()
+            reply = self.post(self.spec["client"])
+            time.sleep(0.3)
+            stop.set()
+            watcher.join(20)
+        self.observed.append(f"{wire / 1e6:.2f} MB on the wire, unrelated client's slowest answer "
+                             f"{slowest[0] * 1000:.0f} ms")
+        self._bound(peak, "the bomb")
+        if reply is None or reply.status != 200 or _served(reply.body) != self.spec["spares"][0]:
+            self.problems.append("the request did not fail over to the spare")
+        if slowest[0] > float(self.spec.get("latency_limit_s", 1.0)):
+            self.problems.append(f"an unrelated client waited {slowest[0]:.1f} s")
+
+    def run_debug_log_secrets(self) -> None:
+        """A failover with proxy_debug and debug verbosity (proxy_args): no pooled or client key in the log."""
+        reply = self.post(self.spec["client"])
+        time.sleep(0.3)
+        log = self.proxy.log()
+        leaked = [key[:12] + "…" for key in [self.spec["client"], *self.spec["spares"]] if key in log]
+        self.observed.append(f"HTTP {reply.status if reply else '-'}, {len(log.splitlines())} log lines, "
+                             f"{len(leaked)} secret(s) in them")
+        if leaked:
+            self.problems.append(f"in the debug log: {leaked}")
+        if "verdict=failover" not in log:
+            self.problems.append("the failover is not in the log")
+
+
+def _served(body: bytes) -> str | None:
+    marker = b"Hello from "
+    return body.split(marker, 1)[1].split(b".", 1)[0].decode(errors="replace") if marker in body else None

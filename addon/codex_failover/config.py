@@ -21,7 +21,7 @@ import yaml
 from .core.auth import APIKEY, CHATGPT, AuthError, AuthMaterial, auth_from_document, read_auth_file
 from .core.cooldown_policy import OverloadConfigError, OverloadPolicy, parse_overload
 from .core.recovery import RecoveryConfigError, RecoveryPolicy, parse_recovery
-from .core.routes import DIRECT, RouteError, looks_like_secret, parse_routes, redact_url
+from .core.routes import DIRECT, RouteError, looks_like_key, looks_like_secret, name_problem, parse_routes, redact_url
 from .core.units import parse_duration
 from .yaml_file import read_yaml
 
@@ -319,8 +319,8 @@ def _credential(doc: object, where: str, environ: Mapping[str, str], base_dir: P
     entry = _mapping(doc, where, {"name", "auth_file", "api_key_env", "base_url", "priority", "route",
                                   "organization", "project", "max_usage_percent"})
     name = entry.get("name")
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ConfigError(f"{where}.name: expected 1-64 characters of letters, digits, '.', '_' or '-', got {_show(name)}")
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or looks_like_key(name):  # shown everywhere: never a key
+        raise ConfigError(f"{where}.name: {name_problem(name, _show(name))}")
     has_file, has_env = "auth_file" in entry, "api_key_env" in entry
     if has_file == has_env:
         raise ConfigError(f"{where} ({name}): give exactly one of auth_file or api_key_env")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
+
+_QUOTED = re.compile(r"'[^']{5,}'|\"[^\"]{5,}\"")
 
 
 def read_yaml(source: Path, label: str, error: type[Exception]) -> object:
@@ -23,6 +26,8 @@ def describe(exc: yaml.YAMLError) -> str:
     """Where and what, on one line. PyYAML's own text quotes the offending lines, which may hold a
     secret (a proxy URL's password, a pasted key): only the position and the problem are kept."""
     mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or "not parsable"
+    # The problem itself quotes the token after `*` or `!` ("found undefined alias 'sk-…'"): a quoted
+    # word longer than an escape or a character is dropped.
+    problem = _QUOTED.sub("(not shown)", getattr(exc, "problem", None) or "not parsable")
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     return f"not valid YAML{where}: {problem}"

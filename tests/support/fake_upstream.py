@@ -82,6 +82,9 @@ SCENARIOS = {
     "capacity-400": "HTTP 400 'Selected model is at capacity' with code null",
     "lb-503": "a load balancer's plain-text (HTML) 503 page",
     "good": "a normal streamed answer (reasoning summary + text)",
+    "bomb-gzip": "synchronous HTTP 503, Content-Encoding gzip: about 1 MB that decodes to 1 GiB of zeros",
+    "bomb-zstd": "synchronous HTTP 503, Content-Encoding zstd: about 32 KB that decodes to 1 GiB of zeros",
+    "echo-key-401": "synchronous HTTP 401 whose message quotes the key it was sent (a gateway that echoes it)",
     # Any model request (POST or WebSocket turn) whose input ends in {"type":"compaction_trigger"} is answered
     # with a `compaction` item, and `POST …/responses/compact` with a JSON compaction (synchronous scenarios
     # apply to both). Encrypted content the fake made is bound to the credential that got it: a request that
@@ -270,6 +273,34 @@ def usage_body(used: float) -> dict:
             "credits": {"has_credits": False, "unlimited": False, "balance": "0"}}
 
 
+BOMB_MIB = 1024
+_bombs: dict[str, bytes] = {}
+
+
+def bomb(encoding: str) -> tuple[int, dict[str, str], bytes]:
+    """A 503 whose body decodes to BOMB_MIB MiB of zeros: compressed a MiB at a time (never whole in
+    memory), built once per process."""
+    if encoding not in _bombs:
+        if encoding == "gzip":
+            import zlib
+            packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+        else:
+            try:
+                from compression import zstd
+            except ImportError:
+                from backports import zstd
+            packer = zstd.ZstdCompressor()
+        zeros = bytes(1 << 20)
+        _bombs[encoding] = b"".join(packer.compress(zeros) for _ in range(BOMB_MIB)) + packer.flush()
+    return 503, {"content-type": "application/json", "content-encoding": encoding}, _bombs[encoding]
+
+
+def echo_key(headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    key = headers.get("authorization", "")[7:]
+    return json_error(401, {"type": "invalid_request_error", "code": "invalid_api_key",
+                            "message": f"Incorrect API key provided: {key}. Token was {headers.get('authorization', '')}"})
+
+
 def json_error(status: int, error: dict, extra: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
     return status, {"content-type": "application/json", **(extra or {})}, json.dumps({"error": error}).encode()
 
@@ -300,6 +331,8 @@ SYNC = {
                        b"<center><h1>503 Service Temporarily Unavailable</h1></center><hr><center>nginx</center></body></html>"),
     "invalid": lambda: json_error(400, {"type": "invalid_request_error", "code": "invalid_value",
                                         "message": "Invalid value for 'input'.", "param": "input"}),
+    "bomb-gzip": lambda: bomb("gzip"),
+    "bomb-zstd": lambda: bomb("zstd"),
     "unauthorized": lambda: json_error(401, {"type": "invalid_request_error", "code": "invalid_api_key",
                                              "message": "Incorrect API key provided."}),
 }
@@ -430,6 +463,9 @@ class FakeUpstream:
             label = label_of(headers)
             self.seen[label] = self.seen.get(label, 0) + 1
             scenario = "overload" if self.seen[label] == 1 else "good"
+        if scenario == "echo-key-401":
+            await write_full(writer, *echo_key(headers))
+            return True
         if scenario in SYNC:
             await write_full(writer, *SYNC[scenario]())
             return True

@@ -7,6 +7,7 @@ request probes it (others keep skipping it until that probe succeeds or fails).
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -242,3 +243,30 @@ class RouteHealth(Tracked):
         if left > 0:
             return f"backing off {left:.0f}s more (failed {state.failures}x: {state.reason})"
         return f"due for a probe (failed {state.failures}x: {state.reason})"
+
+
+def looks_like_key(name: str) -> bool:
+    """Is a credential's `name:` probably a pasted key rather than a name? Names are shown in every
+    log line, status page and metric, so a key there would be everywhere: `sk-…`/`sess-…`, a JWT,
+    a long letters-and-digits run (core/routes.looks_like_secret), or a random-looking run of 20+
+    letters and digits. Random: letters and digits change class at most characters (a chosen name,
+    even in camel case with a year, changes far less often) and spread over 3.5 bits a character."""
+    if looks_like_secret(name):
+        return True
+    run = max(re.findall(r"[A-Za-z0-9]+", name), key=len, default="")
+    if len(run) < 20 or not (any(c.isdigit() for c in run) and any(c.isalpha() for c in run)):
+        return False
+    kinds = ["d" if c.isdigit() else "u" if c.isupper() else "l" for c in run]
+    changes = sum(a != b for a, b in zip(kinds, kinds[1:])) / (len(run) - 1)
+    counts = [run.count(c) for c in set(run)]
+    bits = -sum(n / len(run) * math.log2(n / len(run)) for n in counts)
+    return changes >= 0.45 and bits > 3.5
+
+
+def name_problem(name: object, shown: str) -> str:
+    """Why a credential's `name` is refused (`shown`: the name as a message may show it): a name that
+    looks like a key is said to be one, without showing it; any other bad name is shown its form."""
+    if isinstance(name, str) and looks_like_key(name):
+        return ("looks like a key or token, not a name (not shown); name the credential (e.g. work) and give "
+                "its key through api_key_env or auth_file")
+    return f"expected 1-64 characters of letters, digits, '.', '_' or '-', got {shown}"

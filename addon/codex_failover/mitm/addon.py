@@ -12,10 +12,10 @@ import traceback
 
 from mitmproxy import command, ctx, exceptions, http
 
-from . import client_answers, client_hop
+from . import bounded_body, client_answers, client_hop
 from .boundary import ClientBoundary, not_own_user
 
-from . import quiet_log
+from . import quiet_log, secret_guard
 
 from ..core import status
 from ..core.affinity import Affinity
@@ -97,6 +97,7 @@ class FailoverAddon:
     # -- lifecycle -------------------------------------------------------------------------
 
     def load(self, loader) -> None:
+        secret_guard.install(lambda: self.pool)  # no secret in any log, the pool's among them (secret_guard.py)
         add_options(loader)
         self.quiet.install()  # before the proxy listens: its first connections are chatter too
 
@@ -120,7 +121,7 @@ class FailoverAddon:
         if "failover_verbose" in updated:
             self.quiet.configure(ctx.options)
         if "failover_max_body" in updated:
-            self.max_body = WsConn.max_message = parsed.max_body  # the gated WebSocket's limit too, both ways
+            self.max_body = WsConn.max_message = bounded_body.limit = parsed.max_body  # the WebSocket's, every decode's
         if "failover_metrics" in updated and self._running:
             self._serve_metrics()
         if "failover_config" in updated or "failover_rules" in updated:
@@ -239,11 +240,9 @@ class FailoverAddon:
             return
         if req.method != "POST":
             return
-        if len(req.raw_content or b"") > self.max_body:
-            log.warning("codex-failover: a %d-byte request body is over failover_max_body (%d): passed through "
-                        "untouched, without failover", len(req.raw_content), self.max_body)
-            return
-        body = parse_body(req.get_content(strict=False) or b"")  # decoded (zstd) and parsed once
+        if (decoded := await bounded_body.request_body(req, self.max_body)) is None:  # over failover_max_body
+            return  # passed through untouched, without failover (decoded in slices, parsed once otherwise)
+        body = parse_body(decoded)
         if not asks_to_stream(body) and not (is_compact(req.path) and isinstance(body, dict)):
             return
         self._refresh_auth_files()
@@ -300,6 +299,7 @@ class FailoverAddon:
         endpoint = self.warm.endpoint_of(flow.client_conn)  # the CONNECT of a kept connection's dial
         authorization = self.bridges.proxy_authorization(endpoint) if endpoint is not None else None
         if authorization is not None:  # an HTTP proxy's credentials, or a SOCKS bridge's secret
+            secret_guard.arming([authorization])
             flow.request.headers["Proxy-Authorization"] = authorization
 
     # -- commands --------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from mitmproxy import ctx, flow as mitmflow, http
 
 from .engine import WarmConnections
+from .secret_guard import arming
 from .warm_conn import WarmConnection, WarmKey, end_unsent, server_at
 
 ATTEMPT_TAG = "codex_failover.attempt"
@@ -167,6 +168,7 @@ class Attempt:
         headers = self.flow.request.headers
         for name in secrets_in(headers):
             self._wire[name] = headers.get_all(name)
+        arming(v for values in self._wire.values() for v in values)  # masked in any log (secret_guard.py)
         self.redact()
 
     def mark_sent(self) -> None:

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from mitmproxy import http
 
+from . import bounded_body
 from ..core.body_edit import remove_members
 from ..core.codex_request import COMPACT, swap_credential
 from ..core.planner import Candidate, Plan
@@ -58,7 +59,9 @@ class AttemptMaker:
             return None
         key = (strip, foreign)
         if key not in self.bodies:
-            self.bodies[key] = remove_members(self.original.get_content(strict=False) or b"", self.body, cuts)
+            # Within failover_max_body decoded (the request hook held it so): bounded all the same.
+            decoded = bounded_body.content_now(self.original, bounded_body.limit).content
+            self.bodies[key] = remove_members(decoded or b"", self.body, cuts)
         return self.bodies[key]
 
     async def via(self, ep: Endpoint | None):

@@ -11,6 +11,7 @@ from mitmproxy import http
 from ..core.pool_wait import Soonest, back_in, time_fields
 from ..net.relay import HOP_BY_HOP
 from ..core.taxonomy import AUTH_REJECTED, exhausted_status
+from .secret_guard import SECRETS
 
 # Error type and code by rejection class, when upstream's own error object has none.
 _DEFAULTS = {
@@ -33,7 +34,8 @@ def _retry_after(seconds: int | None) -> dict[str, str]:
 
 
 def _json(status: int, error: dict, headers: dict[str, str] | None = None) -> http.Response:
-    body = json.dumps({"error": error}, indent=None).encode()
+    # Upstream text quoted here (a pooled credential's error message) may echo a key: masked.
+    body = json.dumps({"error": SECRETS.mask_in(error)}, indent=None).encode()
     all_headers = {"content-type": "application/json", "x-codex-failover": "1", **(headers or {})}
     return http.Response.make(status, body, all_headers)
 

@@ -15,13 +15,14 @@ import time
 from mitmproxy import ctx, http
 from mitmproxy.hooks import UpdateHook
 
-from . import client_answers, client_hop, hook_chain
+from . import bounded_body, client_answers, client_hop, hook_chain
 from .attempt import PLACEHOLDER, SECRET_HEADERS, Capture
 from .client_hop import HOP_TAG, ClientHop
 from .heartbeat import STREAM_HEADERS, HeartbeatSink
 from ..net.relay import Relay, RelaySession
 
 RELAY_TAG = "codex_failover.relay"
+ERROR_BODY_CAP = 1024 * 1024  # an answer read in heartbeat mode for its error object only
 
 
 def shown_changed(flow: http.HTTPFlow) -> None:
@@ -95,7 +96,8 @@ class HeldClient:
         """A whole response; in heartbeat mode its error, in-stream."""
         if self.sink is not None:
             try:
-                error = json.loads(answer.get_content(strict=False) or b"{}").get("error") or {}
+                # Only its error object is wanted: a bounded read (bounded_body.py), never get_content().
+                error = json.loads(bounded_body.content_now(answer, ERROR_BODY_CAP).content or b"{}").get("error") or {}
             except ValueError:
                 error = {}
             self.sink.fail(answer.status_code, error if isinstance(error, dict) else {"message": str(error)})

@@ -17,7 +17,7 @@ import traceback
 
 from mitmproxy import http
 
-from . import client_answers
+from . import bounded_body, client_answers, secret_guard
 from .client_hop import client_can_read
 from ..core.affinity import affinity_key, session_of
 from .attempt import END, ERROR, Attempt, Item, copy_request, hide_secrets
@@ -225,21 +225,22 @@ class RequestRun:
             await attempt.cancel()
             return AttemptEnd("rejected", Rejection(INCOMPLETE_RESPONSE, None, {"message": "upstream response did not complete"}))
         resp = attempt.flow.response
-        verdict = classify_response(resp.status_code, resp.get_content(strict=False) or b"", self.rules)
+        body = await bounded_body.answer(resp, f"[{self.request_id}] credential {cand.name}")  # never get_content()
+        verdict = classify_response(resp.status_code, body.content or b"", self.rules)
         if self.pool.recovery.enabled and resp.status_code in RECOVERABLE_STATUS and not self._rejected_by_body(verdict.error):
             self.log.record(attempt, cand, "recover", f"status_{resp.status_code}", resp.status_code)
-            return AttemptEnd("recover", message=f"HTTP {resp.status_code}", final=resp.copy())
+            return AttemptEnd("recover", message=f"HTTP {resp.status_code}", final=secret_guard.forwarded(resp, body, cand.is_client))
         if verdict.verdict == FAILOVER and not own_refusal(verdict.reason, cand):
             rejection = Rejection(verdict.reason, resp.status_code, dict(verdict.error or {}),
                                   retry_after=resp.headers.get("retry-after"))
             self.reject(attempt, cand, rejection)
             return AttemptEnd("rejected", rejection)
-        # Success without a stream, another 4xx, or the client's own 401/403: as is.
+        # Success without a stream, another 4xx, or the client's own 401/403: as is (pooled errors masked).
         if 200 <= resp.status_code < 300 and self.flow.request.path.split("?", 1)[0].endswith(COMPACT):
-            self.made(cand, artifacts_of_compact(resp.get_content(strict=False) or b""))
+            self.made(cand, artifacts_of_compact(body.content or b""))  # decoded above, bounded
         if own_refusal(verdict.reason, cand):
             self.shared.feedback.client_refused(self.client_auth)
-        self.client.respond(resp.copy())
+        self.client.respond(secret_guard.forwarded(resp, body, cand.is_client))
         self.succeeded(cand)
         self.log.record(attempt, cand, "deliver", verdict.reason, resp.status_code, ok=True)
         return AttemptEnd("answered")

@@ -17,10 +17,12 @@ from ..core.cooldown_end import usage_has_headroom, usage_url, usage_windows
 from ..core.planner import client_key, make_plan
 from ..core.usage_view import UsageCache, is_usage_request, own_can_send, pooled_view
 from ..net.usage_fetch import get_json
+from . import bounded_body
 from .attempt import ATTEMPT_TAG
 
 log = logging.getLogger("codex_failover")
 HEADER = "x-codex-failover-usage"  # on a rewritten answer: whose usage it is
+USAGE_CAP = 1024 * 1024  # a usage answer is a few KiB
 
 
 class UsageAnswer:
@@ -54,7 +56,7 @@ class UsageAnswer:
         pooled_own = next((c for c in pool.credentials if c.auth.fingerprint == own.fingerprint), None)
         own_key = pooled_own.name if pooled_own else client_key(own)
         status = flow.response.status_code
-        if own_can_send(status, _doc(flow.response), health.ready(own_key)):
+        if own_can_send(status, await _doc(flow.response), health.ready(own_key)):
             return
         plan = make_plan(own, pool, health, True, owner.affinity.get(session_of(req.headers, None)))
         cand = next((c for c in plan.candidates if not c.is_client and c.auth is not None and c.auth.kind == CHATGPT), None)
@@ -93,8 +95,9 @@ class UsageAnswer:
         return doc
 
 
-def _doc(response: http.Response) -> object:
+async def _doc(response: http.Response) -> object:
+    """The upstream's usage answer, decoded bounded (bounded_body.py): past USAGE_CAP it is unreadable."""
     try:
-        return json.loads(response.get_content(strict=False) or b"")
+        return json.loads((await bounded_body.content(response, USAGE_CAP)).content or b"")
     except ValueError:
         return None

@@ -13,7 +13,7 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
 from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Event, Ping, RejectConnection,
                             RejectData, Request, TextMessage)
-from wsproto.extensions import PerMessageDeflate
+from .bounded_deflate import BoundedDeflate
 from wsproto.utilities import RemoteProtocolError
 
 log = logging.getLogger("codex_failover")
@@ -56,7 +56,7 @@ class WsConn:
                       deflate: bool = True, max_reject_body: int = 65536) -> "WsConn":
         """Client side: send the upgrade, wait for 101 (HandshakeRejected otherwise)."""
         conn = cls(reader, writer, WSConnection(ConnectionType.CLIENT))
-        extensions = [PerMessageDeflate()] if deflate else []
+        extensions = [BoundedDeflate(cls.max_message)] if deflate else []
         writer.write(conn.ws.send(Request(host=host, target=target, extra_headers=headers, extensions=extensions)))
         await writer.drain()
         rejected: RejectConnection | None = None
@@ -92,7 +92,7 @@ class WsConn:
         # frame arrives in far fewer pieces (a 64 MiB message: 2.5 s instead of 21 s). docs/architecture.md.
         offered = any(str(getattr(e, "name", e)).startswith("permessage-deflate") for e in request.extensions or [])
         writer.write(conn.ws.send(AcceptConnection(extra_headers=headers,
-                                                   extensions=[PerMessageDeflate()] if offered else [])))
+                                                   extensions=[BoundedDeflate(cls.max_message)] if offered else [])))
         return conn
 
     # -- messages --------------------------------------------------------------------------
@@ -118,6 +118,10 @@ class WsConn:
             elif isinstance(event, Ping) and self.ws.state is ConnectionState.OPEN:
                 self._write(self.ws.send(event.response()))
             elif isinstance(event, CloseConnection):
+                if self.ws.state is ConnectionState.OPEN:  # wsproto's verdict on bad input, not a peer's
+                    # close (e.g. 1009 from BoundedDeflate): the peer is told, as for our own checks
+                    self.close(event.code, "message too big" if event.code == MESSAGE_TOO_BIG else event.reason or "")
+                    return None
                 self._closed(event.code, event.reason or "")
                 if self.ws.state is ConnectionState.REMOTE_CLOSING:
                     self._write(self.ws.send(event.response()))

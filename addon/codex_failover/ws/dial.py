@@ -22,6 +22,7 @@ from ..core.health import Health
 from ..core.pool_feedback import PoolFeedback
 from ..core.planner import Candidate, Plan, make_plan
 from ..core.replay_safety import PIN_HEADER, assess
+from ..mitm.secret_guard import SECRETS
 from ..core.routes import Endpoint, RouteHealth
 from ..core.rules import Rules
 from ..net.socks_bridge import SocksBridges
@@ -45,7 +46,7 @@ def as_frames(rejection: Rejection, first: Soonest | None = None) -> tuple[Messa
     if first is not None:
         error.update(time_fields(first, rejection.reason in USAGE_LIMIT_REASONS))
         error["message"] = f"{error['message']} {back_in(first)}"
-    body = {"type": "error", "status": status, "error": error}
+    body = {"type": "error", "status": status, "error": SECRETS.mask_in(error)}  # a pooled key's echo is masked
     return ((json.dumps(body, separators=(",", ":")).encode(), True),)
 
 

@@ -1,0 +1,116 @@
+"""Masking secrets in text: the values the addon knows to be secret, and anything key-shaped. Pure.
+
+Two users: what mitmproxy logs (mitm/secret_guard.py masks every log record, since with
+proxy_debug and debug verbosity mitmproxy logs the bytes of each request head it writes, the real
+credentials included), and upstream error text the addon forwards to a client (a gateway that
+echoes the key it was given would otherwise hand a pooled key to whoever asked).
+
+Known values are matched literally; besides them, OpenAI-style keys (`sk-…`, `sess-…`), JWTs
+(`eyJ….….…`) and whatever follows `Bearer ` are masked whatever they are, so a client's
+own key (never armed by the addon, logged by mitmproxy as it arrives) is masked too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Iterable
+
+MASK = "<redacted by codex-failover>"
+MIN_KNOWN = 6  # a shorter "secret" would mask ordinary words; shapes still catch keys and tokens
+RECENT = 256  # armed values kept besides the pool's (a client's own key, an old pool's)
+_TOKEN = r"[A-Za-z0-9._~+/=-]"
+# Key shapes, each run only when its literal part is in the text (a substring test is a hundred
+# times cheaper than a regex scan of a long log line).
+_SHAPES = (
+    (("sk-", "sess-"), re.compile(r"(?<![A-Za-z0-9])(?:sk|sess)-[A-Za-z0-9_-]{8,}"), MASK),  # OpenAI keys
+    (("eyJ",), re.compile(r"eyJ[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}(?:\.[A-Za-z0-9_-]*)?"), MASK),  # a JWT
+    (("earer ",), re.compile(r"([Bb]earer )" + _TOKEN + "{6,}"), r"\1" + MASK),  # whatever a Bearer carries
+)
+
+
+class Secrets:
+    """The secret values in force: the pool's (replaced whole on each load) and the values armed
+    recently (bounded), matched by one regex built again only when the set changed."""
+
+    def __init__(self, recent: int = RECENT):
+        self._pool: frozenset[str] = frozenset()
+        self._recent: OrderedDict[str, None] = OrderedDict()
+        self._limit = recent
+        self._regex: re.Pattern | None = None
+        self._stale = False
+        self._source = self._seen = None  # see follow()
+
+    def follow(self, source, values_of) -> None:
+        """Take the pool's values from `source()` (the current pool) whenever it is another object
+        than last time: nobody has to remember to tell, wherever the pool is replaced."""
+        self._source, self._values_of, self._seen = source, values_of, None
+
+    def _refresh(self) -> None:
+        if self._source is not None:
+            current = self._source()
+            if current is not self._seen:
+                self._seen = current
+                self.set_pool(self._values_of(current))
+
+    def set_pool(self, values: Iterable[str]) -> None:
+        new = frozenset(v for v in values if v and len(v) >= MIN_KNOWN)
+        if new != self._pool:
+            self._pool, self._stale = new, True
+
+    def add(self, values: Iterable[str]) -> None:
+        """Values being armed now (on an attempt or a CONNECT): known from here on."""
+        for value in values:
+            if not value or len(value) < MIN_KNOWN or value in self._pool:
+                continue
+            if value in self._recent:
+                self._recent.move_to_end(value)
+                continue
+            self._recent[value] = None
+            self._stale = True
+            if len(self._recent) > self._limit:
+                self._recent.popitem(last=False)
+
+    def clear(self) -> None:
+        self._pool, self._stale, self._source, self._seen = frozenset(), True, None, None
+        self._recent.clear()
+
+    def known(self) -> set[str]:
+        self._refresh()
+        return set(self._pool) | set(self._recent)
+
+    def _pattern(self) -> re.Pattern | None:
+        if self._stale:
+            values = sorted(self.known(), key=len, reverse=True)  # the longest first: a value inside another
+            self._regex = re.compile("|".join(map(re.escape, values))) if values else None
+            self._stale = False
+        return self._regex
+
+    def mask(self, text: str) -> str:
+        """`text` with every known value and every key-shaped word replaced by MASK."""
+        self._refresh()
+        pattern = self._pattern()
+        if pattern is not None:
+            text = pattern.sub(MASK, text)
+        for needles, shape, mask in _SHAPES:
+            if any(n in text for n in needles):
+                text = shape.sub(mask, text)
+        return text
+
+    def mask_in(self, value):
+        """The same through a JSON-like value (dicts, lists, strings), for an error object."""
+        if isinstance(value, str):
+            return self.mask(value)
+        if isinstance(value, dict):
+            return {k: self.mask_in(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.mask_in(v) for v in value]
+        return value
+
+
+def header_secrets(value: str) -> list[str]:
+    """The secret parts of an identity header's value: the whole value, and the token after an
+    auth scheme (`Bearer x` -> `x`), since a log may show either."""
+    scheme, _, token = value.strip().partition(" ")
+    return [value, token] if token and scheme.lower() in ("bearer", "basic") else [value]
+
