@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Union
 
-from ..config import PoolConfig
+from .policy import PoolConfig
 from .health import Health
 from .planner import Candidate, Plan
 from .pool_wait import Soonest, retry_after as true_retry_after, soonest

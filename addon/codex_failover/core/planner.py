@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .auth import AuthMaterial
-from ..config import Credential, PoolConfig
+from .policy import Credential, PoolConfig
 from .health import Health
 
 CLIENT = "client"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from .affinity import Affinity
 from .auth import AuthMaterial
 from .client_boundary import RejectedKeys
-from ..config import Policy
+from .policy import Policy
 from .health import Health
 from .cooldown_policy import OVERLOAD_CLASSES, held_out, over_cap
 from .seen_clients import label

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..config import PoolConfig
+from .policy import PoolConfig
 from .auth import CHATGPT, AuthMaterial
 
 _KIND = {CHATGPT: "ChatGPT-login"}

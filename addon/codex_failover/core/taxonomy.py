@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..config import Policy
+from .policy import Policy
 from .rules import Rules
 
 FAILOVER = "failover"
