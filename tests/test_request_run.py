@@ -21,7 +21,7 @@ from codex_failover.core.recovery import Slots
 from codex_failover.net.relay import Relay
 from codex_failover.mitm.request_run import RequestRun
 from codex_failover.core.routes import RouteHealth
-from codex_failover.core.rules import load_rules
+from codex_failover.rules_file import load_rules
 from codex_failover.shared import Shared
 from codex_failover.net.socks_bridge import SocksBridges
 from codex_failover.core.usage import UsageBook

@@ -13,7 +13,8 @@ from codex_failover.config import ConfigError, load_pool
 from codex_failover.core.bounded_decode import Outcome
 from codex_failover.core.mask import MASK, Secrets, header_secrets
 from codex_failover.core.routes import looks_like_key
-from codex_failover.core.rules import RulesError, load_rules
+from codex_failover.core.rules import RulesError
+from codex_failover.rules_file import load_rules
 from codex_failover.mitm import client_answers, secret_guard
 
 KEY = "sk-proj-" + "Ab3dE5gH7jK9mN1pQ3sT"

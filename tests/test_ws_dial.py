@@ -22,7 +22,7 @@ from codex_failover.config import Credential, Policy, PoolConfig
 from codex_failover.core.health import Health
 from codex_failover.core.planner import client_key
 from codex_failover.core.routes import RouteHealth, parse_routes
-from codex_failover.core.rules import load_rules
+from codex_failover.rules_file import load_rules
 from codex_failover.net.socks_bridge import SocksBridges
 from codex_failover.core.transport import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH, TLS_FAILED
 from codex_failover.core.usage import UsageBook

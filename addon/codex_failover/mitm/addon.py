@@ -38,7 +38,8 @@ from ..core.recovery import Slots
 from ..net.relay import Relay
 from ..core.routes import RouteHealth
 from ..core.run_ids import run_id
-from ..core.rules import RulesError, load_rules
+from ..core.rules import RulesError
+from ..rules_file import load_rules
 from ..metrics import Metrics, MetricsListener, snapshot_on_loop
 from ..options import add_options, parse_options
 from ..core.seen_clients import SeenClients
