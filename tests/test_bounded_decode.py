@@ -1,4 +1,4 @@
-"""The bounded decoder (core/bounded_decode.py) and the bounded permessage-deflate (ws/bounded_deflate.py):
+"""The bounded decoder (bounded_decode.py) and the bounded permessage-deflate (ws/bounded_deflate.py):
 each coding decodes as mitmproxy's get_content(strict=False) does, no step produces more than its
 slice, and a body past the cap stops there, kept nowhere."""
 
@@ -11,7 +11,7 @@ import brotli
 import pytest
 from mitmproxy.net import encoding as mitm_encoding
 
-from codex_failover.core.bounded_decode import BoundedDecoder, Outcome, decode, zstd
+from codex_failover.bounded_decode import BoundedDecoder, Outcome, decode, zstd
 
 TEXT = b'{"error": {"message": "Our servers are currently overloaded.", "code": "server_is_overloaded"}}' * 50
 

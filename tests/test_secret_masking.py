@@ -10,7 +10,7 @@ import pytest
 from mitmproxy import http
 
 from codex_failover.config import ConfigError, load_pool
-from codex_failover.core.bounded_decode import Outcome
+from codex_failover.bounded_decode import Outcome
 from codex_failover.core.mask import MASK, Secrets, header_secrets
 from codex_failover.core.routes import looks_like_key
 from codex_failover.core.rules import RulesError
