@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .auth import AuthMaterial
-from .policy import Credential, PoolConfig
+from .policy import Credential, Policy, PoolConfig
 from .health import Health
 
 CLIENT = "client"
@@ -61,7 +61,7 @@ def make_plan(client_auth: AuthMaterial | None, pool: PoolConfig, health: Health
     return _sorted_out(ordered, health, policy)
 
 
-def _sorted_out(ordered: list[Candidate], health: Health, policy) -> Plan:
+def _sorted_out(ordered: list[Candidate], health: Health, policy: Policy) -> Plan:
     """The candidates that can be tried now (at most `max_attempts`), and why the others cannot."""
     ready, skipped = [], []
     now = health.now()

@@ -7,6 +7,7 @@ YAML); `config.py` builds them from the pool file and re-exports them, so either
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from .auth import AuthMaterial
 from .cooldown_policy import OverloadPolicy
@@ -73,7 +74,7 @@ class PoolConfig:
     policy: Policy = field(default_factory=Policy)
     source: str | None = None
     base_urls: tuple[str, ...] = ()  # more model endpoints to gate (e.g. Codex's openai_base_url)
-    routes: dict = field(default_factory=dict)  # route name -> tuple of Endpoint, or None (direct)
+    routes: dict[str, Any] = field(default_factory=dict)  # route name -> tuple of Endpoint, or None (direct)
     recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
     notes: tuple[str, ...] = ()  # values clamped to their bounds, logged at load
     state: StateConfig = field(default_factory=lambda: StateConfig())

@@ -196,7 +196,7 @@ class RouteHealth(Tracked):
         """A confirmed pre-dispatch failure; returns the backoff in seconds."""
         state = self._states.setdefault(ep.key, _EndpointState())
         state.failures += 1
-        backoff = min(self.cap, self.floor * 2 ** (state.failures - 1))
+        backoff: float = min(self.cap, self.floor * 2 ** (state.failures - 1))
         state.until, state.reason, state.probing = self._clock() + backoff, reason, False
         self._changed(ep.key)
         return backoff
