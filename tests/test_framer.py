@@ -170,7 +170,7 @@ def sse_streams(draw):
 def chunkings(draw, data: bytes):
     cuts = sorted(draw(st.sets(st.integers(0, len(data)), max_size=12))) if data else []
     bounds = [0, *cuts, len(data)]
-    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 @settings(max_examples=300, deadline=None)

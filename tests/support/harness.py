@@ -636,7 +636,7 @@ class LocalProxies:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             lines = head.decode("latin-1").split("\r\n")
-            auth = next((l.split(":", 1)[1].strip() for l in lines if l.lower().startswith("proxy-authorization:")), None)
+            auth = next((line.split(":", 1)[1].strip() for line in lines if line.lower().startswith("proxy-authorization:")), None)
             self.proxy_auth[name].append(auth)
             if mode == "silent":
                 await reader.read()  # until the client gives up
