@@ -46,7 +46,6 @@ import bisect
 import json
 import math
 import os
-import statistics
 import sys
 import tempfile
 import time

@@ -77,7 +77,6 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.exceptions
-
 from delay_link import DelayLink, available
 from harness import MITMDUMP, PYTHON, ROOT, make_test_pki, med, pct, pool_yaml
 
@@ -224,7 +223,7 @@ class H1Client:
 
     async def post(self, sample: Sample, token: str, body: bytes) -> None:
         await self._ensure(sample)
-        head = [f"POST /v1/responses HTTP/1.1", f"host: {self.authority}",
+        head = ["POST /v1/responses HTTP/1.1", f"host: {self.authority}",
                 *(f"{k}: {v}" for k, v in request_headers(token, sample.session)), f"content-length: {len(body)}"]
         t0 = time.perf_counter()
         sample.sent_at = time.time()

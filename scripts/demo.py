@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import sys
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # harness, fake upstream
 
 from harness import FakeUpstreamProcess, ProxyProcess, WsClient, pool_yaml, post_responses

@@ -3,13 +3,11 @@
 import json
 
 import pytest
-
-from codex_failover.core.cooldown_policy import OverloadPolicy
-
-from codex_failover.core.auth import APIKEY, CHATGPT, AuthError, auth_from_headers, read_auth_file
-from codex_failover.config import ConfigError, Policy, load_pool
-
 from conftest import WIRE
+
+from codex_failover.config import ConfigError, Policy, load_pool
+from codex_failover.core.auth import APIKEY, CHATGPT, AuthError, auth_from_headers, read_auth_file
+from codex_failover.core.cooldown_policy import OverloadPolicy
 
 AUTH = WIRE / "auth"
 
@@ -53,8 +51,8 @@ policy:
 
 
 def test_example_pool_file_documents_every_policy_field():
-    from pathlib import Path
     from dataclasses import fields
+    from pathlib import Path
     text = (Path(__file__).resolve().parents[1] / "rules" / "pool.example.yaml").read_text()
     for f in fields(Policy):
         assert f"{f.name}:" in text, f"rules/pool.example.yaml does not document policy.{f.name}"

@@ -1,12 +1,10 @@
 """The framer: chunking invariance, byte-exactness, line ends, glued frames, bounds."""
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from conftest import LIVE, WIRE
+from hypothesis import given, settings, strategies as st
 
 from codex_failover.core.framer import Event, FramerError, SSEFramer
-
-from conftest import LIVE, WIRE
 
 
 def frame(data: bytes, chunk: int | None = None, **kw) -> list[Event]:

@@ -3,10 +3,9 @@
 import json
 
 import pytest
+from conftest import LIVE, WIRE
 
 from codex_failover.core.replay_safety import PIN_HEADER, assess, strip_encrypted_reasoning
-
-from conftest import LIVE, WIRE
 
 BODY = json.loads((WIRE / "http" / "responses_request_body.json").read_text())  # has encrypted reasoning
 LIVE_BODY = json.loads((LIVE / "chatgpt_http_post_responses_followup.body.json").read_text())

@@ -11,10 +11,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from harness import ProxyProcess
 
 from codex_failover.core.auth import APIKEY, CHATGPT, AuthMaterial
 from codex_failover.core.token_expiry import ExpiryWatch, describe, line, refresh_command
-from harness import ProxyProcess
 
 NOW = 1_800_000_000.0
 

@@ -2,9 +2,9 @@
 
 import json
 
-from codex_failover.core.usage import UsageBook, Window, from_event, from_headers
-
 from conftest import WIRE
+
+from codex_failover.core.usage import UsageBook, Window, from_event, from_headers
 
 
 def headers_of(name):

@@ -15,8 +15,8 @@ import sys
 from .core.classifier import FRAMING_ERROR, BootstrapClassifier, Decision
 from .core.framer import FramerError, SSEFramer
 from .core.rules import RulesError
-from .rules_file import load_rules
 from .core.units import parse_duration
+from .rules_file import load_rules
 
 
 class _FrozenClock:

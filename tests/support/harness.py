@@ -16,18 +16,26 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from collections import deque
-
-from codex_failover.net.socks_bridge import pipe_both
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
-from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Ping, Pong, RejectConnection, RejectData,
-                            Request, TextMessage)
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Ping,
+    Pong,
+    RejectConnection,
+    Request,
+    TextMessage,
+)
 from wsproto.extensions import PerMessageDeflate
+
+from codex_failover.net.socks_bridge import pipe_both
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 PYTHON = sys.executable

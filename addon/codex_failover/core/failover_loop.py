@@ -47,15 +47,24 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Union
 
-from .policy import PoolConfig
 from .health import Health
 from .planner import Candidate, Plan
+from .policy import PoolConfig
 from .pool_wait import Soonest, retry_after as true_retry_after, soonest
 from .recovery import RetryBudget
 from .routes import Endpoint, RouteHealth
 from .taxonomy import AUTH_REJECTED, UPSTREAM_5XX, hinted_seconds
-from .transport import (AMBIGUOUS, HANDSHAKE_FAILED, HOST_NETWORK, INCOMPLETE_RESPONSE, PRE_DISPATCH,
-                        RESPONSE_TIMEOUT, ROUTE_DOWN, TLS_FAILED, UPGRADE_REFUSED)
+from .transport import (
+    AMBIGUOUS,
+    HANDSHAKE_FAILED,
+    HOST_NETWORK,
+    INCOMPLETE_RESPONSE,
+    PRE_DISPATCH,
+    RESPONSE_TIMEOUT,
+    ROUTE_DOWN,
+    TLS_FAILED,
+    UPGRADE_REFUSED,
+)
 
 # Rejections worth retrying on the same credential when it is the only one (with backoff).
 RETRY_SAME = frozenset({"overloaded", "slow_down", "server_error_retryable", "closed_before_output", UPSTREAM_5XX})

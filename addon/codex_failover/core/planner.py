@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .auth import AuthMaterial
-from .policy import Credential, Policy, PoolConfig
 from .health import Health
+from .policy import Credential, Policy, PoolConfig
 
 CLIENT = "client"
 

@@ -11,9 +11,9 @@ from typing import Any
 from .affinity import Affinity
 from .auth import AuthMaterial
 from .client_boundary import RejectedKeys
-from .policy import Policy
-from .health import Health
 from .cooldown_policy import OVERLOAD_CLASSES, held_out, over_cap
+from .health import Health
+from .policy import Policy
 from .seen_clients import label
 from .taxonomy import AUTH_REJECTED, cooldown_seconds, hinted_seconds
 from .usage import UsageBook, Window

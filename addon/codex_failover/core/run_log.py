@@ -9,13 +9,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from . import seen_clients, story
 from .auth import AuthMaterial
 from .failover_loop import SERVED, Rejected, Rejection, Result, Transient
 from .planner import Candidate
-
-from . import seen_clients
-
-from . import story
 
 log = logging.getLogger("codex_failover")
 WHY = "docs/decisions.md#decisions-and-reason-classes"  # what each verdict= and reason= means

@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from .body_edit import remove_members
 from .classifier import BootstrapClassifier, Decision, Verdict
 from .framer import Event
-from .body_edit import remove_members
 from .replay_safety import _nobody, assess, removals
 from .rules import Rules
 

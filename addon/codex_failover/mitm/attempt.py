@@ -15,13 +15,12 @@ its final hook returns, so saved flows carry it (docs/observability.md, "mitmweb
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mitmproxy import ctx, flow as mitmflow, http
+from mitmproxy import flow as mitmflow, http
 
 from .secret_guard import arming
 from .warm_conn import WarmConnection, WarmKey, end_unsent, server_at
