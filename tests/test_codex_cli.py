@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from harness import FakeUpstreamProcess, MitmwebProcess, ProxyProcess, pool_yaml
 
 pytestmark = pytest.mark.e2e

@@ -71,7 +71,7 @@ class WarmBook:
     idle_timeout: float = IDLE_TIMEOUT
     slots: dict[Hashable, list[Slot]] = field(default_factory=dict)
     protocol: dict[Hashable, bool] = field(default_factory=dict)  # key -> multiplexed, once a connection told
-    _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def assign(self, key: Hashable) -> Assignment:
         """Where the next attempt for `key` goes; a `Use` or `Dial` counts it on that slot."""
