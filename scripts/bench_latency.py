@@ -482,9 +482,13 @@ def check_front_h2(link: DelayLink, port: int, ca: Path) -> str:
 # -- the run ----------------------------------------------------------------------------------
 
 def token_for(cell: Cell, rtt: float, i: int) -> str:
-    # Unique per request (a credential's health is per key); nothing in it may name another fake scenario.
-    kind = "overload" if cell.config == "failover" else "good"
-    return f"sk-test-{cell.config}-{kind}-{cell.client}-r{rtt:g}-{i}"
+    """One key per cell, as a user has one (kept connections are per credential), but for the
+    failover cells: their overloaded own key would cool after its first rejection, so each request
+    there has a key of its own (whose first attempt then dials). Nothing in it may name another fake
+    scenario."""
+    if cell.config != "failover":
+        return f"sk-test-{cell.config}-good-{cell.client}-r{rtt:g}"
+    return f"sk-test-{cell.config}-overload-{cell.client}-r{rtt:g}-{i}"
 
 
 async def one(cell: Cell, rtt: float, i: int, body_text: str) -> Sample:
