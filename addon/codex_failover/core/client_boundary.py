@@ -45,7 +45,11 @@ def parse_proc_net_tcp(text: str, byteorder: str = "little") -> Iterator[SocketE
     """The sockets of one /proc/net/tcp or /proc/net/tcp6 listing. Addresses are hex: IPv4 one
     32-bit word, IPv6 four, each word in the kernel's byte order (`byteorder`: sys.byteorder); the
     port is big-endian hex. IPv4-mapped IPv6 addresses come out as IPv4. Malformed lines are skipped."""
-    for line in text.splitlines()[1:]:  # the first line names the columns
+    return _entries(text.splitlines()[1:], byteorder)  # the first line names the columns
+
+
+def _entries(lines: Iterable[str], byteorder: str) -> Iterator[SocketEntry]:
+    for line in lines:
         fields = line.split()
         if len(fields) < 8:
             continue
@@ -80,8 +84,11 @@ def owner_uid(listings: Iterable[str], client: _Address, server: _Address, byteo
         want = ((_normal(client[0]), int(client[1])), (_normal(server[0]), int(server[1])))
     except ValueError:
         return None
+    # Only lines naming the client's port are parsed: a listing holds every socket of the host
+    # (thousands on a busy one, TIME_WAIT included), and parsing each costs some 10 us.
+    port = f":{want[0][1]:04X} "
     for text in listings:
-        for entry in parse_proc_net_tcp(text, byteorder):
+        for entry in _entries((line for line in text.splitlines()[1:] if port in line), byteorder):
             if (entry.local, entry.remote) == want:
                 return entry.uid
     return None
