@@ -27,9 +27,13 @@ def browser_sign(headers) -> str | None:
     """The header that shows a browser sent this request (a web page's fetch, a form, a WebSocket
     opened by a page), or None. Codex sends none of them; a browser sends `Origin` on every
     cross-origin fetch and every WebSocket, and `Sec-Fetch-*` on every request to a secure origin."""
-    if headers.get("origin") is not None:
+    fields = getattr(headers, "fields", None)  # mitmproxy's Headers: its raw pairs, read in one pass
+    # (its get() and keys() convert every name at every call: 33 us a Codex request, 3 us this way)
+    names = [k.decode("utf-8", "surrogateescape").lower() for k, _ in fields] if fields is not None \
+        else [k.lower() for k in headers.keys()]
+    if "origin" in names:
         return "origin"
-    return next((name.lower() for name in headers.keys() if name.lower().startswith("sec-fetch-")), None)
+    return next((name for name in names if name.startswith("sec-fetch-")), None)
 
 
 # -- /proc/net/tcp ---------------------------------------------------------------------------
