@@ -46,7 +46,6 @@ import bisect
 import json
 import math
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -491,7 +490,7 @@ def chart(results: list[Result], paces: list[Pace], path: Path) -> None:
     colors = {"a": "#7f7f7f", "b": "#1f77b4", "c": "#ff7f0e"}
     panels = [(p, "first_output") for p in paces] + [(p, "throughput") for p in paces if p.name == "fast"]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.3))
-    for ax, (pace, what) in zip(axes, panels):
+    for ax, (pace, what) in zip(axes, panels, strict=False):
         levels = [c for c, *_ in pace.levels]
         width = 0.8 / len(CONFIGS)
         for k, cfg in enumerate(CONFIGS):

@@ -189,7 +189,7 @@ def main(argv: list[str]) -> int:
             loads.append(load_average())
             for block in range(0, args.sessions, 500):  # the sessions, in turns too
                 n = min(500, args.sessions - block)
-                for cfg, proxy in proxies.items():
+                for proxy in proxies.values():
                     asyncio.run(requests(proxy.port, fakes["short"].port, f"fill-{block}", n, connections=4))
                 print(f"  {block + n} sessions given to each proxy ({time.monotonic() - began:.0f} s)",
                       file=sys.stderr, flush=True)
@@ -208,7 +208,7 @@ def main(argv: list[str]) -> int:
                 out[cfg]["idle ms/s"] = (s.cpu() - c0[cfg]) / took * 1000
                 out[cfg]["idle wakeups/s"] = (wakeups(proxies[cfg].proc.pid) - w0[cfg]) / took
                 out[cfg]["rss idle"] = s.mem()["VmRSS"]
-            for cfg, proxy in proxies.items():
+            for cfg in proxies:
                 folder = tmp / cfg / "state" / "codex-failover"  # the file and its WAL
                 out[cfg]["state file KiB"] = sum(f.stat().st_size for f in folder.glob("state.sqlite*")) / 1024 \
                     if folder.exists() else 0.0

@@ -77,7 +77,6 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.exceptions
-
 from delay_link import DelayLink, available
 from harness import MITMDUMP, PYTHON, ROOT, make_test_pki, med, pct, pool_yaml
 
@@ -224,7 +223,7 @@ class H1Client:
 
     async def post(self, sample: Sample, token: str, body: bytes) -> None:
         await self._ensure(sample)
-        head = [f"POST /v1/responses HTTP/1.1", f"host: {self.authority}",
+        head = ["POST /v1/responses HTTP/1.1", f"host: {self.authority}",
                 *(f"{k}: {v}" for k, v in request_headers(token, sample.session)), f"content-length: {len(body)}"]
         t0 = time.perf_counter()
         sample.sent_at = time.time()
@@ -240,7 +239,7 @@ class H1Client:
         sample.first_byte_ms = (time.perf_counter() - t0) * 1000
         lines = raw.decode("latin-1").split("\r\n")
         sample.status = int(lines[0].split(" ", 2)[1])
-        headers = {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:] if l)}
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
         watch = SseWatch(sample, t0)
         if headers.get("transfer-encoding", "").lower() == "chunked":
             while size := int((await self.reader.readline()).split(b";")[0], 16):
@@ -483,9 +482,13 @@ def check_front_h2(link: DelayLink, port: int, ca: Path) -> str:
 # -- the run ----------------------------------------------------------------------------------
 
 def token_for(cell: Cell, rtt: float, i: int) -> str:
-    # Unique per request (a credential's health is per key); nothing in it may name another fake scenario.
-    kind = "overload" if cell.config == "failover" else "good"
-    return f"sk-test-{cell.config}-{kind}-{cell.client}-r{rtt:g}-{i}"
+    """One key per cell, as a user has one (kept connections are per credential), but for the
+    failover cells: their overloaded own key would cool after its first rejection, so each request
+    there has a key of its own (whose first attempt then dials). Nothing in it may name another fake
+    scenario."""
+    if cell.config != "failover":
+        return f"sk-test-{cell.config}-good-{cell.client}-r{rtt:g}"
+    return f"sk-test-{cell.config}-overload-{cell.client}-r{rtt:g}-{i}"
 
 
 async def one(cell: Cell, rtt: float, i: int, body_text: str) -> Sample:
@@ -653,7 +656,7 @@ def chart(rows: list[dict], rtts: list[float], path: Path, configs: dict[str, st
         bars = ax.bar(xs, ys, width, yerr=[[0.0] * len(errs), errs], capsize=3, color=colors[cfg],
                       label=f"{cfg}: {configs[cfg]}")
         ax.bar_label(bars, fmt="%.0f", fontsize=7, padding=2)
-        top = max([top] + [y + e for y, e in zip(ys, errs)])
+        top = max([top] + [y + e for y, e in zip(ys, errs, strict=False)])
     ax.set_ylim(0, top * (1.2 + 0.06 * len(configs)))  # room above the bars for the legend
     ax.set_xticks(range(len(groups)), [f"RTT {rtt:g} ms\nclient {cl}" for rtt, cl in groups])
     ax.set_ylabel("ms, request sent -> first text delta")

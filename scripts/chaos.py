@@ -23,12 +23,22 @@ import time
 from pathlib import Path
 
 import yaml
-
 from chaos_adversarial import AdversarialRuns
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # harness, fake upstream
 
-from harness import (FakeUpstreamProcess, LocalProxies, ProxyProcess, WsClient, WsRejected, free_port, pool_yaml,
-                     post_responses, proxy_status, start_raw_post)
+from harness import (
+    FakeUpstreamProcess,
+    LocalProxies,
+    ProxyProcess,
+    WsClient,
+    WsRejected,
+    free_port,
+    pool_yaml,
+    post_responses,
+    proxy_status,
+    start_raw_post,
+)
 
 HERE = Path(__file__).resolve().parent
 MEMORY_SLACK_MB = 15.0

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 import threading
 import time
-
-import sys
 from pathlib import Path
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # harness, fake upstream
 
 from harness import MITMDUMP, ROOT, WsClient, WsRejected, proxy_status, start_raw_post

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import sys
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # harness, fake upstream
 
 from harness import FakeUpstreamProcess, ProxyProcess, WsClient, pool_yaml, post_responses
@@ -56,7 +56,7 @@ def main() -> None:
         proxy = None
         try:
             text, env = pool_yaml(fake.base, [("spare-1", "sk-test-spare1-overload"), ("spare-2", "sk-test-spare2-good")])
-            print(f"fake upstream on 127.0.0.1:{fake.port}; pool file:\n" + "".join(f"  | {l}\n" for l in text.splitlines()))
+            print(f"fake upstream on 127.0.0.1:{fake.port}; pool file:\n" + "".join(f"  | {line}\n" for line in text.splitlines()))
             proxy = ProxyProcess(tmp, text, env)
             print(f"proxy (mitmdump -s addon/failover.py) on 127.0.0.1:{proxy.port}\n")
 

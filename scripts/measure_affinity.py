@@ -10,10 +10,10 @@ session's previous turn, with affinity on (the default) and off (`session_idle: 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
-import sys
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # harness, fake upstream
 
 from harness import FakeUpstreamProcess, ProxyProcess, pool_yaml, post_responses
@@ -40,7 +40,7 @@ def run(tmp: Path, sessions: int, turns: int, session_idle: str) -> dict:
     finally:
         proxy.stop()
         fake.stop()
-    changes = sum(1 for seq in served.values() for prev, cur in zip(seq, seq[1:]) if prev != cur)
+    changes = sum(1 for seq in served.values() for prev, cur in zip(seq, seq[1:], strict=False) if prev != cur)
     failovers = sum(1 for r in fake.model_requests() if r["scenario"] == "overload")
     on_a = sum(1 for seq in served.values() if seq[turns // 2 - 1] == "sk-test-a-good")
     return {"turns": sessions * turns, "changes": changes, "failovers": failovers, "on_a": on_a}

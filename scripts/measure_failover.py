@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
-import sys
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # harness, fake upstream
 
 from harness import FakeUpstreamProcess, ProxyProcess, pool_yaml, post_responses

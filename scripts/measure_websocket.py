@@ -22,11 +22,11 @@ import argparse
 import json
 import re
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import sys
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # harness, fake upstream
 
 from harness import FakeUpstreamProcess, ProxyProcess, WsClient, WsRejected, pool_yaml, proxy_status

@@ -7,7 +7,7 @@ import pytest
 # measurement scripts use it too.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
-from codex_failover.core.rules import load_rules
+from codex_failover.rules_file import load_rules
 
 # Copies of ../shared/fixtures (wire/ and live-codex-0.169/), vendored so a clean clone tests alone.
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

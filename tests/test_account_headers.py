@@ -8,13 +8,12 @@ the attempts moved to it. A request on its own credential keeps its headers as t
 from dataclasses import replace
 
 import pytest
+from conftest import WIRE
 from mitmproxy.http import Headers
 
+from codex_failover.config import ConfigError, Credential, parse_pool
 from codex_failover.core.auth import APIKEY, CHATGPT, AuthMaterial, read_auth_file
 from codex_failover.core.codex_request import swap_credential
-from codex_failover.config import ConfigError, Credential, parse_pool
-
-from conftest import WIRE
 
 KEY = AuthMaterial(APIKEY, "sk-pool")
 KEY_SCOPED = AuthMaterial(APIKEY, "sk-pool", organization="org-pool", project="proj_pool")

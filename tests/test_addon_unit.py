@@ -1,8 +1,8 @@
 """The addon object without a running proxy: status report, option validation."""
 
-from codex_failover.mitm.addon import FailoverAddon
-from codex_failover.core.auth import APIKEY, AuthMaterial
 from codex_failover.config import Credential, PoolConfig
+from codex_failover.core.auth import APIKEY, AuthMaterial
+from codex_failover.mitm.addon import FailoverAddon
 
 
 def make_addon():

@@ -2,14 +2,13 @@
 
 from dataclasses import replace
 
-from codex_failover.core.affinity import Affinity, session_of
-from codex_failover.core.auth import APIKEY, CHATGPT, AuthMaterial
-from codex_failover.config import Credential, Policy, PoolConfig
-from codex_failover.core.health import Health
-from codex_failover.core.planner import make_plan
-
 from conftest import Clock
 
+from codex_failover.config import Credential, Policy, PoolConfig
+from codex_failover.core.affinity import Affinity, session_of
+from codex_failover.core.auth import APIKEY, CHATGPT, AuthMaterial
+from codex_failover.core.health import Health
+from codex_failover.core.planner import make_plan
 
 
 def test_session_key_from_headers_then_prompt_cache_key():

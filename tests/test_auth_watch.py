@@ -3,11 +3,11 @@
 import json
 import os
 
-from codex_failover.core.auth import read_auth_file
+from conftest import WIRE
+
 from codex_failover.auth_watch import AuthWatch
 from codex_failover.config import Credential
-
-from conftest import WIRE
+from codex_failover.core.auth import read_auth_file
 
 
 def test_changed_file_is_reloaded_and_bad_content_keeps_the_old(tmp_path):

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from delay_link import ETC_NETNS, DelayLink, available
 
 ROOT = Path(__file__).resolve().parents[1]

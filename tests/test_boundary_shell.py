@@ -74,8 +74,9 @@ def test_proxyauth_makes_it_the_token_rule():
 
 
 def test_a_refused_key_the_upstream_serves_again_is_forgotten():
-    from codex_failover.core.auth import auth_from_headers
     from mitmproxy.test import tutils
+
+    from codex_failover.core.auth import auth_from_headers
 
     found, _ = boundary()
     auth = auth_from_headers({"authorization": "Bearer sk-x"})

@@ -1,4 +1,4 @@
-"""The bounded decoder (core/bounded_decode.py) and the bounded permessage-deflate (ws/bounded_deflate.py):
+"""The bounded decoder (bounded_decode.py) and the bounded permessage-deflate (ws/bounded_deflate.py):
 each coding decodes as mitmproxy's get_content(strict=False) does, no step produces more than its
 slice, and a body past the cap stops there, kept nowhere."""
 
@@ -11,7 +11,7 @@ import brotli
 import pytest
 from mitmproxy.net import encoding as mitm_encoding
 
-from codex_failover.core.bounded_decode import BoundedDecoder, Outcome, decode, zstd
+from codex_failover.bounded_decode import BoundedDecoder, Outcome, decode, zstd
 
 TEXT = b'{"error": {"message": "Our servers are currently overloaded.", "code": "server_is_overloaded"}}' * 50
 
@@ -218,5 +218,5 @@ def test_decoding_gives_the_event_loop_back_every_few_milliseconds():
 
     outcome, ticks = asyncio.run(main())
     assert outcome.over
-    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
     assert len(ticks) > 5 and max(gaps) < 0.05, f"{len(ticks)} ticks, longest gap {max(gaps) * 1000:.0f} ms"

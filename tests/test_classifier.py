@@ -3,14 +3,11 @@
 import json
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from conftest import LIVE, WIRE, Clock
+from hypothesis import given, settings, strategies as st
 
 from codex_failover.core.classifier import BootstrapClassifier, Verdict
 from codex_failover.core.framer import Event, SSEFramer
-
-from conftest import Clock, LIVE, WIRE
-
 
 
 def sse(obj, name=None) -> bytes:

@@ -5,10 +5,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import LIVE, WIRE
 
 from codex_failover.classify_cli import main
-
-from conftest import LIVE, WIRE
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ["verdict", "reason", "trigger", "held_frames", "held_bytes", "events"]

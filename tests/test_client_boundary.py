@@ -8,8 +8,19 @@ import pytest
 from codex_failover.config import parse_pool
 from codex_failover.core.affinity import Affinity, affinity_key
 from codex_failover.core.auth import auth_from_document, auth_from_headers
-from codex_failover.core.client_boundary import (ANYONE, TOKEN, UID, RejectedKeys, SocketEntry, browser_sign,
-                                                 describe_rule, is_own, owner_uid, parse_proc_net_tcp, rule_for)
+from codex_failover.core.client_boundary import (
+    ANYONE,
+    TOKEN,
+    UID,
+    RejectedKeys,
+    SocketEntry,
+    browser_sign,
+    describe_rule,
+    is_own,
+    owner_uid,
+    parse_proc_net_tcp,
+    rule_for,
+)
 from codex_failover.core.pool_reach import unreachable
 
 HEAD = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"

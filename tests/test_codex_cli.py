@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from harness import FakeUpstreamProcess, MitmwebProcess, ProxyProcess, pool_yaml
 
 pytestmark = pytest.mark.e2e
@@ -419,11 +418,33 @@ class _Mitmweb(MitmwebProcess):
     """mitmweb whose flows (its API's view, as the browser gets it) are read just before it stops."""
 
     flows: list = []
+    shot: Path | None = None  # the flow list in headless Chromium, as a user sees it (None without one)
 
     def stop(self) -> None:
         time.sleep(0.5)  # the last hooks
         type(self).flows = self.api("/flows")
+        type(self).shot = self._screenshot()
         super().stop()
+
+    def _screenshot(self) -> Path | None:
+        chromium = os.environ.get("CODEX_FAILOVER_CHROMIUM", "/usr/bin/chromium")
+        try:
+            from playwright.sync_api import sync_playwright
+        except ImportError:
+            return None
+        if not os.path.exists(chromium):
+            return None
+        shot = self.log_path.parent / "mitmweb-real-codex.png"
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, headless=True, timeout=15_000)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 520})
+                page.goto(self.url, timeout=15_000)
+                page.locator("tbody tr.has-request").first.wait_for(timeout=15_000)
+                page.screenshot(path=str(shot))
+            finally:
+                browser.close()
+        return shot
 
 
 def test_real_codex_in_mitmweb_shows_the_winner_without_error_and_no_credential(tmp_path, codex_bin):
@@ -439,6 +460,9 @@ def test_real_codex_in_mitmweb_shows_the_winner_without_error_and_no_credential(
     model_flows = [f for f in flows if f["request"]["host"] in ("127.0.0.1", "api.openai.com", "chatgpt.com")]
     assert len(model_flows) >= 5, [f["request"]["path"] for f in flows]  # models, the upgrade, the POST, its attempts
     assert "sk-test-" not in json.dumps(model_flows), context
+    if _Mitmweb.shot is not None:  # what a user sees: the ✅ row without ⚠ (docs/mitmweb.md)
+        assert _Mitmweb.shot.stat().st_size > 10_000
+        print(f"\n[codex-cli] mitmweb with the real Codex: {_Mitmweb.shot}")
 
 
 # -- failover_websocket: gate -----------------------------------------------------------------------

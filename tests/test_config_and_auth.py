@@ -3,13 +3,11 @@
 import json
 
 import pytest
-
-from codex_failover.core.cooldown_policy import OverloadPolicy
-
-from codex_failover.core.auth import APIKEY, CHATGPT, AuthError, auth_from_headers, read_auth_file
-from codex_failover.config import ConfigError, Policy, load_pool
-
 from conftest import WIRE
+
+from codex_failover.config import ConfigError, Policy, load_pool
+from codex_failover.core.auth import APIKEY, CHATGPT, AuthError, auth_from_headers, read_auth_file
+from codex_failover.core.cooldown_policy import OverloadPolicy
 
 AUTH = WIRE / "auth"
 
@@ -53,8 +51,8 @@ policy:
 
 
 def test_example_pool_file_documents_every_policy_field():
-    from pathlib import Path
     from dataclasses import fields
+    from pathlib import Path
     text = (Path(__file__).resolve().parents[1] / "rules" / "pool.example.yaml").read_text()
     for f in fields(Policy):
         assert f"{f.name}:" in text, f"rules/pool.example.yaml does not document policy.{f.name}"
@@ -136,10 +134,7 @@ def test_example_pool_file_loads(tmp_path):
     assert pool.policy == Policy()  # the example shows the defaults
 
 
-import pytest as _pytest
-
-
-@_pytest.mark.parametrize("value, ok", [(80, True), (100, True), (1, True), (0, False), (101, False), ("80", False),
+@pytest.mark.parametrize("value, ok", [(80, True), (100, True), (1, True), (0, False), (101, False), ("80", False),
                                         (True, False)])
 def test_max_usage_percent_is_validated(value, ok):
     from codex_failover.config import ConfigError, parse_pool
@@ -148,11 +143,11 @@ def test_max_usage_percent_is_validated(value, ok):
     if ok:
         assert parse_pool(doc, "p.yaml", {"K": "sk-test-1"}, None).credentials[0].max_usage_percent == value
     else:
-        with _pytest.raises(ConfigError, match=r"credentials\[0\]\.max_usage_percent: expected a number from 1 to 100"):
+        with pytest.raises(ConfigError, match=r"credentials\[0\]\.max_usage_percent: expected a number from 1 to 100"):
             parse_pool(doc, "p.yaml", {"K": "sk-test-1"}, None)
 
 
-@_pytest.mark.parametrize("state, error", [
+@pytest.mark.parametrize("state, error", [
     ({"store": "memory"}, None),
     ({"store": "sqlite", "namespace": "team-a"}, None),
     ({"store": "sqlite:////var/lib/cf/state.sqlite"}, None),
@@ -167,5 +162,5 @@ def test_state_section(state, error):
     if error is None:
         assert parse_pool({"state": state}, "p.yaml", {}, None).state.store == state.get("store", "sqlite")
     else:
-        with _pytest.raises(ConfigError, match=error):
+        with pytest.raises(ConfigError, match=error):
             parse_pool({"state": state}, "p.yaml", {}, None)

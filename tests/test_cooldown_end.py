@@ -3,12 +3,19 @@
 import json
 
 import pytest
-
-from codex_failover.core.cooldown_end import (BY_HAND, REDEEMED, CooldownEnds, UsageRecheck, redeems_reset_credit,
-                                              usage_has_headroom, usage_url, usage_windows)
-from codex_failover.core.health import Health
-
 from conftest import WIRE
+
+from codex_failover.core.cooldown_end import (
+    BY_HAND,
+    REDEEMED,
+    CooldownEnds,
+    UsageRecheck,
+    redeems_reset_credit,
+    usage_has_headroom,
+    usage_url,
+    usage_windows,
+)
+from codex_failover.core.health import Health
 
 NOW = 1_800_000_000.0
 

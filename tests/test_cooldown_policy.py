@@ -2,6 +2,7 @@
 clock: streaks, the reset on success, the share of the pool held out."""
 
 import pytest
+from conftest import Clock
 
 from codex_failover.config import ConfigError, Policy, parse_pool
 from codex_failover.core.affinity import Affinity
@@ -9,8 +10,6 @@ from codex_failover.core.cooldown_policy import OverloadPolicy, OverloadStreaks,
 from codex_failover.core.health import Health
 from codex_failover.core.pool_feedback import PoolFeedback
 from codex_failover.core.usage import UsageBook
-
-from conftest import Clock
 
 DEFAULT = OverloadPolicy()
 

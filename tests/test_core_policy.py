@@ -3,17 +3,15 @@
 import json
 
 import pytest
+from conftest import WIRE, Clock
 
+from codex_failover.config import Credential, Policy, PoolConfig
 from codex_failover.core.auth import APIKEY, CHATGPT, AuthMaterial
 from codex_failover.core.codex_request import EndpointMatcher, asks_to_stream, parse_body, swap_credential
-from codex_failover.config import Credential, Policy, PoolConfig
 from codex_failover.core.health import Health
 from codex_failover.core.planner import make_plan
 from codex_failover.core.taxonomy import classify_response, cooldown_seconds, exhausted_status, retry_after_seconds
 from codex_failover.core.transport import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH, TLS_FAILED, classify_connection_error
-
-from conftest import Clock, WIRE
-
 
 
 def cred(name, kind=APIKEY, token=None):

@@ -9,7 +9,6 @@ import json
 import time
 
 import pytest
-
 from harness import ProxyProcess, post_responses, proxy_status, request, wait_until
 
 pytestmark = pytest.mark.e2e

@@ -15,9 +15,17 @@ import threading
 import uuid
 
 import pytest
-
-from harness import (FakeUpstreamProcess, ProxyProcess, WsClient, WsRejected, free_port, pool_yaml, post_responses,
-                     served_by, wait_until)
+from harness import (
+    FakeUpstreamProcess,
+    ProxyProcess,
+    WsClient,
+    WsRejected,
+    free_port,
+    pool_yaml,
+    post_responses,
+    served_by,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 

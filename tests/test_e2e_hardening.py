@@ -7,7 +7,6 @@ import socket
 import time
 
 import pytest
-
 from harness import ROOT, FakeUpstreamProcess, ProxyProcess, pool_yaml, post_responses, start_raw_post, wait_until
 
 pytestmark = pytest.mark.e2e

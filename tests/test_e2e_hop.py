@@ -8,10 +8,18 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from h2_client import H2Client
-from harness import (ROOT, FakeUpstreamProcess, ProxyProcess, free_port, pool_yaml, post_responses, read_until,
-                     start_raw_post, wait_until)
+from harness import (
+    ROOT,
+    FakeUpstreamProcess,
+    ProxyProcess,
+    free_port,
+    pool_yaml,
+    post_responses,
+    read_until,
+    start_raw_post,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 

@@ -18,7 +18,6 @@ import time
 import urllib.request
 
 import pytest
-
 from harness import FakeUpstreamProcess, LocalProxies, ProxyProcess, pool_yaml, post_responses, proxy_status, served_by
 
 pytestmark = pytest.mark.e2e

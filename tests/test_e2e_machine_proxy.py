@@ -16,9 +16,7 @@ import uuid
 
 import pytest
 from cryptography import x509
-
-from harness import (MITMDUMP, PYTHON, ROOT, FakeUpstreamProcess, ProxyProcess, make_test_pki, pool_yaml,
-                     post_responses)
+from harness import MITMDUMP, PYTHON, ROOT, FakeUpstreamProcess, ProxyProcess, make_test_pki, pool_yaml, post_responses
 
 pytestmark = pytest.mark.e2e
 

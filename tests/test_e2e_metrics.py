@@ -7,7 +7,6 @@ import time
 import urllib.request
 
 import pytest
-
 from harness import ProxyProcess, free_port, pool_yaml, post_responses
 
 pytestmark = pytest.mark.e2e

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from harness import ProxyProcess, pool_yaml, post_responses
 
 pytestmark = pytest.mark.e2e

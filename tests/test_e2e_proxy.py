@@ -7,9 +7,17 @@ import threading
 import time
 
 import pytest
-
-from harness import (FakeUpstreamProcess, ProxyProcess, free_port, pool_yaml, post_responses, proxy_status, request, start_raw_post,
-                     wait_until)
+from harness import (
+    FakeUpstreamProcess,
+    ProxyProcess,
+    free_port,
+    pool_yaml,
+    post_responses,
+    proxy_status,
+    request,
+    start_raw_post,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 

@@ -6,7 +6,6 @@ import threading
 import time
 
 import pytest
-
 from harness import ProxyProcess, post_responses, proxy_status, start_raw_post, upstream_and_proxy
 
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,6 @@ import socket
 import time
 
 import pytest
-
 from harness import ProxyProcess, pool_yaml
 
 pytestmark = pytest.mark.e2e

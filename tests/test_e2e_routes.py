@@ -6,9 +6,16 @@ import base64
 import time
 
 import pytest
-
-from harness import (Blackhole, FakeUpstreamProcess, LocalProxies, ProxyProcess, free_port, pool_yaml, post_responses,
-                     served_by)
+from harness import (
+    Blackhole,
+    FakeUpstreamProcess,
+    LocalProxies,
+    ProxyProcess,
+    free_port,
+    pool_yaml,
+    post_responses,
+    served_by,
+)
 
 pytestmark = pytest.mark.e2e
 

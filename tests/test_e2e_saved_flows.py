@@ -10,10 +10,19 @@ import subprocess
 import time
 
 import pytest
+from harness import (
+    MITMDUMP,
+    FakeUpstreamProcess,
+    MitmwebProcess,
+    ProxyProcess,
+    pool_yaml,
+    post_responses,
+    proxy_status,
+    read_until,
+    start_raw_post,
+    wait_until,
+)
 from mitmproxy import io
-
-from harness import (MITMDUMP, FakeUpstreamProcess, MitmwebProcess, ProxyProcess, pool_yaml, post_responses, proxy_status,
-                     read_until, start_raw_post, wait_until)
 
 pytestmark = pytest.mark.e2e
 

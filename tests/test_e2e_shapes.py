@@ -4,7 +4,6 @@ real mitmdump with the addon. Pool only, the first credential answers the shape,
 from __future__ import annotations
 
 import pytest
-
 from harness import WsClient, WsRejected, post_responses
 
 pytestmark = pytest.mark.e2e

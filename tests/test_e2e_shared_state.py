@@ -10,7 +10,6 @@ import shutil
 import time
 
 import pytest
-
 from harness import ProxyProcess, RedisProcess, pool_yaml, post_responses, wait_until
 
 NO_REDIS = shutil.which("redis-server") is None

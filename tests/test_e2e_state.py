@@ -7,7 +7,6 @@ import sqlite3
 import time
 
 import pytest
-
 from harness import LocalProxies, ProxyProcess, free_port, pool_yaml, post_responses, wait_until
 
 pytestmark = pytest.mark.e2e

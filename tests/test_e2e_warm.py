@@ -8,10 +8,18 @@ import socket
 import time
 
 import pytest
-
 from h2_client import H2Client
-from harness import (FakeUpstreamProcess, MitmwebProcess, ProxyProcess, pool_yaml, post_responses, proxy_status,
-                     served_by, start_raw_post, wait_until)
+from harness import (
+    FakeUpstreamProcess,
+    MitmwebProcess,
+    ProxyProcess,
+    pool_yaml,
+    post_responses,
+    proxy_status,
+    served_by,
+    start_raw_post,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 

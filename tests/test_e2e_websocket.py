@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from harness import LocalProxies, ProxyProcess, WsClient, WsRejected, free_port, pool_yaml, proxy_status
 
 pytestmark = pytest.mark.e2e

@@ -10,25 +10,50 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from conftest import Clock
 
+from codex_failover.config import Credential, Policy, PoolConfig
 from codex_failover.core.affinity import Affinity
 from codex_failover.core.auth import APIKEY, AuthMaterial
-from codex_failover.config import Credential, Policy, PoolConfig
-from codex_failover.core.failover_loop import (BACKOFF, RECOVERING, RECOVERY_RETRY, SERVED, AllCooling, Exhausted,
-                                          FailoverLoop, Final, RecoveryExhausted, Rejected, Rejection, RouteDown,
-                                          Served, Transient, Try, Wait, cools, own_refusal)
 from codex_failover.core.cooldown_policy import OverloadPolicy
+from codex_failover.core.failover_loop import (
+    BACKOFF,
+    RECOVERING,
+    RECOVERY_RETRY,
+    SERVED,
+    AllCooling,
+    Exhausted,
+    FailoverLoop,
+    Final,
+    RecoveryExhausted,
+    Rejected,
+    Rejection,
+    RouteDown,
+    Served,
+    Transient,
+    Try,
+    Wait,
+    cools,
+    own_refusal,
+)
 from codex_failover.core.health import Health
-from codex_failover.core.pool_feedback import PoolFeedback
 from codex_failover.core.planner import Candidate, make_plan
+from codex_failover.core.pool_feedback import PoolFeedback
 from codex_failover.core.recovery import RecoveryPolicy
 from codex_failover.core.routes import RouteHealth, parse_routes
 from codex_failover.core.taxonomy import AUTH_REJECTED
-from codex_failover.core.transport import (AMBIGUOUS, HANDSHAKE_FAILED, HOST_NETWORK, INCOMPLETE_RESPONSE, PRE_DISPATCH,
-                                      RESPONSE_TIMEOUT, ROUTE_DOWN, TLS_FAILED, UPGRADE_REFUSED)
+from codex_failover.core.transport import (
+    AMBIGUOUS,
+    HANDSHAKE_FAILED,
+    HOST_NETWORK,
+    INCOMPLETE_RESPONSE,
+    PRE_DISPATCH,
+    RESPONSE_TIMEOUT,
+    ROUTE_DOWN,
+    TLS_FAILED,
+    UPGRADE_REFUSED,
+)
 from codex_failover.core.usage import UsageBook
-
-from conftest import Clock
 
 CLIENT_AUTH = AuthMaterial(APIKEY, "tok-client")
 ROUTES = {"corp": ["http://p0:3128", "http://p1:3128"]}

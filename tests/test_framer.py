@@ -1,12 +1,10 @@
 """The framer: chunking invariance, byte-exactness, line ends, glued frames, bounds."""
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from conftest import LIVE, WIRE
+from hypothesis import given, settings, strategies as st
 
 from codex_failover.core.framer import Event, FramerError, SSEFramer
-
-from conftest import LIVE, WIRE
 
 
 def frame(data: bytes, chunk: int | None = None, **kw) -> list[Event]:
@@ -170,7 +168,7 @@ def sse_streams(draw):
 def chunkings(draw, data: bytes):
     cuts = sorted(draw(st.sets(st.integers(0, len(data)), max_size=12))) if data else []
     bounds = [0, *cuts, len(data)]
-    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,10 +1,13 @@
 """The pure/shell line, enforced by folder (issue 17): only `mitm/` (the addon's hooks, the attempt
 engine, the HTTP driver) and `ws/` (the gated WebSocket) may import mitmproxy. Every other module
 of the package, `core/` first, must import with mitmproxy unimportable; and `core/` does no I/O of
-its own (no sockets, no asyncio servers, no files but the rules and pool files it is handed)."""
+its own (no sockets, no asyncio servers, no files but the rules and pool files it is handed). Read
+by AST: core/ imports only the standard library and core/ itself, and no module of the package is in
+an import cycle."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -89,3 +92,125 @@ def test_only_the_seam_touches_mitmproxys_proxy_core():
             if any(n.startswith(("mitmproxy.proxy", "mitmproxy.connection")) for n in names):
                 touching.add(str(path.relative_to(PACKAGE)))
     assert touching == SEAM, sorted(touching)
+
+
+def _imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Every import of a module, in functions too, except those under `if TYPE_CHECKING:` (they are
+    for annotations and never run)."""
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(path: Path, node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The absolute names an import statement may load: `from .x import y` in codex_failover.core
+    gives codex_failover.core.x and codex_failover.core.x.y (y may be a module)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level:
+        package = _module_name(path).split(".")
+        if path.name != "__init__.py":
+            package = package[:-1]
+        base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+    else:
+        base = node.module or ""
+    return [base] + [f"{base}.{alias.name}" for alias in node.names]
+
+
+def test_core_imports_only_the_standard_library_and_core():
+    """The decisions take their policy as data (core/policy.py, core/rules.py's parsed rules): no
+    config loader, no YAML, no third-party library, nothing of the package outside core/."""
+    allowed = set(sys.stdlib_module_names) | {"__future__"}
+    offenders = []
+    for path in sorted((PACKAGE / "core").rglob("*.py")):
+        for node in _imports(ast.parse(path.read_text())):
+            for name in _imported(path, node)[:1] if isinstance(node, ast.ImportFrom) else _imported(path, node):
+                inside = name == "codex_failover.core" or name.startswith("codex_failover.core.")
+                if not inside and name.split(".")[0] not in allowed:
+                    offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {name}")
+    assert offenders == [], offenders
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (at any depth of its code, bar TYPE_CHECKING)."""
+    files = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        deps = set()
+        for node in _imports(ast.parse(path.read_text())):
+            for name in _imported(path, node):
+                while name and name not in files:  # `from .x import y`: y a name in x, not a module
+                    name = name.rpartition(".")[0]
+                if name and name != module:
+                    deps.add(name)
+        graph[module] = deps
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycle_between_the_packages_modules():
+    """A cycle hides which module depends on which (and a lazy import inside a function only hides
+    it); imports under `if TYPE_CHECKING:` are for annotations and do not count."""
+    assert _cycles(_import_graph()) == []
+
+
+def test_the_cycle_check_sees_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []

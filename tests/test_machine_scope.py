@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from codex_failover.core.client_access import ClientAccess, ClientAccessError, is_loopback_host, parse_networks
 from codex_failover.config import parse_pool
+from codex_failover.core.auth import auth_from_document
+from codex_failover.core.client_access import ClientAccess, ClientAccessError, is_loopback_host, parse_networks
 from codex_failover.core.health import Health
 from codex_failover.core.intercept_scope import InterceptScope
 from codex_failover.core.planner import make_plan
-from codex_failover.core.auth import auth_from_document
 from codex_failover.net.trust import SYSTEM_BUNDLES, system_locations
 
 

@@ -9,17 +9,23 @@ import string
 import threading
 
 import pytest
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
+from conftest import Clock
+from hypothesis import assume, given, settings, strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from codex_failover.core.auth import APIKEY, CHATGPT, AuthMaterial
-from codex_failover.metrics import (FIRST_OUTPUT_BUCKETS, HIDDEN, HOLD_BUCKETS, Metrics, label, parse_address,
-                                    route_state, snapshot_on_loop)
 from codex_failover.core.routes import RouteHealth, parse_endpoint
 from codex_failover.core.seen_clients import label as client_label
-
-from conftest import Clock
+from codex_failover.metrics import (
+    FIRST_OUTPUT_BUCKETS,
+    HIDDEN,
+    HOLD_BUCKETS,
+    Metrics,
+    label,
+    parse_address,
+    route_state,
+    snapshot_on_loop,
+)
 
 SECRET_KEY = "sk-proj-" + "A1b2C3d4" * 6
 

@@ -25,7 +25,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from harness import ROOT, FakeUpstreamProcess, MitmwebProcess, pool_yaml, post_responses
 
 pytestmark = pytest.mark.e2e

@@ -8,9 +8,8 @@ import http.client
 import json
 
 import pytest
-from mitmproxy import io
-
 from harness import FakeUpstreamProcess, MitmwebProcess, ProxyProcess, pool_yaml, wait_until
+from mitmproxy import io
 
 pytestmark = pytest.mark.e2e
 

@@ -7,9 +7,9 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from harness import ProxyProcess, pool_yaml, post_responses
 
 from codex_failover.pool_watch import PoolWatch
-from harness import ProxyProcess, pool_yaml, post_responses
 
 
 def test_each_new_state_of_the_file_is_one_change(tmp_path):

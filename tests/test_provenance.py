@@ -7,19 +7,25 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import Clock
 
-from codex_failover.config import Credential, PoolConfig, Policy
+from codex_failover.config import Credential, Policy, PoolConfig
 from codex_failover.core.auth import AuthMaterial
 from codex_failover.core.body_edit import remove_members
+from codex_failover.core.framer import _NOT_PARSED
 from codex_failover.core.health import Health
 from codex_failover.core.planner import client_key, make_plan
-from codex_failover.core.framer import _NOT_PARSED
-from codex_failover.core.provenance import (Provenance, SseArtifacts, artifacts_of_compact, artifacts_of_event,
-                                            artifacts_of_message, digest, needs_of)
+from codex_failover.core.provenance import (
+    Provenance,
+    SseArtifacts,
+    artifacts_of_compact,
+    artifacts_of_event,
+    artifacts_of_message,
+    digest,
+    needs_of,
+)
 from codex_failover.core.replay_safety import assess, removals
 from codex_failover.core.ws_turns import TurnGate
-
-from conftest import Clock
 
 LIVE_171 = Path(__file__).resolve().parent / "fixtures" / "live-0.171"
 COMPACTION_BODY = json.loads((LIVE_171 / "chatgpt_http_post_responses_compaction.body.json").read_text())

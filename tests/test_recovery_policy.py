@@ -2,11 +2,16 @@
 which stream endings are recoverable."""
 
 import pytest
-
-from codex_failover.core.recovery import (NO_TERMINAL, RecoveryConfigError, RecoveryPolicy, RetryBudget,
-                                     parse_recovery, recoverable_stream_end)
-
 from conftest import Clock
+
+from codex_failover.core.recovery import (
+    NO_TERMINAL,
+    RecoveryConfigError,
+    RecoveryPolicy,
+    RetryBudget,
+    parse_recovery,
+    recoverable_stream_end,
+)
 
 
 def test_defaults_and_a_full_section():

@@ -2,7 +2,6 @@
 
 import asyncio
 
-
 from codex_failover.net.relay import Relay, RelaySession, UpstreamBroken
 
 

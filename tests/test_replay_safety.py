@@ -3,10 +3,9 @@
 import json
 
 import pytest
+from conftest import LIVE, WIRE
 
 from codex_failover.core.replay_safety import PIN_HEADER, assess, strip_encrypted_reasoning
-
-from conftest import LIVE, WIRE
 
 BODY = json.loads((WIRE / "http" / "responses_request_body.json").read_text())  # has encrypted reasoning
 LIVE_BODY = json.loads((LIVE / "chatgpt_http_post_responses_followup.body.json").read_text())
@@ -26,10 +25,10 @@ def test_encrypted_reasoning_is_stripped_by_default_and_nothing_else_changes():
     reasoning = [i for i in stripped["input"] if i.get("type") == "reasoning"]
     assert reasoning
     assert all("encrypted_content" not in i for i in reasoning)
-    assert all(i.get("summary") == o.get("summary") for i, o in zip(reasoning, [i for i in BODY["input"] if i.get("type") == "reasoning"]))
+    assert all(i.get("summary") == o.get("summary") for i, o in zip(reasoning, [i for i in BODY["input"] if i.get("type") == "reasoning"], strict=False))
     # Everything but that one field is identical.
     restored = [dict(i, encrypted_content=o["encrypted_content"]) if "encrypted_content" in o else i
-                for i, o in zip(stripped["input"], BODY["input"])]
+                for i, o in zip(stripped["input"], BODY["input"], strict=False)]
     assert {**stripped, "input": restored} == BODY
     assert "encrypted_content" in json.dumps(BODY)  # the original is untouched
 

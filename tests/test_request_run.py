@@ -9,23 +9,21 @@ import json
 import time
 from types import SimpleNamespace
 
-import pytest
+from fake_upstream import Turn
 from mitmproxy import http
 from mitmproxy.test import tflow
 
-from codex_failover.core.affinity import Affinity
-from codex_failover.mitm.attempt import CHUNK, END, ERROR, HEAD, Item, copy_request
 from codex_failover.config import load_pool
+from codex_failover.core.affinity import Affinity
 from codex_failover.core.health import Health
 from codex_failover.core.recovery import Slots
-from codex_failover.net.relay import Relay
-from codex_failover.mitm.request_run import RequestRun
 from codex_failover.core.routes import RouteHealth
-from codex_failover.core.rules import load_rules
-from codex_failover.shared import Shared
-from codex_failover.net.socks_bridge import SocksBridges
 from codex_failover.core.usage import UsageBook
-from fake_upstream import Turn
+from codex_failover.mitm.attempt import CHUNK, END, ERROR, HEAD, Item, copy_request
+from codex_failover.mitm.request_run import RequestRun
+from codex_failover.net.socks_bridge import SocksBridges
+from codex_failover.rules_file import load_rules
+from codex_failover.shared import Shared
 
 RULES = load_rules(None)
 

@@ -1,13 +1,11 @@
 """Route parsing, endpoint backoff and probing, connection failure classes. Pure."""
 
 import pytest
+from conftest import Clock
 
 from codex_failover.config import ConfigError, parse_pool
 from codex_failover.core.routes import RouteError, RouteHealth, parse_endpoint, parse_routes
 from codex_failover.core.transport import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH, TLS_FAILED, classify_connection_error
-
-from conftest import Clock
-
 
 
 def test_parse_routes():

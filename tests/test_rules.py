@@ -1,7 +1,8 @@
 import pytest
 import yaml
 
-from codex_failover.core.rules import DEFAULT_RULES_PATH, RulesError, load_rules, parse_rules
+from codex_failover.core.rules import RulesError, parse_rules
+from codex_failover.rules_file import DEFAULT_RULES_PATH, load_rules
 
 
 def default_doc():

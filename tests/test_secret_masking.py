@@ -9,12 +9,13 @@ import logging
 import pytest
 from mitmproxy import http
 
+from codex_failover.bounded_decode import Outcome
 from codex_failover.config import ConfigError, load_pool
-from codex_failover.core.bounded_decode import Outcome
 from codex_failover.core.mask import MASK, Secrets, header_secrets
 from codex_failover.core.routes import looks_like_key
-from codex_failover.core.rules import RulesError, load_rules
+from codex_failover.core.rules import RulesError
 from codex_failover.mitm import client_answers, secret_guard
+from codex_failover.rules_file import load_rules
 
 KEY = "sk-proj-" + "Ab3dE5gH7jK9mN1pQ3sT"
 JWT = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.c2lnbmF0dXJlLXBhcnQ"
@@ -156,7 +157,7 @@ def test_every_record_is_masked_whatever_its_logger_or_handler(guarded, caplog):
     text = caplog.text
     assert OPAQUE not in text and KEY not in text
     assert f"x-api-key: {MASK}" in text and f"client key {MASK}" in text and "ValueError: boom" in text
-    assert getattr(logging.getLogRecordFactory(), "_codex_failover_base").__name__ != "factory"
+    assert logging.getLogRecordFactory()._codex_failover_base.__name__ != "factory"
 
 
 def test_set_pool_knows_every_credential_header_and_route_password(guarded, tmp_path):

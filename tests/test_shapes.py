@@ -5,12 +5,11 @@ import json
 
 import pytest
 import yaml
+from conftest import WIRE
 
 from codex_failover.core.classifier import BootstrapClassifier
 from codex_failover.core.framer import Event, SSEFramer
 from codex_failover.core.taxonomy import classify_response
-
-from conftest import WIRE
 
 SHAPES = WIRE / "shapes"
 TABLE = yaml.safe_load((SHAPES / "shapes.yaml").read_text())

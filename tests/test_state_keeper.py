@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 
-from codex_failover.core.affinity import Affinity
 from codex_failover.config import parse_pool
+from codex_failover.core.affinity import Affinity
 from codex_failover.core.health import Health
 from codex_failover.core.routes import RouteHealth
+from codex_failover.core.usage import UsageBook, Window
 from codex_failover.state_keeper import StateKeeper, credential_id
 from codex_failover.state_store import Row, SqliteStore, default_sqlite_path
-from codex_failover.core.usage import UsageBook, Window
 
 POOL = {"credentials": [{"name": "spare", "api_key_env": "K", "route": "corp"}],
         "routes": {"corp": ["http://u:p@proxy.test:3128"]}}
@@ -157,7 +157,7 @@ import pytest  # noqa: E402
 
 from codex_failover import state_keeper  # noqa: E402
 from codex_failover.core.affinity import seen_step  # noqa: E402
-from codex_failover.state_keeper import FLUSH, open_keeper, close_keeper  # noqa: E402
+from codex_failover.state_keeper import FLUSH, close_keeper, open_keeper  # noqa: E402
 from codex_failover.state_rows import Kind  # noqa: E402
 from codex_failover.state_store import describe_fault  # noqa: E402
 

@@ -11,10 +11,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from harness import ProxyProcess
 
 from codex_failover.core.auth import APIKEY, CHATGPT, AuthMaterial
 from codex_failover.core.token_expiry import ExpiryWatch, describe, line, refresh_command
-from harness import ProxyProcess
 
 NOW = 1_800_000_000.0
 
@@ -82,9 +82,9 @@ def test_start_up_log_and_status_page_say_when_each_spare_expires(tmp_path):
     finally:
         proxy.stop()
     log = proxy.log()
-    soon = next(l for l in log.splitlines() if "credential soon:" in l)
+    soon = next(line for line in log.splitlines() if "credential soon:" in line)
     assert f"refresh it now: CODEX_HOME={tmp_path / '.codex-soon'} codex login" in soon
-    later = next(l for l in log.splitlines() if "credential later:" in l)
+    later = next(line for line in log.splitlines() if "credential later:" in line)
     assert "in 6.0 days" in later and f"CODEX_HOME={tmp_path / '.codex-later'} codex login" in later
     by_name = {c["name"]: c for c in report["credentials"]}
     assert 5 * 3600 - 60 < by_name["soon"]["token_expires_in_s"] <= 5 * 3600

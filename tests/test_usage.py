@@ -2,14 +2,14 @@
 
 import json
 
-from codex_failover.core.usage import UsageBook, Window, from_event, from_headers
-
 from conftest import WIRE
+
+from codex_failover.core.usage import UsageBook, Window, from_event, from_headers
 
 
 def headers_of(name):
     lines = (WIRE / "http" / name).read_text().splitlines()[1:]
-    return {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines if ":" in l)}
+    return {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines if ":" in line)}
 
 
 def test_headers_fixture():

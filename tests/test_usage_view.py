@@ -3,10 +3,9 @@
 import json
 
 import pytest
+from conftest import WIRE, Clock
 
 from codex_failover.core.usage_view import UsageCache, is_usage_request, own_can_send, pooled_view
-
-from conftest import Clock, WIRE
 
 REAL = json.loads((WIRE / "http" / "wham_usage_response.json").read_text())
 

@@ -173,3 +173,17 @@ def test_idle_connections_beyond_the_per_key_bound_expire_longest_idle_first(clo
         clock.now += 1
         book.released(slot)
     assert book.expired() == slots[:2]
+
+
+def test_idle_connections_are_bounded_in_all_whatever_the_keys(clock):
+    """Keys carry the credential: a client using a key per request must not make the proxy keep a
+    connection for each; the longest idle go first."""
+    book = WarmBook(clock, max_idle=3)
+    slots = []
+    for i in range(5):
+        dial = book.assign(("https", "api.test", 443, None, f"client:{i}"))
+        book.opened(dial.slot, multiplexed=True)
+        clock.now += 1
+        book.released(dial.slot)
+        slots.append(dial.slot)
+    assert book.expired() == slots[:2]

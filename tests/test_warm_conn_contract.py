@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import asyncio
 
-from mitmproxy import http
-from mitmproxy.connection import Client, ConnectionState, Server
-from mitmproxy import ctx
+from mitmproxy import ctx, http
 from mitmproxy.addons.proxyserver import Proxyserver
-from mitmproxy.test import taddons
+from mitmproxy.connection import Client, ConnectionState, Server
 from mitmproxy.proxy import commands, events
 from mitmproxy.proxy.layers import http as http_layers
+from mitmproxy.test import taddons
 
 from codex_failover.core.warm_book import Slot
 from codex_failover.mitm.addon import FailoverAddon

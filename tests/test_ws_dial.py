@@ -11,25 +11,24 @@ from collections import deque
 from types import SimpleNamespace
 
 import pytest
+from conftest import Clock
 from mitmproxy.http import Headers
 
-from codex_failover.ws import dial as ws_dial
-from codex_failover.core.recovery import Slots
-from codex_failover.shared import Shared
+from codex_failover.config import Credential, Policy, PoolConfig
 from codex_failover.core.affinity import Affinity
 from codex_failover.core.auth import APIKEY, AuthMaterial, auth_from_headers
-from codex_failover.config import Credential, Policy, PoolConfig
 from codex_failover.core.health import Health
 from codex_failover.core.planner import client_key
+from codex_failover.core.recovery import Slots
 from codex_failover.core.routes import RouteHealth, parse_routes
-from codex_failover.core.rules import load_rules
-from codex_failover.net.socks_bridge import SocksBridges
 from codex_failover.core.transport import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH, TLS_FAILED
 from codex_failover.core.usage import UsageBook
+from codex_failover.net.socks_bridge import SocksBridges
+from codex_failover.rules_file import load_rules
+from codex_failover.shared import Shared
+from codex_failover.ws import dial as ws_dial
 from codex_failover.ws.conn import HandshakeRejected
 from codex_failover.ws.upstream import ConnectFailed
-
-from conftest import Clock
 
 OVERLOADED = json.dumps({"error": {"type": "service_unavailable_error", "code": "server_is_overloaded",
                                    "message": "busy"}}).encode()

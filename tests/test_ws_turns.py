@@ -3,13 +3,11 @@
 import json
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from conftest import LIVE, WIRE, Clock
+from hypothesis import given, settings, strategies as st
 
 from codex_failover.core.classifier import Verdict
 from codex_failover.core.ws_turns import TurnGate, parse_create
-
-from conftest import Clock, LIVE, WIRE
 
 
 def msg(obj) -> tuple[bytes, bool]:

@@ -10,8 +10,8 @@ import os
 from dataclasses import replace
 from typing import Callable
 
-from .core.auth import AuthError, AuthMaterial, read_auth_file
 from .config import Credential
+from .core.auth import AuthError, AuthMaterial, read_auth_file
 
 Stamp = tuple[int, int]  # (mtime_ns, size)
 

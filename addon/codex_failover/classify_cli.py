@@ -14,8 +14,9 @@ import sys
 
 from .core.classifier import FRAMING_ERROR, BootstrapClassifier, Decision
 from .core.framer import FramerError, SSEFramer
-from .core.rules import RulesError, load_rules
+from .core.rules import RulesError
 from .core.units import parse_duration
+from .rules_file import load_rules
 
 
 class _FrozenClock:

@@ -27,8 +27,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .core.routes import looks_like_secret
-from .net.metrics_listener import MetricsServer
 from .core.usage import finite_number
+from .net.metrics_listener import MetricsServer
 
 log = logging.getLogger("codex_failover")
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from .core.client_access import ClientAccess, ClientAccessError, parse_networks
 from .core.intercept_scope import MODES as INTERCEPT_MODES
-from .metrics import parse_address
 from .core.units import parse_size
+from .metrics import parse_address
 
 WEBSOCKET_MODES = ("downgrade", "gate", "passthrough")
 

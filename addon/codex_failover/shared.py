@@ -12,19 +12,19 @@ import ssl
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .config import PoolConfig
 from .core.affinity import Affinity
 from .core.client_boundary import RejectedKeys
-from .config import PoolConfig
 from .core.health import Health
-from .metrics import Metrics
 from .core.pool_feedback import PoolFeedback
 from .core.provenance import Provenance
 from .core.recovery import Slots
-from .net.relay import Relay
 from .core.routes import RouteHealth
 from .core.rules import Rules
-from .net.socks_bridge import SocksBridges
 from .core.usage import UsageBook
+from .metrics import Metrics
+from .net.relay import Relay
+from .net.socks_bridge import SocksBridges
 
 if TYPE_CHECKING:
     from .mitm.engine import WarmConnections

@@ -19,8 +19,8 @@ from typing import Callable
 
 from .config import PoolConfig
 from .core.affinity import Affinity
-from .core.provenance import Provenance
 from .core.health import Health
+from .core.provenance import Provenance
 from .core.routes import RouteHealth
 from .core.usage import UsageBook
 from .state_rows import StateRows, credential_id, endpoint_id  # noqa: F401 - credential_id, endpoint_id: re-exported

@@ -265,7 +265,7 @@ class RedisStore:
         names = list(self._redis.scan_iter(match=self.prefix + "*", count=1000))
         values = self._redis.mget(names) if names else []
         out = []
-        for name, value in zip(names, values):
+        for name, value in zip(names, values, strict=False):
             kind, _, id_ = name.decode()[len(self.prefix):].partition(":")
             try:
                 doc = json.loads(value) if value is not None else None

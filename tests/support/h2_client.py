@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 import h2.config
 import h2.connection
 import h2.events
-
 from harness import proxy_connect
 
 

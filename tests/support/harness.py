@@ -16,18 +16,26 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from collections import deque
-
-from codex_failover.net.socks_bridge import pipe_both
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
-from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Ping, Pong, RejectConnection, RejectData,
-                            Request, TextMessage)
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Ping,
+    Pong,
+    RejectConnection,
+    Request,
+    TextMessage,
+)
 from wsproto.extensions import PerMessageDeflate
+
+from codex_failover.net.socks_bridge import pipe_both
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 PYTHON = sys.executable
@@ -636,7 +644,7 @@ class LocalProxies:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             lines = head.decode("latin-1").split("\r\n")
-            auth = next((l.split(":", 1)[1].strip() for l in lines if l.lower().startswith("proxy-authorization:")), None)
+            auth = next((line.split(":", 1)[1].strip() for line in lines if line.lower().startswith("proxy-authorization:")), None)
             self.proxy_auth[name].append(auth)
             if mode == "silent":
                 await reader.read()  # until the client gives up

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Mapping
 
 from .tracked import Tracked
 
 
-def session_of(headers, body: object) -> str | None:
+def session_of(headers: Mapping[str, str], body: object) -> str | None:
     """Codex's thread id: the `session-id` header (older: `session_id`), else `prompt_cache_key`."""
     for name in ("session-id", "session_id"):
         value = headers.get(name)

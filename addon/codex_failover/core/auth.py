@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any, Mapping
 
 CHATGPT = "chatgpt"
 APIKEY = "apikey"
@@ -65,7 +66,7 @@ def fingerprint(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()[:16]
 
 
-def jwt_claims(token: str) -> dict:
+def jwt_claims(token: str) -> dict[str, Any]:
     """The (unverified) claims of a JWT; {} when it is not one."""
     parts = token.split(".")
     if len(parts) != 3:
@@ -99,7 +100,7 @@ def read_auth_file(path: str | Path) -> AuthMaterial:
     return auth_from_document(doc, str(path))
 
 
-def auth_from_document(doc: dict, where: str) -> AuthMaterial:
+def auth_from_document(doc: dict[str, Any], where: str) -> AuthMaterial:
     tokens = doc.get("tokens")
     if isinstance(tokens, dict) and isinstance(tokens.get("access_token"), str) and tokens["access_token"]:
         return _chatgpt_material(tokens, where)
@@ -109,7 +110,7 @@ def auth_from_document(doc: dict, where: str) -> AuthMaterial:
     raise AuthError(f"{where}: holds neither tokens.access_token nor OPENAI_API_KEY (run `codex login`)")
 
 
-def _chatgpt_material(tokens: dict, where: str) -> AuthMaterial:
+def _chatgpt_material(tokens: dict[str, Any], where: str) -> AuthMaterial:
     access = tokens["access_token"]
     access_claims = jwt_claims(access)
     account = tokens.get("account_id")
@@ -130,12 +131,12 @@ def _chatgpt_material(tokens: dict, where: str) -> AuthMaterial:
     )
 
 
-def _auth_claim(claims: dict) -> dict:
+def _auth_claim(claims: dict[str, Any]) -> dict[str, Any]:
     claim = claims.get(AUTH_CLAIM)
     return claim if isinstance(claim, dict) else {}
 
 
-def auth_from_headers(headers) -> AuthMaterial | None:
+def auth_from_headers(headers: Mapping[str, str]) -> AuthMaterial | None:
     """The client's own credential, from the request it sent (None without a bearer token)."""
     value = headers.get("authorization", "")
     if not value.lower().startswith("bearer "):

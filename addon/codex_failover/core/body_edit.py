@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from typing import Any
 
-Removal = tuple[dict, str]  # (the object in the parsed body, the member's name)
+Removal = tuple[dict[str, Any], str]  # (the object in the parsed body, the member's name)
 
 
-def remove_members(raw: bytes, body: dict, removals: list[Removal]) -> bytes:
+def remove_members(raw: bytes, body: dict[str, Any], removals: list[Removal]) -> bytes:
     """`raw` (whose parse is `body`) without the members named in `removals`."""
     if not removals:
         return raw
@@ -65,12 +66,12 @@ def _dumps(value: str) -> bytes:
     return json.dumps(value, ensure_ascii=False).encode()
 
 
-def _reserialised(body: dict, removals: list[Removal]) -> bytes:
+def _reserialised(body: dict[str, Any], removals: list[Removal]) -> bytes:
     gone = {(id(obj), name) for obj, name in removals}
     return json.dumps(_without(body, gone), separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _without(value, gone):
+def _without(value: object, gone: set[tuple[int, str]]) -> object:
     if isinstance(value, dict):
         return {k: _without(v, gone) for k, v in value.items() if (id(value), k) not in gone}
     if isinstance(value, list):

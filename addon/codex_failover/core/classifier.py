@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from .framer import Event
 from .rules import Rules
@@ -45,7 +45,7 @@ class Decision:
     verdict: Verdict
     reason: str
     trigger: str | None = None
-    error: Mapping | None = None  # the upstream error object, for FAILOVER and DELIVER
+    error: Mapping[str, Any] | None = None  # the upstream error object, for FAILOVER and DELIVER
     release: tuple[Event, ...] = ()  # events to pass to the client now, in order
 
     @property
@@ -127,7 +127,8 @@ class BootstrapClassifier:
     def _expired(self) -> bool:
         return self.deadline is not None and self._clock() >= self.deadline
 
-    def _decide(self, verdict: Verdict, reason: str, trigger, error, event: Event | None) -> Decision:
+    def _decide(self, verdict: Verdict, reason: str, trigger: str | None, error: Mapping[str, Any] | None,
+                event: Event | None) -> Decision:
         if verdict is Verdict.FAILOVER:
             release: tuple[Event, ...] = ()
         else:
@@ -136,7 +137,7 @@ class BootstrapClassifier:
         self.decision = Decision(verdict, reason, trigger, error, release)
         return self.decision
 
-    def _judge(self, event: Event) -> tuple[Verdict, str, Mapping | None]:
+    def _judge(self, event: Event) -> tuple[Verdict, str, Mapping[str, Any] | None]:
         if event.is_heartbeat:
             return Verdict.HOLD, HOLDING, None
         payload = event.payload
@@ -171,19 +172,19 @@ class BootstrapClassifier:
         if kind == "reasoning":
             return not item.get("encrypted_content") and not item.get("summary") and not item.get("content")
         if kind == "function_call":
-            return item.get("arguments", "") == ""
+            return bool(item.get("arguments", "") == "")
         if kind == "custom_tool_call":
-            return item.get("input", "") == ""
+            return bool(item.get("input", "") == "")
         return False
 
     def _empty_part(self, part: object) -> bool:
         if not isinstance(part, dict) or part.get("type") not in self.rules.empty_parts:
             return False
         field = "refusal" if part["type"] == "refusal" else "text"
-        return part.get(field, "") == ""
+        return bool(part.get(field, "") == "")
 
 
-def stream_error(payload: Mapping) -> dict:
+def stream_error(payload: Mapping[str, Any]) -> dict[str, Any]:
     """The error object of an `error` event (nested, flat, or WebSocket-wrapped with a status)
     or of `response.failed` (`response.error`). Always a dict; `status` kept when present."""
     if payload.get("type") == "response.failed":
@@ -199,7 +200,7 @@ def stream_error(payload: Mapping) -> dict:
     return error
 
 
-def _flat_error(payload: Mapping) -> dict:
+def _flat_error(payload: Mapping[str, Any]) -> dict[str, Any]:
     """A flat `error` event carries code/message at top level; its `type` is the event's."""
     return {k: v for k, v in payload.items() if k not in ("type", "sequence_number", "status")}
 

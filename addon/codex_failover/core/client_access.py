@@ -52,7 +52,7 @@ class ClientAccess:
         return f"loopback and {named}" if named else f"loopback only (add others with --set {OPTION}=ADDR/CIDR,...)"
 
 
-def _ip(address: str | None):
+def _ip(address: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     if not address:
         return None
     try:

@@ -17,13 +17,13 @@ import ipaddress
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Literal, Mapping
 
 _Address = tuple[str, int]  # (IP as text, port)
 
 # -- browsers --------------------------------------------------------------------------------
 
-def browser_sign(headers) -> str | None:
+def browser_sign(headers: Mapping[str, str]) -> str | None:
     """The header that shows a browser sent this request (a web page's fetch, a form, a WebSocket
     opened by a page), or None. Codex sends none of them; a browser sends `Origin` on every
     cross-origin fetch and every WebSocket, and `Sec-Fetch-*` on every request to a secure origin."""
@@ -45,14 +45,14 @@ class SocketEntry:
     uid: int
 
 
-def parse_proc_net_tcp(text: str, byteorder: str = "little") -> Iterator[SocketEntry]:
+def parse_proc_net_tcp(text: str, byteorder: Literal["little", "big"] = "little") -> Iterator[SocketEntry]:
     """The sockets of one /proc/net/tcp or /proc/net/tcp6 listing. Addresses are hex: IPv4 one
     32-bit word, IPv6 four, each word in the kernel's byte order (`byteorder`: sys.byteorder); the
     port is big-endian hex. IPv4-mapped IPv6 addresses come out as IPv4. Malformed lines are skipped."""
     return _entries(text.splitlines()[1:], byteorder)  # the first line names the columns
 
 
-def _entries(lines: Iterable[str], byteorder: str) -> Iterator[SocketEntry]:
+def _entries(lines: Iterable[str], byteorder: Literal["little", "big"]) -> Iterator[SocketEntry]:
     for line in lines:
         fields = line.split()
         if len(fields) < 8:
@@ -65,7 +65,7 @@ def _entries(lines: Iterable[str], byteorder: str) -> Iterator[SocketEntry]:
         yield SocketEntry(local, remote, uid)
 
 
-def _address(text: str, byteorder: str) -> _Address:
+def _address(text: str, byteorder: Literal["little", "big"]) -> _Address:
     host, _, port = text.partition(":")
     if len(host) not in (8, 32) or not port:
         raise ValueError(text)
@@ -80,7 +80,7 @@ def _normal(ip: str) -> str:
     return str(mapped or parsed)
 
 
-def owner_uid(listings: Iterable[str], client: _Address, server: _Address, byteorder: str = "little") -> int | None:
+def owner_uid(listings: Iterable[str], client: _Address, server: _Address, byteorder: Literal["little", "big"] = "little") -> int | None:
     """The uid owning the client's end of a loopback connection: the socket whose local address is the
     client's and whose remote is the server's (the proxy's own end is the mirror image). None when no
     listing has it (the client closed, or it is not on this host)."""

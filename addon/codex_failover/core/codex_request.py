@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping, MutableMapping
 from urllib.parse import urlsplit
 
 from .auth import AuthMaterial
@@ -72,11 +72,11 @@ def asks_to_stream(body: object) -> bool:
     return isinstance(body, dict) and body.get("stream") is True
 
 
-def is_websocket_upgrade(method: str, headers) -> bool:
+def is_websocket_upgrade(method: str, headers: Mapping[str, str]) -> bool:
     return method == "GET" and headers.get("upgrade", "").lower() == "websocket"
 
 
-def swap_credential(headers, auth: AuthMaterial, moved: bool) -> None:
+def swap_credential(headers: MutableMapping[str, str], auth: AuthMaterial, moved: bool) -> None:
     """Replace the identity headers with `auth`'s.
 
     A moved request (another credential than the client's own) carries only what belongs to that
@@ -92,7 +92,7 @@ def swap_credential(headers, auth: AuthMaterial, moved: bool) -> None:
             headers[name] = value
 
 
-def _drop(headers, names: Iterable[str]) -> None:
+def _drop(headers: MutableMapping[str, str], names: Iterable[str]) -> None:
     """Remove every header in `names`, whatever the case of its name."""
     wanted = set(names)
     for key in [k for k in headers.keys() if k.lower() in wanted]:

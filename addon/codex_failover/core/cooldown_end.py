@@ -84,7 +84,8 @@ class UsageRecheck:
         out = []
         for key in keys:
             state = health.state(key)
-            if state.status != COOLING or state.reason not in USAGE_LIMIT_REASONS or state.until - now <= self.every:
+            if state.status != COOLING or state.reason not in USAGE_LIMIT_REASONS or state.until is None \
+                    or state.until - now <= self.every:
                 continue
             if now - self._checked.get(key, float("-inf")) >= self.every:
                 out.append(key)

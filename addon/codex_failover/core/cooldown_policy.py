@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from .units import parse_duration
 
@@ -130,7 +130,7 @@ def _parse(doc: object, where: str) -> OverloadPolicy:
 
 def _share(value: object, where: str) -> float:
     """`25%` or a fraction (0.25); 0 < share <= 1."""
-    text = value.strip() if isinstance(value, str) else value
+    text: Any = value.strip() if isinstance(value, str) else value  # float() says what it takes
     try:
         share = float(text[:-1]) / 100 if isinstance(text, str) and text.endswith("%") else float(text)
     except (TypeError, ValueError):

@@ -45,17 +45,26 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Union
+from typing import Any, Callable, Iterable, Union
 
-from ..config import PoolConfig
 from .health import Health
 from .planner import Candidate, Plan
+from .policy import PoolConfig
 from .pool_wait import Soonest, retry_after as true_retry_after, soonest
 from .recovery import RetryBudget
 from .routes import Endpoint, RouteHealth
 from .taxonomy import AUTH_REJECTED, UPSTREAM_5XX, hinted_seconds
-from .transport import (AMBIGUOUS, HANDSHAKE_FAILED, HOST_NETWORK, INCOMPLETE_RESPONSE, PRE_DISPATCH,
-                        RESPONSE_TIMEOUT, ROUTE_DOWN, TLS_FAILED, UPGRADE_REFUSED)
+from .transport import (
+    AMBIGUOUS,
+    HANDSHAKE_FAILED,
+    HOST_NETWORK,
+    INCOMPLETE_RESPONSE,
+    PRE_DISPATCH,
+    RESPONSE_TIMEOUT,
+    ROUTE_DOWN,
+    TLS_FAILED,
+    UPGRADE_REFUSED,
+)
 
 # Rejections worth retrying on the same credential when it is the only one (with backoff).
 RETRY_SAME = frozenset({"overloaded", "slow_down", "server_error_retryable", "closed_before_output", UPSTREAM_5XX})
@@ -78,7 +87,7 @@ class Rejection:
 
     reason: str
     status: int | None
-    error: dict
+    error: dict[str, Any]
     frames: tuple[tuple[bytes, bool], ...] = ()
     retry_after: str | None = None
 
@@ -234,10 +243,11 @@ class FailoverLoop:
             decided, self._decided = self._decided, None
             return decided
         if self._transient is not None:
-            return self._retry_or_give_up()
+            transient, self._transient = self._transient, None
+            return self._retry_or_give_up(transient)
         if self._retry:
             self._retry = False
-            return Try(self._cand, self._ep, self.n)
+            return Try(self._in_hand, self._ep, self.n)
         if self._walk_on:
             return self._next_endpoint()
         return self._choose()
@@ -290,7 +300,7 @@ class FailoverLoop:
         if self._stale:
             self.plan, self._stale = self._replan(), False
         waited, self._waited = self._waited, None
-        if waited == BACKOFF:
+        if waited == BACKOFF and self.only is not None:  # (a backoff is only ever for the only one)
             return self._start(self.only)  # its own cooldown notwithstanding
         if waited == RECOVERING:
             queue = self._untried(self._replan())
@@ -348,12 +358,19 @@ class FailoverLoop:
             ep = self._endpoints.pop(0)
             if self.route_health.claim(ep):
                 self._ep, self._budget = ep, None
-                return Try(self._cand, ep, self.n)
+                return Try(self._in_hand, ep, self.n)
             self._failures.append(f"{ep.label}: {self.route_health.describe(ep)}")
-        message = f"route {self._cand.route}: no endpoint could be used ({'; '.join(self._failures)})"
+        message = f"route {self._in_hand.route}: no endpoint could be used ({'; '.join(self._failures)})"
         rejection = Rejection(ROUTE_DOWN, 502, {"message": message})
         self._settle(rejection)
-        return RouteDown(self._cand, rejection)
+        return RouteDown(self._in_hand, rejection)
+
+    @property
+    def _in_hand(self) -> Candidate:
+        """The candidate being tried: `_start` sets it before the first Try, so it is there
+        wherever a Try, its endpoints or its result are dealt with."""
+        assert self._cand is not None, "no candidate in hand"
+        return self._cand
 
     def _settle(self, rejection: Rejection | None = None) -> None:
         """The candidate in hand is done with (served or rejected): plan again before choosing."""
@@ -362,23 +379,22 @@ class FailoverLoop:
             self.last = rejection
 
     def _must_not_move(self, rejection: Rejection) -> bool:
-        if rejection.reason == TLS_FAILED or own_refusal(rejection.reason, self._cand):
+        if rejection.reason == TLS_FAILED or own_refusal(rejection.reason, self._in_hand):
             return True
         return not self.handshake and rejection.reason in MAY_HAVE_BEEN_SENT
 
     # -- recovery -------------------------------------------------------------------------------
 
-    def _retry_or_give_up(self) -> Decision:
-        transient, self._transient = self._transient, None
+    def _retry_or_give_up(self, transient: Transient) -> Decision:
         self._budget = self._budget or RetryBudget(self.pool.recovery, self._clock, self._rand)
         delay = self._budget.next_delay()
         if delay is None:
-            self._tell(logging.WARNING, f"recovery exhausted on credential {self._cand.name}: {transient.why}")
+            self._tell(logging.WARNING, f"recovery exhausted on credential {self._in_hand.name}: {transient.why}")
             if self._ep is not None:
                 self.route_health.succeeded(self._ep)  # the endpoint carried every retry
             self._settle()
-            return RecoveryExhausted(self._cand, transient.why, transient.final)
-        self._tell(logging.INFO, f"recovery: {transient.why} on credential {self._cand.name}; "
+            return RecoveryExhausted(self._in_hand, transient.why, transient.final)
+        self._tell(logging.INFO, f"recovery: {transient.why} on credential {self._in_hand.name}; "
                                  f"retry {self._budget.retries} in {delay * 1000:.0f} ms")
         self._retry = True
         return Wait(delay, RECOVERY_RETRY)

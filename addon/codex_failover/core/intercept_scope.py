@@ -29,4 +29,4 @@ class InterceptScope:
         """`sni`: the name the client asked for in its ClientHello; `connect_host`: the CONNECT
         target (used when the client sends no SNI, e.g. to an IP address)."""
         name = sni or connect_host
-        return bool(name) and name.lower().rstrip(".") in self.hosts
+        return name is not None and name.lower().rstrip(".") in self.hosts

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 MASK = "<redacted by codex-failover>"
 MIN_KNOWN = 6  # a shorter "secret" would mask ordinary words; shapes still catch keys and tokens
@@ -43,12 +44,14 @@ class Secrets:
         self._pool: frozenset[str] = frozenset()
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._limit = recent
-        self._regex: re.Pattern | None = None
+        self._regex: re.Pattern[str] | None = None
         self._stale = False
         self._fresh: list[str] = []  # armed since the regex was built (not in it)
-        self._source = self._seen = None  # see follow()
+        self._source: Callable[[], object] | None = None  # see follow()
+        self._values_of: Callable[[Any], Iterable[str]] = lambda pool: ()
+        self._seen: object = None
 
-    def follow(self, source, values_of) -> None:
+    def follow(self, source: Callable[[], object], values_of: Callable[[Any], Iterable[str]]) -> None:
         """Take the pool's values from `source()` (the current pool) whenever it is another object
         than last time: nobody has to remember to tell, wherever the pool is replaced."""
         self._source, self._values_of, self._seen = source, values_of, None
@@ -89,7 +92,7 @@ class Secrets:
         self._refresh()
         return set(self._pool) | set(self._recent)
 
-    def _pattern(self, text: str) -> re.Pattern | None:
+    def _pattern(self, text: str) -> re.Pattern[str] | None:
         if self._fresh and not self._stale and any(value in text for value in self._fresh):
             self._stale = True
         if self._stale:
@@ -109,7 +112,7 @@ class Secrets:
                 text = shape.sub(mask, text)
         return text
 
-    def mask_in(self, value):
+    def mask_in(self, value: object) -> object:
         """The same through a JSON-like value (dicts, lists, strings), for an error object."""
         if isinstance(value, str):
             return self.mask(value)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .auth import AuthMaterial
-from ..config import Credential, PoolConfig
 from .health import Health
+from .policy import Credential, Policy, PoolConfig
 
 CLIENT = "client"
 
@@ -61,7 +61,7 @@ def make_plan(client_auth: AuthMaterial | None, pool: PoolConfig, health: Health
     return _sorted_out(ordered, health, policy)
 
 
-def _sorted_out(ordered: list[Candidate], health: Health, policy) -> Plan:
+def _sorted_out(ordered: list[Candidate], health: Health, policy: Policy) -> Plan:
     """The candidates that can be tried now (at most `max_attempts`), and why the others cannot."""
     ready, skipped = [], []
     now = health.now()

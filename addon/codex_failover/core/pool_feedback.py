@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from .affinity import Affinity
 from .auth import AuthMaterial
 from .client_boundary import RejectedKeys
-from ..config import Policy
-from .health import Health
 from .cooldown_policy import OVERLOAD_CLASSES, held_out, over_cap
+from .health import Health
+from .policy import Policy
 from .seen_clients import label
 from .taxonomy import AUTH_REJECTED, cooldown_seconds, hinted_seconds
 from .usage import UsageBook, Window
@@ -30,7 +31,7 @@ class PoolFeedback:
     pool_size: int = 1  # the pooled credentials (for the share held out for overload)
     pool_keys: frozenset[str] = frozenset()  # the pooled credentials' keys (empty: every key counts)
 
-    def rejected(self, key: str, name: str, reason: str, status: int | None, error: dict | None,
+    def rejected(self, key: str, name: str, reason: str, status: int | None, error: dict[str, Any] | None,
                  retry_after: str | None, policy: Policy, where: str = "") -> None:
         if reason == AUTH_REJECTED:
             self.health.take_out(key, f"HTTP {status} from upstream; run `codex login` for this account")
@@ -42,7 +43,7 @@ class PoolFeedback:
         seconds = cooldown_seconds(reason, error, retry_after, self.health.now(), policy)
         self.health.cool(key, seconds, reason)
 
-    def _overloaded(self, key: str, name: str, reason: str, error: dict | None, retry_after: str | None,
+    def _overloaded(self, key: str, name: str, reason: str, error: dict[str, Any] | None, retry_after: str | None,
                     policy: Policy, where: str) -> None:
         """Rest for the account's streak (or upstream's own time); past the share held out, the least
         recently failed overloaded accounts are back in rotation (cooldown_policy.py)."""

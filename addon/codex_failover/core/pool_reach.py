@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from ..config import PoolConfig
 from .auth import CHATGPT, AuthMaterial
+from .policy import PoolConfig
 
 _KIND = {CHATGPT: "ChatGPT-login"}
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 from .health import COOLING, Health
 
@@ -57,7 +57,7 @@ def soonest(health: Health, keys: Iterable[str]) -> Soonest | None:
     return Soonest(best[1], max(0.0, best[0] - now), best[0], usage_at)
 
 
-def time_fields(found: Soonest | None, usage_limit: bool) -> dict:
+def time_fields(found: Soonest | None, usage_limit: bool) -> dict[str, Any]:
     """The error-body fields that tell the time: `resets_at` / `resets_in_seconds` for a usage limit
     (the soonest usage reset), `retry_after_seconds` for the soonest recovery of any kind."""
     if found is None:

@@ -25,7 +25,7 @@ import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from .affinity import seen_step
 from .framer import Event, FramerError, SSEFramer
@@ -190,7 +190,7 @@ def needs_of(body: object) -> Needs:
     it names the latest state); encrypted reasoning items may be stripped instead."""
     if not isinstance(body, dict):
         return Needs()
-    items = body.get("input") if isinstance(body.get("input"), list) else []
+    items = raw if isinstance(raw := body.get("input"), list) else []
     bound = [keys for item in items if isinstance(item, dict) and item.get("type") == "compaction"
              and (keys := item_keys(item) or _bare(item))]
     reasoning = [item_keys(item) for item in items
@@ -201,7 +201,7 @@ def needs_of(body: object) -> Needs:
     return Needs(tuple(bound), tuple(reasoning))
 
 
-def _bare(item: dict) -> tuple[str, ...]:
+def _bare(item: dict[str, Any]) -> tuple[str, ...]:
     """A compaction item with neither id nor content still binds: to an owner nobody knows."""
     return ("unknown:compaction",)
 

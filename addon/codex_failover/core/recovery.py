@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from .classifier import stream_error
 from .framer import Event
@@ -106,7 +106,7 @@ class Slots:
         self.used -= 1
 
 
-def _clamp(name: str, value, notes: list[str], where: str):
+def _clamp(name: str, value: Any, notes: list[str], where: str) -> Any:
     if name == "heartbeat" and value == 0:
         return 0.0
     low, high = BOUNDS[name]
@@ -133,7 +133,7 @@ class RetryBudget:
         p = self.policy
         if p.attempts and self.retries >= p.attempts:
             return None
-        cap = min(p.backoff_max, p.backoff_initial * 2 ** self.retries)
+        cap: float = min(p.backoff_max, p.backoff_initial * 2 ** self.retries)
         delay = self._rand() * cap
         if self._clock() + delay >= self.started + p.retry_window:
             return None
@@ -148,22 +148,24 @@ class TerminalTracker:
 
     def __init__(self) -> None:
         self.terminal: str | None = None
-        self.error: Mapping | None = None
+        self.error: Mapping[str, Any] | None = None
 
     def see(self, event: Event) -> None:
-        kind = event.type
+        kind, payload = event.type, event.payload
+        if not isinstance(payload, dict):  # no JSON object: no `type` either (framer.Event.type)
+            return
         if kind in self.TERMINALS:
             self.terminal = kind
-            self.error = stream_error(event.payload) if kind == "response.failed" else None
+            self.error = stream_error(payload) if kind == "response.failed" else None
         elif kind == "error" and self.terminal is None:
-            self.terminal, self.error = kind, stream_error(event.payload)
+            self.terminal, self.error = kind, stream_error(payload)
 
     def unframed(self) -> None:
         """The framer gave up: the end cannot be seen, so whatever comes is final (never retried)."""
         self.terminal, self.error = "unframed", None
 
 
-def recoverable_stream_end(terminal: str | None, error: Mapping | None) -> str | None:
+def recoverable_stream_end(terminal: str | None, error: Mapping[str, Any] | None) -> str | None:
     """Why a finished stream should be retried (a reason class), or None when it is final."""
     if terminal == "response.completed" or terminal == "response.incomplete":
         return None

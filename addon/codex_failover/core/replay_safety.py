@@ -14,6 +14,7 @@ A failover that corrupts a conversation is worse than none (docs/architecture.md
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 from .provenance import needs_of
 
@@ -44,11 +45,12 @@ class MovePolicy:
         return next((o for o in reversed(self.reasoning_owners) if o is not None), None)
 
 
-def _nobody(keys) -> str | None:
+def _nobody(keys: tuple[str, ...]) -> str | None:
     return None
 
 
-def assess(body: object, headers, encrypted_reasoning: str = STRIP, owner=_nobody) -> MovePolicy:
+def assess(body: object, headers: Mapping[str, str], encrypted_reasoning: str = STRIP,
+           owner: Callable[[tuple[str, ...]], str | None] = _nobody) -> MovePolicy:
     """`owner(keys)` names the credential key that made an artifact (provenance.Provenance.owner)."""
     if headers.get(PIN_HEADER, "").strip().lower() in ("1", "true", "yes"):
         return MovePolicy(False, f"pinned by the {PIN_HEADER} header")
@@ -65,8 +67,8 @@ def assess(body: object, headers, encrypted_reasoning: str = STRIP, owner=_nobod
     return MovePolicy(True, strip_reasoning=bool(owners), reasoning_owners=owners)
 
 
-def _why(body: dict, encrypted_reasoning: str, maker: str | None) -> str:
-    items = body.get("input") if isinstance(body.get("input"), list) else []
+def _why(body: dict[str, Any], encrypted_reasoning: str, maker: str | None) -> str:
+    items = raw if isinstance(raw := body.get("input"), list) else []
     if body.get("previous_response_id"):
         what = "previous_response_id"
     elif any(_is_item(i, "compaction") for i in items):
@@ -87,7 +89,7 @@ def _is_item(item: object, kind: str) -> bool:
     return isinstance(item, dict) and item.get("type") == kind
 
 
-def strip_encrypted_reasoning(body: dict) -> dict:
+def strip_encrypted_reasoning(body: dict[str, Any]) -> dict[str, Any]:
     """A copy of `body` whose input reasoning items have no `encrypted_content`; all else equal."""
     items = body.get("input")
     if not isinstance(items, list):
@@ -99,13 +101,13 @@ def strip_encrypted_reasoning(body: dict) -> dict:
     return {**body, "input": stripped}
 
 
-def removals(body: dict, strip: list[int], foreign: bool) -> list[tuple[dict, str]]:
+def removals(body: dict[str, Any], strip: list[int], foreign: bool) -> list[tuple[dict[str, Any], str]]:
     """The members a copy of `body` goes without (body_edit.remove_members): the `encrypted_content`
     of the reasoning items `strip` names (their place among the encrypted ones), and, on another
     account than the client's (`foreign`), the turn state Codex echoes in `client_metadata`."""
-    items = body.get("input") if isinstance(body.get("input"), list) else []
+    items = raw if isinstance(raw := body.get("input"), list) else []
     encrypted = [i for i in items if _is_item(i, "reasoning") and i.get("encrypted_content")]
-    cuts: list[tuple[dict, str]] = [(encrypted[n], "encrypted_content") for n in strip if n < len(encrypted)]
+    cuts: list[tuple[dict[str, Any], str]] = [(encrypted[n], "encrypted_content") for n in strip if n < len(encrypted)]
     metadata = body.get("client_metadata")
     if foreign and isinstance(metadata, dict) and TURN_STATE in metadata:
         cuts.append((metadata, TURN_STATE))

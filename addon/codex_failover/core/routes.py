@@ -196,7 +196,7 @@ class RouteHealth(Tracked):
         """A confirmed pre-dispatch failure; returns the backoff in seconds."""
         state = self._states.setdefault(ep.key, _EndpointState())
         state.failures += 1
-        backoff = min(self.cap, self.floor * 2 ** (state.failures - 1))
+        backoff: float = min(self.cap, self.floor * 2 ** (state.failures - 1))
         state.until, state.reason, state.probing = self._clock() + backoff, reason, False
         self._changed(ep.key)
         return backoff
@@ -257,7 +257,7 @@ def looks_like_key(name: str) -> bool:
     if len(run) < 20 or not (any(c.isdigit() for c in run) and any(c.isalpha() for c in run)):
         return False
     kinds = ["d" if c.isdigit() else "u" if c.isupper() else "l" for c in run]
-    changes = sum(a != b for a, b in zip(kinds, kinds[1:])) / (len(run) - 1)
+    changes = sum(a != b for a, b in zip(kinds, kinds[1:], strict=False)) / (len(run) - 1)
     counts = [run.count(c) for c in set(run)]
     bits = -sum(n / len(run) * math.log2(n / len(run)) for n in counts)
     return changes >= 0.45 and bits > 3.5

@@ -1,19 +1,16 @@
-"""The error taxonomy and allow-list, loaded from a YAML rules file (`rules/default.yaml`).
+"""The error taxonomy and allow-list, from the parsed YAML rules file (`rules/default.yaml`).
 
 The strings that recognise rejections are data, not code, so a user can extend them without a
-release. A broken file is a `RulesError` that names the file, the field and the problem.
+release. A broken file is a `RulesError` that names the file, the field and the problem. Reading the
+file is the shell's (`rules_file.load_rules`): the core takes the parsed document.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
 from .units import parse_size
-from ..yaml_file import read_yaml
-
-DEFAULT_RULES_PATH = Path(__file__).resolve().parents[3] / "rules" / "default.yaml"
 
 KNOWN_ITEM_TYPES = frozenset({"message", "reasoning", "function_call", "custom_tool_call"})
 KNOWN_PART_TYPES = frozenset({"output_text", "summary_text", "text", "reasoning_text", "refusal"})
@@ -68,11 +65,6 @@ class Rules:
 
 def _lower(value: object) -> str:
     return value.lower() if isinstance(value, str) else ""
-
-
-def load_rules(path: str | Path | None = None) -> Rules:
-    source = Path(path).expanduser() if path else DEFAULT_RULES_PATH
-    return parse_rules(read_yaml(source, "rules file", RulesError), str(source))
 
 
 def parse_rules(doc: object, source: str = "<rules>") -> Rules:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
-from . import seen_clients
-
-from . import story
+from . import seen_clients, story
+from .auth import AuthMaterial
+from .failover_loop import SERVED, Rejected, Rejection, Result, Transient
+from .planner import Candidate
 
 log = logging.getLogger("codex_failover")
 WHY = "docs/decisions.md#decisions-and-reason-classes"  # what each verdict= and reason= means
@@ -29,7 +30,7 @@ class AttemptLog:
 
     route: str = "direct"
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"attempt": self.n, "credential": self.credential, "route": self.route,
                 "verdict": self.verdict, "reason": self.reason, "status": self.status}
 
@@ -37,17 +38,17 @@ class AttemptLog:
 @dataclass
 class RunLog:
     request_id: str
-    flow: object  # the client's flow (its comment tells the story)
-    metrics: object | None = None
+    flow: Any  # the client's flow (its comment tells the story)
+    metrics: Any | None = None  # metrics.Metrics
     shown: Callable[[object], None] = lambda flow: None
     history: list[AttemptLog] = field(default_factory=list)
-    skipped: dict = field(default_factory=dict)  # credential name -> story.Skipped, for the flow comment
+    skipped: dict[str, story.Skipped] = field(default_factory=dict)  # credential name -> story.Skipped, for the flow comment
     total: int = 0  # attempts planned for this request (for "attempt n/N")
     why_pinned: str | None = None
-    client_auth: object | None = None  # the client's own credential (its metrics label)
+    client_auth: AuthMaterial | None = None  # the client's own credential (its metrics label)
     started: float = field(default_factory=time.monotonic)
 
-    def record(self, attempt, cand, verdict: str, reason: str, status: int | None, ok: bool = False) -> None:
+    def record(self, attempt: Any, cand: Candidate, verdict: str, reason: str, status: int | None, ok: bool = False) -> None:
         n, total = attempt.n, self.total
         elapsed = int((time.monotonic() - attempt.started) * 1000)
         route = attempt.endpoint.label if attempt.endpoint else "direct"
@@ -56,8 +57,8 @@ class RunLog:
         attempt.judge(story.mark(verdict, reason, ok), story.attempt_comment(self.request_id, entry, total),
                       None if ok else story.attempt_error(verdict, reason))
         if self.metrics is not None:
-            own = cand.is_client and cand.key.startswith("client:") and self.client_auth is not None
-            self.metrics.attempt(seen_clients.label(self.client_auth) if own else cand.name, verdict, reason)
+            own = self.client_auth if cand.is_client and cand.key.startswith("client:") else None
+            self.metrics.attempt(seen_clients.label(own) if own is not None else cand.name, verdict, reason)
         self.tell()
         log.info("[%s] attempt %d/%d credential=%s route=%s verdict=%s reason=%s status=%s elapsed=%dms",
                  self.request_id, n, total, cand.name, route.replace(" ", "="), verdict, reason, status, elapsed)
@@ -84,14 +85,13 @@ class AttemptEnd:
     """How one attempt ended, in the attempt's words; `result()` is what the failover loop is told."""
 
     kind: str  # "committed", "answered", "rejected" (the loop decides if it moves), "recover" (retry the same)
-    rejection: object | None = None  # failover_loop.Rejection
+    rejection: Rejection | None = None
     message: str = ""
     final: object = None  # for "recover": how to answer if no retry is left (the run's give-up)
 
-    def result(self):
-        from .failover_loop import SERVED, Rejected, Transient
-
+    def result(self) -> Result:
         if self.kind == "rejected":
+            assert self.rejection is not None, "a rejected attempt says why"
             return Rejected(self.rejection)
         if self.kind == "recover":
             return Transient(self.message, self.final)

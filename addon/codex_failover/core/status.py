@@ -3,28 +3,39 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Mapping
+
 from . import token_expiry
 
+if TYPE_CHECKING:
+    from .cooldown_end import Ended
+    from .health import Health
+    from .policy import PoolConfig
+    from .routes import RouteHealth
+    from .seen_clients import SeenClients
+    from .usage import UsageBook
 
-def build(pool, health, usage, seen_clients, route_health, bridges, counters: dict, ended=None) -> dict:
+
+def build(pool: PoolConfig, health: Health, usage: UsageBook, seen_clients: SeenClients, route_health: RouteHealth,
+          bridges: Any, counters: dict[str, Any], ended: Mapping[str, Ended] | None = None) -> dict[str, Any]:
     """The report: every credential, the clients' own credentials (by label), every route endpoint,
     then `counters` (held requests, attempts, relay, connections, WebSockets). `ended`: health key ->
     how its last cooldown ended early (cooldown_end.Ended)."""
     now = health.now()
     ended = ended or {}
 
-    def early(key: str) -> dict:
+    def early(key: str) -> dict[str, Any]:
         e = ended.get(key)
         return {"cooldown_ended": {"how": e.how, "was": e.was, "s_ago": round(now - e.at)}} if e else {}
 
     creds = []
     for cred in pool.credentials:
         state = health.state(cred.name)
-        entry = {"name": cred.name, "kind": cred.kind, "base_url": cred.base_url, "route": cred.route,
+        entry: dict[str, Any] = {"name": cred.name, "kind": cred.kind, "base_url": cred.base_url, "route": cred.route,
                  "state": state.status, "reason": state.reason, "usage": usage.describe(cred.name),
                  "usage_windows": [{"window": w.name, "used_percent": w.used_percent, "resets_at": w.resets_at}
                                    for w in usage.windows(cred.name)]}
-        if state.status == "cooling":
+        if state.status == "cooling" and state.until is not None:
             entry["cooling_for_s"] = round(state.until - now, 1)
         entry.update(early(cred.name))
         token = token_expiry.describe(cred, now)
@@ -36,12 +47,12 @@ def build(pool, health, usage, seen_clients, route_health, bridges, counters: di
     seen = {key: (name, kind, round(ago)) for key, name, kind, ago in seen_clients.recent()}
     # Plus clients' credentials not seen here but cooling or out (learnt from a shared store).
     others = [key for key, *_ in health.entries() if key.startswith("client:") and key not in seen]
-    clients = []
+    clients: list[dict[str, Any]] = []
     for key in [*seen, *others]:
         name, kind, ago = seen.get(key, (f"key #{key[7:15]}", None, None))
         state = health.state(key)
         entry = {"label": name, "kind": kind, "seen_s_ago": ago, "state": state.status, "reason": state.reason}
-        if state.status == "cooling":
+        if state.status == "cooling" and state.until is not None:
             entry["cooling_for_s"] = round(state.until - now, 1)
         entry.update(early(key))
         clients.append(entry)
@@ -51,7 +62,7 @@ def build(pool, health, usage, seen_clients, route_health, bridges, counters: di
     return {"pool": pool.source, "credentials": creds, "clients": clients, "routes": routes, **counters}
 
 
-def render(report: dict) -> str:
+def render(report: dict[str, Any]) -> str:
     """The command's text: one line per credential, client credential, route and WebSocket."""
     lines = [f"codex-failover pool: {report['pool'] or '(no file: client credential only)'}"]
     for c in report["credentials"]:

@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+if TYPE_CHECKING:  # run_log.py writes the story: these are its records, for annotations only
+    from .health import State
+    from .policy import PoolConfig
+    from .run_log import AttemptLog
 
 SERVED = ":white_check_mark:"  # committed or delivered: the client got this attempt
 REJECTED = ":x:"  # a rejection (in-stream or by status): failed over
@@ -58,19 +64,19 @@ def attempt_error(verdict: str, reason: str) -> str:
     return f"codex-failover: {_WORDS.get(verdict, verdict)}: {reason}"
 
 
-def attempt_line(entry) -> str:
+def attempt_line(entry: AttemptLog) -> str:
     status = f", HTTP {entry.status}" if entry.status is not None else ""
     return (f"attempt {entry.n}: {entry.credential} via {entry.route}: {entry.verdict} ({entry.reason}){status}, "
             f"{entry.elapsed_ms} ms")
 
 
-def attempt_comment(request_id: str, entry, total: int) -> str:
+def attempt_comment(request_id: str, entry: AttemptLog, total: int) -> str:
     """What happened first (mitmweb's Comment column cuts long text), then whose request it was."""
     line = attempt_line(entry).replace(f"attempt {entry.n}:", f"attempt {entry.n}/{total}:", 1)
     return f"{line} (codex-failover {request_id})"
 
 
-def summary(history, outcome: str | None) -> str:
+def summary(history: Sequence[AttemptLog], outcome: str | None) -> str:
     count = f"{len(history)} attempt{'s' if len(history) != 1 else ''}"
     rejected = [e.reason for e in history if e.verdict in ("failover", "failed", "recover")]
     after = f" after {', '.join(dict.fromkeys(rejected))}" if rejected else ""
@@ -82,7 +88,7 @@ def summary(history, outcome: str | None) -> str:
     return f"failover: {count}, {outcome}"
 
 
-def request_comment(history, skipped: dict, pinned: str | None, outcome: str | None = None,
+def request_comment(history: Sequence[AttemptLog], skipped: Mapping[str, Skipped], pinned: str | None, outcome: str | None = None,
                     request_id: str = "") -> str:
     """The summary line, then a bulleted line per fact: mitmweb's comment box shows newlines as
     spaces, so the bullets keep the lines apart there."""
@@ -95,7 +101,7 @@ def request_comment(history, skipped: dict, pinned: str | None, outcome: str | N
     return "\n".join([summary(history, outcome)] + [f"• {line}" for line in lines])
 
 
-def bound_to(key: str | None, pool) -> str:
+def bound_to(key: str | None, pool: PoolConfig) -> str:
     """How a request that cannot move is placed, for its log line: on the pooled credential that
     holds its state, or on its own."""
     if key and any(c.name == key for c in pool.credentials):
@@ -103,7 +109,7 @@ def bound_to(key: str | None, pool) -> str:
     return "stays on its own credential"
 
 
-def nobody_to_serve(states, movable: bool) -> str:
+def nobody_to_serve(states: Sequence[tuple[str, str, str | None]], movable: bool) -> str:
     """The summary of an answer given without dialling: a request bound to one credential names it
     and its condition; otherwise every credential was cooling or out."""
     if movable or not states:
@@ -112,7 +118,7 @@ def nobody_to_serve(states, movable: bool) -> str:
     return f"credential {name}, which holds this request's state, is {status}" + (f" ({reason})" if reason else "")
 
 
-def skipped_line(name: str, status: str, state, now: float) -> str:
+def skipped_line(name: str, status: str, state: State, now: float) -> str:
     """A credential the plan passed over, for the request's log line: `client cooling (usage_limit,
     59m left)`."""
     left = ""

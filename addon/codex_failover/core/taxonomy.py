@@ -7,9 +7,9 @@ import email.utils
 import json
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping, TypeGuard
 
-from ..config import Policy
+from .policy import Policy
 from .rules import Rules
 
 FAILOVER = "failover"
@@ -34,10 +34,10 @@ _TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECAS
 class ResponseVerdict:
     verdict: str  # COMMIT (stream it), FAILOVER, DELIVER (answer the client with it as is)
     reason: str
-    error: Mapping | None = None
+    error: Mapping[str, Any] | None = None
 
 
-def error_object(body: bytes) -> dict:
+def error_object(body: bytes) -> dict[str, Any]:
     """The `error` object of an OpenAI-style JSON error body ({} when there is none)."""
     try:
         doc = json.loads(body)
@@ -96,7 +96,7 @@ def retry_after_seconds(value: str | None, now: float) -> float | None:
     return max(0.0, when.timestamp() - now)
 
 
-def cooldown_seconds(reason: str, error: Mapping | None, retry_after: str | None, now: float, policy: Policy) -> float:
+def cooldown_seconds(reason: str, error: Mapping[str, Any] | None, retry_after: str | None, now: float, policy: Policy) -> float:
     """How long a rejection of class `reason` cools its credential (0: not at all)."""
     if reason in _NO_COOLDOWN:
         return 0.0
@@ -105,7 +105,7 @@ def cooldown_seconds(reason: str, error: Mapping | None, retry_after: str | None
     return min(max(seconds, 1.0), policy.max_cooldown)
 
 
-def hinted_seconds(error: Mapping, retry_after: str | None, now: float) -> float | None:
+def hinted_seconds(error: Mapping[str, Any], retry_after: str | None, now: float) -> float | None:
     """When upstream says to come back: Retry-After, resets_in_seconds, resets_at, "try again in"."""
     header = retry_after_seconds(retry_after, now)
     if header is not None:
@@ -126,7 +126,7 @@ def hinted_seconds(error: Mapping, retry_after: str | None, now: float) -> float
     return None
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 

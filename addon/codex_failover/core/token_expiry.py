@@ -12,13 +12,15 @@ from __future__ import annotations
 import shlex
 import time
 from pathlib import Path
+from typing import Any, Iterable
 
 from .auth import CHATGPT
+from .policy import Credential
 
 WARN_WITHIN = 24 * 3600.0  # seconds before `exp` a token is worth a warning
 
 
-def refresh_command(cred) -> str:
+def refresh_command(cred: Credential) -> str:
     """`CODEX_HOME=<folder of its auth.json> codex login`: `codex login` writes the auth.json of
     the folder CODEX_HOME names (~/.codex when unset)."""
     if not cred.auth_file:
@@ -42,7 +44,7 @@ def left(seconds: float) -> str:
     return f"{max(seconds, 0) / 60:.0f} min"
 
 
-def describe(cred, now: float) -> dict | None:
+def describe(cred: Credential, now: float) -> dict[str, Any] | None:
     """The status page's fields for a ChatGPT credential whose token has an `exp`; else None."""
     at = cred.auth.expires_at
     if cred.kind != CHATGPT or at is None:
@@ -51,7 +53,7 @@ def describe(cred, now: float) -> dict | None:
             "token_expires_in_s": round(at - now), "refresh": refresh_command(cred)}
 
 
-def line(cred, now: float) -> tuple[bool, str] | None:
+def line(cred: Credential, now: float) -> tuple[bool, str] | None:
     """(a warning?, the line) for a ChatGPT credential's token: expired, expiring within
     WARN_WITHIN, or fine; None when it has no `exp`."""
     at = cred.auth.expires_at
@@ -74,17 +76,17 @@ class ExpiryWatch:
     def __init__(self) -> None:
         self._warned: set[tuple[str, float]] = set()
 
-    def at_start(self, creds, now: float) -> list[tuple[bool, str]]:
+    def at_start(self, creds: Iterable[Credential], now: float) -> list[tuple[bool, str]]:
         out = []
         for cred in creds:
             found = line(cred, now)
             if found is not None:
                 out.append(found)
-                if found[0]:
+                if found[0] and cred.auth.expires_at is not None:  # (found: it has an `exp`)
                     self._warned.add((cred.name, cred.auth.expires_at))
         return out
 
-    def check(self, creds, now: float) -> list[str]:
+    def check(self, creds: Iterable[Credential], now: float) -> list[str]:
         """Warnings that are new since the last call."""
         out = []
         for cred in creds:
@@ -92,5 +94,7 @@ class ExpiryWatch:
             if cred.kind != CHATGPT or at is None or at - now > WARN_WITHIN or (cred.name, at) in self._warned:
                 continue
             self._warned.add((cred.name, at))
-            out.append(line(cred, now)[1])
+            found = line(cred, now)  # never None here: a ChatGPT credential with an `exp`
+            if found is not None:
+                out.append(found[1])
         return out

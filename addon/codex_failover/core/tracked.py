@@ -27,6 +27,6 @@ class Tracked:
         if self.on_change is not None:
             self.on_change()
 
-    def take(self) -> set:
+    def take(self) -> set[Hashable]:
         taken, self.dirty = self.dirty, set()
         return taken

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from .tracked import Tracked
 
@@ -21,7 +21,7 @@ class Window:
     resets_at: float | None  # epoch seconds
 
 
-def finite_number(value) -> float | None:
+def finite_number(value: Any) -> float | None:
     """`value` as a float, or None (not a number, or NaN)."""
     try:
         number = float(value)
@@ -44,7 +44,7 @@ def from_headers(headers: Mapping[str, str], now: float) -> list[Window]:
     return out
 
 
-def from_event(payload: Mapping) -> list[Window]:
+def from_event(payload: Mapping[str, Any]) -> list[Window]:
     limits = payload.get("rate_limits")
     if not isinstance(limits, dict):
         return []

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from .cooldown_end import usage_has_headroom
 
@@ -34,7 +34,7 @@ def own_can_send(status: int, doc: object, own_ready: bool) -> bool:
     return 200 <= status < 300 and own_ready and usage_has_headroom(doc) is not False
 
 
-def pooled_view(doc: Mapping, name: str, own_status: int) -> dict:
+def pooled_view(doc: Mapping[str, Any], name: str, own_status: int) -> dict[str, Any]:
     """The pooled credential `name`'s usage answer, saying whose it is."""
     out = copy.deepcopy(dict(doc))
     out["codex_failover"] = {"served_by": name, "own_account": "limited" if 200 <= own_status < 300 else
@@ -55,13 +55,13 @@ class UsageCache:
 
     def __init__(self, ttl: float = 30.0, clock: Callable[[], float] = time.monotonic):
         self.ttl, self._clock = ttl, clock
-        self._by_key: dict[str, tuple[float, dict]] = {}
+        self._by_key: dict[str, tuple[float, dict[str, Any]]] = {}
 
-    def get(self, key: str) -> dict | None:
+    def get(self, key: str) -> dict[str, Any] | None:
         hit = self._by_key.get(key)
         if hit is None or self._clock() - hit[0] > self.ttl:
             return None
         return hit[1]
 
-    def put(self, key: str, doc: dict) -> None:
+    def put(self, key: str, doc: dict[str, Any]) -> None:
         self._by_key[key] = (self._clock(), doc)

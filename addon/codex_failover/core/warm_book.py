@@ -10,7 +10,9 @@ are headers of each request, not properties of the connection. docs/architecture
 - HTTP/2 connections carry up to `max_streams` attempts at once; HTTP/1.1 ones one at a time.
 - While a connection is being dialled, later attempts for the key wait for it and are assigned
   again once it is up, unless the key is known to speak HTTP/1.1 (then each dials its own).
-- At most `max_idle_per_key` idle connections stay per key, each at most `idle_timeout` seconds.
+- At most `max_idle_per_key` idle connections stay per key, each at most `idle_timeout` seconds,
+  and at most `max_idle` in all (keys carry the credential: a client that uses many keys, or a
+  large pool, never makes the proxy hold a connection for each).
 - `prewarm(key)` dials one speculative connection when nothing usable or underway exists for the
   key, at most one at a time per key.
 """
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 DIALLING, OPEN, CLOSED = "dialling", "open", "closed"
 MAX_STREAMS = 100  # HTTP/2 streams per connection (servers commonly allow 100-256)
 MAX_IDLE_PER_KEY = 4
+MAX_IDLE = 32  # idle connections kept in all, whatever the keys
 IDLE_TIMEOUT = 300.0  # seconds; HTTP/2 keepalive PINGs keep a live one open (http2_ping_keepalive)
 
 
@@ -68,10 +71,11 @@ class WarmBook:
     clock: Callable[[], float]
     max_streams: int = MAX_STREAMS
     max_idle_per_key: int = MAX_IDLE_PER_KEY
+    max_idle: int = MAX_IDLE
     idle_timeout: float = IDLE_TIMEOUT
     slots: dict[Hashable, list[Slot]] = field(default_factory=dict)
     protocol: dict[Hashable, bool] = field(default_factory=dict)  # key -> multiplexed, once a connection told
-    _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def assign(self, key: Hashable) -> Assignment:
         """Where the next attempt for `key` goes; a `Use` or `Dial` counts it on that slot."""
@@ -127,13 +131,16 @@ class WarmBook:
     def expired(self) -> list[Slot]:
         """Idle slots to close now: idle too long, or more idle ones for a key than allowed
         (the longest idle go first). The caller closes them and reports `closed`."""
-        now, out = self.clock(), []
+        now, out, kept = self.clock(), [], []
         for slots in self.slots.values():
             idle = sorted((s for s in slots if s.state == OPEN and s.active == 0), key=lambda s: s.idle_since or 0.0)
             out += [s for s in idle if now - (s.idle_since or now) >= self.idle_timeout]
             fresh = [s for s in idle if s not in out]
-            out += fresh[: max(0, len(fresh) - self.max_idle_per_key)]
-        return out
+            cut = max(0, len(fresh) - self.max_idle_per_key)
+            out += fresh[:cut]
+            kept += fresh[cut:]
+        kept.sort(key=lambda s: s.idle_since or 0.0)
+        return out + kept[: max(0, len(kept) - self.max_idle)]
 
     def all(self) -> list[Slot]:
         return [s for slots in self.slots.values() for s in slots]

@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Mapping
 
+from .body_edit import remove_members
 from .classifier import BootstrapClassifier, Decision, Verdict
 from .framer import Event
-from .body_edit import remove_members
 from .replay_safety import _nobody, assess, removals
 from .rules import Rules
 
@@ -34,7 +34,7 @@ PREVIOUS = "previous_response_id"
 class Turn:
     n: int  # 1-based, on this client socket
     create: Message  # the client's response.create, as sent
-    body: dict
+    body: dict[str, Any]
     movable: bool  # may go to another credential's socket
     why_pinned: str | None = None
     warmup: bool = False  # generate:false with empty input: establishes no conversation state
@@ -49,7 +49,7 @@ class Turn:
         the client's without encrypted reasoning and the client's turn state (as the HTTP path
         does). Only those members are cut from the client's bytes (body_edit); the rest, Responses
         Lite's `client_metadata` among it, is sent exactly as Codex sent it."""
-        cuts: list = []
+        cuts: list[tuple[dict[str, Any], str]] = []
         continues = PREVIOUS in self.body
         if new_socket and self.warmup_id is not None:
             cuts.append((self.body, PREVIOUS))
@@ -73,7 +73,7 @@ class Step:
     held: tuple[Message, ...] = ()  # a FAILOVER's swallowed messages (delivered on exhaustion)
 
 
-def parse_create(content: bytes | str) -> dict | None:
+def parse_create(content: bytes | str) -> dict[str, Any] | None:
     """A client message's JSON body when it is a `response.create`, else None."""
     text = content if isinstance(content, str) else content.decode("utf-8", "replace")
     if '"response.create"' not in text:  # cheap: most client traffic is not a create
@@ -91,16 +91,16 @@ class TurnGate:
     timeout: float = 0.0  # the bootstrap time budget (0: none)
     clock: Callable[[], float] = time.monotonic
     encrypted_reasoning: str = "strip"
-    owner: Callable = _nobody  # who made an artifact (provenance.Provenance.owner)
+    owner: Callable[[tuple[str, ...]], str | None] = _nobody  # who made an artifact (provenance.Provenance.owner)
     turns: int = 0
     turn: Turn | None = None  # the latest turn
     _clf: BootstrapClassifier | None = None  # open window
     _held: list[Message] = field(default_factory=list)
-    _warmups: dict[str, dict] = field(default_factory=dict)  # response id -> warm-up body
+    _warmups: dict[str, dict[str, Any]] = field(default_factory=dict)  # response id -> warm-up body
 
     # -- client side -----------------------------------------------------------------------
 
-    def client_message(self, content: bytes, is_text: bool, headers) -> Turn | None:
+    def client_message(self, content: bytes, is_text: bool, headers: Mapping[str, str]) -> Turn | None:
         """A `response.create` opens a window and returns its turn; anything else passes."""
         body = parse_create(content) if is_text else None
         if body is None:
@@ -117,7 +117,7 @@ class TurnGate:
         self.reopen()
         return turn
 
-    def _turn(self, n: int, create: Message, body: dict, headers) -> Turn:
+    def _turn(self, n: int, create: Message, body: dict[str, Any], headers: Mapping[str, str]) -> Turn:
         previous = body.get(PREVIOUS)
         warmup = body.get("generate") is False and body.get("input") == [] and not previous
         warm = self._warmups.get(previous) if isinstance(previous, str) else None
@@ -188,16 +188,17 @@ class TurnGate:
         return self.turn is not None and self.turn.warmup and self.turn.response_id is None
 
     def _note_response_id(self, event: Event) -> None:
-        if not event.type or not event.type.startswith("response."):
-            return
-        response = event.payload.get("response")
+        turn, payload = self.turn, event.payload
+        if turn is None or not isinstance(payload, dict) or not event.type or not event.type.startswith("response."):
+            return  # (a `type` comes only with a JSON object; the turn is there when it is wanted)
+        response = payload.get("response")
         rid = response.get("id") if isinstance(response, dict) else None
         if isinstance(rid, str):
-            self.turn.response_id = rid
-            self._warmups[rid] = self.turn.body
+            turn.response_id = rid
+            self._warmups[rid] = turn.body
 
 
-def _covers(body: dict, warmup: dict) -> bool:
+def _covers(body: dict[str, Any], warmup: dict[str, Any]) -> bool:
     """The turn sets every field the warm-up set (so dropping the warm-up loses nothing)."""
     skip = {"generate", "input", PREVIOUS, "client_metadata"}
     return all(k in skip or k in body for k in warmup)

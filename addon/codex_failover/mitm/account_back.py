@@ -15,8 +15,18 @@ from mitmproxy import command, http
 from ..config import PoolConfig
 from ..core.auth import CHATGPT, AuthMaterial, auth_from_headers
 from ..core.client_access import is_loopback_host
-from ..core.cooldown_end import (BY_HAND, RECHECKED, REDEEMED, CooldownEnds, Ended, UsageRecheck,
-                                 redeems_reset_credit, usage_has_headroom, usage_url, usage_windows)
+from ..core.cooldown_end import (
+    BY_HAND,
+    RECHECKED,
+    REDEEMED,
+    CooldownEnds,
+    Ended,
+    UsageRecheck,
+    redeems_reset_credit,
+    usage_has_headroom,
+    usage_url,
+    usage_windows,
+)
 from ..core.health import Health
 from ..core.planner import client_key
 from ..core.usage import UsageBook

@@ -12,44 +12,42 @@ import traceback
 
 from mitmproxy import command, ctx, exceptions, http
 
-from . import bounded_body, client_answers, client_hop
-from .boundary import ClientBoundary, not_own_user
-
-from . import quiet_log, secret_guard
-
+from ..config import ConfigError, PoolConfig, load_pool
 from ..core import status
 from ..core.affinity import Affinity
-from .account_back import AccountBack
-from ..core.provenance import Provenance
-from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
 from ..core.auth import AuthMaterial, auth_from_headers
-from .file_watch import FileWatch
 from ..core.client_access import ClientAccess, is_loopback_host
 from ..core.codex_request import EndpointMatcher, asks_to_stream, is_compact, is_websocket_upgrade, parse_body
-from ..config import ConfigError, PoolConfig, load_pool
 from ..core.health import Health
 from ..core.intercept_scope import InterceptScope
-from .held_client import RelayHops, point_at_relay
-from .passthrough_redact import PassThroughRedaction
-from .request_run import RequestRun, start_run
-from .usage_answer import UsageAnswer
-from ..shared import Shared
+from ..core.provenance import Provenance
 from ..core.recovery import Slots
-from ..net.relay import Relay
 from ..core.routes import RouteHealth
+from ..core.rules import RulesError
 from ..core.run_ids import run_id
-from ..core.rules import RulesError, load_rules
-from ..metrics import Metrics, MetricsListener, snapshot_on_loop
-from ..options import add_options, parse_options
 from ..core.seen_clients import SeenClients
-from ..net.socks_bridge import SocksBridges
-from ..state_keeper import StateKeeper, close_keeper, open_keeper
-from .tls_scope import TlsScope
 from ..core.usage import UsageBook
-from .engine import WarmConnections
+from ..metrics import Metrics, MetricsListener, snapshot_on_loop
+from ..net.relay import Relay
+from ..net.socks_bridge import SocksBridges
+from ..options import add_options, parse_options
+from ..rules_file import load_rules
+from ..shared import Shared
+from ..state_keeper import StateKeeper, close_keeper, open_keeper
 from ..ws.conn import WsConn
 from ..ws.gate import WebsocketGate
 from ..ws.upstream import tls_context
+from . import bounded_body, client_answers, client_hop, quiet_log, secret_guard
+from .account_back import AccountBack
+from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
+from .boundary import ClientBoundary, not_own_user
+from .engine import WarmConnections
+from .file_watch import FileWatch
+from .held_client import RelayHops, point_at_relay
+from .passthrough_redact import PassThroughRedaction
+from .request_run import RequestRun, start_run
+from .tls_scope import TlsScope
+from .usage_answer import UsageAnswer
 
 log = logging.getLogger("codex_failover")
 

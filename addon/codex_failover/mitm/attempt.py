@@ -15,16 +15,18 @@ its final hook returns, so saved flows carry it (docs/observability.md, "mitmweb
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from mitmproxy import ctx, flow as mitmflow, http
+from mitmproxy import flow as mitmflow, http
 
-from .engine import WarmConnections
 from .secret_guard import arming
 from .warm_conn import WarmConnection, WarmKey, end_unsent, server_at
+
+if TYPE_CHECKING:  # the engine makes attempts (engine.py imports this module); an attempt only holds it
+    from .engine import WarmConnections
 
 ATTEMPT_TAG = "codex_failover.attempt"
 CAPTURE_LIMIT = 64 * 1024  # opening bytes kept on the attempt flow for mitmweb

@@ -10,12 +10,12 @@ from urllib.parse import urlsplit
 
 from mitmproxy import http
 
-from . import bounded_body
 from ..core.body_edit import remove_members
 from ..core.codex_request import COMPACT, swap_credential
 from ..core.planner import Candidate, Plan
 from ..core.replay_safety import PIN_HEADER, removals
 from ..core.routes import Endpoint
+from . import bounded_body
 from .attempt import Attempt, copy_request
 from .warm_conn import WarmKey
 

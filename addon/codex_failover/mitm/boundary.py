@@ -14,10 +14,10 @@ from pathlib import Path
 
 from mitmproxy import ctx, http
 
-from . import client_answers
 from ..core import client_boundary as rules
 from ..core.auth import AuthMaterial, auth_from_headers
 from ..core.client_access import _ip
+from . import client_answers
 
 log = logging.getLogger("codex_failover")
 

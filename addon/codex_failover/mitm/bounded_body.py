@@ -1,7 +1,7 @@
 """A request's or response's decoded body, without decoding past a cap or holding the event loop.
 
 Every body the addon reads decoded goes through here instead of mitmproxy's `get_content()`, which
-decodes the whole body in one call however large it decodes to (core/bounded_decode.py says why).
+decodes the whole body in one call however large it decodes to (bounded_decode.py says why).
 `limit` is failover_max_body unless a caller needs less; the async form yields to the event loop
 every few milliseconds, so other connections go on while a large body decodes.
 """
@@ -14,7 +14,7 @@ import time
 
 from mitmproxy import http
 
-from ..core.bounded_decode import BoundedDecoder, Outcome
+from ..bounded_decode import BoundedDecoder, Outcome
 
 log = logging.getLogger("codex_failover")
 

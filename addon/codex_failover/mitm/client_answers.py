@@ -9,8 +9,8 @@ import time
 from mitmproxy import http
 
 from ..core.pool_wait import Soonest, back_in, time_fields
-from ..net.relay import HOP_BY_HOP
 from ..core.taxonomy import AUTH_REJECTED, exhausted_status
+from ..net.relay import HOP_BY_HOP
 from .secret_guard import SECRETS
 
 # Error type and code by rejection class, when upstream's own error object has none.

@@ -38,9 +38,9 @@ from mitmproxy.proxy.layers.http import Http2Server, HttpLayer, HttpStream
 from mitmproxy.proxy.mode_servers import ProxyConnectionHandler
 from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 
+from ..net.relay import UNCLAIMED_TTL, UpstreamBroken
 from . import hook_chain
 from .attempt import Capture
-from ..net.relay import UNCLAIMED_TTL, UpstreamBroken
 from .client_answers import client_response
 
 log = logging.getLogger("codex_failover")

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
 
 from mitmproxy import ctx
 
 from ..core.warm_book import CLOSED, OPEN, Dial, Slot, WarmBook
+from .attempt import Attempt
 from .warm_conn import WarmConnection, WarmKey
-
-if TYPE_CHECKING:
-    from .attempt import Attempt
 
 REAP_EVERY = 5.0  # seconds between looks for idle connections to close
 
@@ -43,11 +40,9 @@ class WarmConnections:
             self._forget(assignment.slot)  # died between uses: never counted against anyone
         raise RuntimeError("no upstream connection could be assigned")  # a bug: the book keeps changing its mind
 
-    def attempt(self, client_flow, request, label: str, n: int) -> "Attempt":
+    def attempt(self, client_flow, request, label: str, n: int) -> Attempt:
         """A new attempt (`request`, for `client_flow`) whose connection comes from here. The driver
         gets its attempts through this one method, so a test can inject a scripted engine."""
-        from .attempt import Attempt  # attempt.py imports warm_conn; imported here when first used
-
         return Attempt(client_flow, request, label, n, self)
 
     def prewarm(self, key: WarmKey, endpoint=None, dial_timeout: float = 30.0) -> None:

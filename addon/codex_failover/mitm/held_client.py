@@ -15,11 +15,11 @@ import time
 from mitmproxy import ctx, http
 from mitmproxy.hooks import UpdateHook
 
+from ..net.relay import Relay, RelaySession
 from . import bounded_body, client_answers, client_hop, hook_chain
 from .attempt import PLACEHOLDER, SECRET_HEADERS, Capture
 from .client_hop import HOP_TAG, ClientHop
 from .heartbeat import STREAM_HEADERS, HeartbeatSink
-from ..net.relay import Relay, RelaySession
 
 RELAY_TAG = "codex_failover.relay"
 ERROR_BODY_CAP = 1024 * 1024  # an answer read in heartbeat mode for its error object only

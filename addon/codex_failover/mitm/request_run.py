@@ -17,31 +17,48 @@ import traceback
 
 from mitmproxy import http
 
-from . import bounded_body, client_answers, secret_guard
-from .client_hop import client_can_read
+from ..core import story
 from ..core.affinity import affinity_key, session_of
-from .attempt import END, ERROR, Attempt, Item, copy_request, hide_secrets
-from .attempt_maker import AttemptMaker
 from ..core.auth import AuthMaterial, auth_from_headers
 from ..core.codex_request import COMPACT
-from ..core.provenance import artifacts_of_compact
-from ..core.failover_loop import (AllCooling, Exhausted, FailoverLoop, Final, RecoveryExhausted, Rejection, RouteDown, Try,
-                            Wait, cools, own_refusal)
-from .held_client import HeldClient, shown_changed
+from ..core.failover_loop import (
+    AllCooling,
+    Exhausted,
+    FailoverLoop,
+    Final,
+    RecoveryExhausted,
+    Rejection,
+    RouteDown,
+    Try,
+    Wait,
+    cools,
+    own_refusal,
+)
 from ..core.planner import Candidate, Plan, make_plan
 from ..core.pool_reach import unreachable
+from ..core.provenance import artifacts_of_compact
 from ..core.recovery import RECOVERABLE_STATUS
 from ..core.replay_safety import MovePolicy, assess
 from ..core.routes import Endpoint
 from ..core.run_log import AttemptEnd, RunLog
-from ..shared import Shared
-from .sse_hold import SseHold
-from ..core import story
 from ..core.story import Skipped
 from ..core.taxonomy import FAILOVER, UPSTREAM_5XX, classify_response
-from ..core.transport import (HOST_NETWORK, INCOMPLETE_RESPONSE, PRE_DISPATCH, RESPONSE_TIMEOUT, TLS_FAILED,
-                        classify_connection_error)
+from ..core.transport import (
+    HOST_NETWORK,
+    INCOMPLETE_RESPONSE,
+    PRE_DISPATCH,
+    RESPONSE_TIMEOUT,
+    TLS_FAILED,
+    classify_connection_error,
+)
 from ..core.usage import Window, from_headers
+from ..shared import Shared
+from . import bounded_body, client_answers, secret_guard
+from .attempt import END, ERROR, Attempt, Item, copy_request, hide_secrets
+from .attempt_maker import AttemptMaker
+from .client_hop import client_can_read
+from .held_client import HeldClient, shown_changed
+from .sse_hold import SseHold
 
 log = logging.getLogger("codex_failover")
 

@@ -10,15 +10,15 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .attempt import CHUNK, END, Attempt
 from ..core.classifier import FRAMING_ERROR, BootstrapClassifier, Decision, Verdict
 from ..core.failover_loop import Rejection
 from ..core.framer import FramerError
-from ..core.recovery import NO_TERMINAL, TRANSPORT, TerminalTracker, recoverable_stream_end
 from ..core.provenance import SseArtifacts
-from ..net.relay import UpstreamBroken
+from ..core.recovery import NO_TERMINAL, TRANSPORT, TerminalTracker, recoverable_stream_end
 from ..core.run_log import AttemptEnd
 from ..core.usage import from_event
+from ..net.relay import UpstreamBroken
+from .attempt import CHUNK, END, Attempt
 
 if TYPE_CHECKING:
     from ..core.planner import Candidate

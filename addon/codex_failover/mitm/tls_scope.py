@@ -9,10 +9,9 @@ import weakref
 import certifi
 from mitmproxy import ctx, tls
 
-from .client_hop import is_reverse
-
 from ..core.intercept_scope import ALL, InterceptScope
 from ..net.trust import extend_openssl_context
+from .client_hop import is_reverse
 
 
 class TlsScope:

@@ -34,9 +34,9 @@ from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import HTTPMode, HttpStream
 
+from ..core.warm_book import Slot
 from . import hook_chain
 from .quiet_log import replay_level
-from ..core.warm_book import Slot
 
 if TYPE_CHECKING:
     from .attempt import Attempt

@@ -11,10 +11,20 @@ from collections import deque
 
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
-from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Event, Ping, RejectConnection,
-                            RejectData, Request, TextMessage)
-from .bounded_deflate import BoundedDeflate
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Event,
+    Ping,
+    RejectConnection,
+    RejectData,
+    Request,
+    TextMessage,
+)
 from wsproto.utilities import RemoteProtocolError
+
+from .bounded_deflate import BoundedDeflate
 
 log = logging.getLogger("codex_failover")
 

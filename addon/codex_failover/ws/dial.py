@@ -8,27 +8,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import ssl
 from collections import deque
 from dataclasses import dataclass
 
-from ..core.affinity import Affinity, affinity_key, session_of
+from ..core.affinity import affinity_key, session_of
 from ..core.auth import auth_from_headers
 from ..core.codex_request import swap_credential
-from ..config import PoolConfig
-from ..shared import Shared
 from ..core.failover_loop import SERVED, FailoverLoop, Rejected, Rejection, RouteDown, Try, cools, own_refusal
-from ..core.health import Health
-from ..core.pool_feedback import PoolFeedback
 from ..core.planner import Candidate, Plan, make_plan
-from ..core.replay_safety import PIN_HEADER, assess
-from ..mitm.secret_guard import SECRETS
-from ..core.routes import Endpoint, RouteHealth
-from ..core.rules import Rules
-from ..net.socks_bridge import SocksBridges
 from ..core.pool_wait import USAGE_LIMIT_REASONS, Soonest, back_in, soonest, time_fields
+from ..core.replay_safety import PIN_HEADER, assess
+from ..core.routes import Endpoint
 from ..core.taxonomy import FAILOVER, classify_response, error_object, exhausted_status
 from ..core.transport import HANDSHAKE_FAILED, UPGRADE_REFUSED
+from ..mitm.secret_guard import SECRETS
+from ..shared import Shared
 from .conn import HANDSHAKE_HEADERS, HandshakeRejected, Message, WsConn
 from .upstream import ConnectFailed, Target, open_upstream
 

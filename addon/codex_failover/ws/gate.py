@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 from mitmproxy import http
 
 from ..core.classifier import Decision, Verdict
+from ..core.failover_loop import Rejection
+from ..core.provenance import artifacts_of_message
 from ..core.taxonomy import FAILOVER
 from ..core.usage import from_event, from_headers
-from .conn import ABNORMAL, HANDSHAKE_HEADERS, Message, WsConn
-from ..core.failover_loop import Rejection
-from ..shared import Shared
-from .dial import Dialer, Upstream, as_frames
-from ..core.provenance import artifacts_of_message
 from ..core.ws_turns import Step, Turn, TurnGate
+from ..shared import Shared
+from .conn import ABNORMAL, HANDSHAKE_HEADERS, Message, WsConn
+from .dial import Dialer, Upstream, as_frames
 
 log = logging.getLogger("codex_failover")
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import ssl
 from dataclasses import dataclass
-
-import certifi
 from urllib.parse import urlsplit
 
+import certifi
+
 from ..core.routes import Endpoint
-from ..net.socks_bridge import SocksBridges
 from ..core.transport import PRE_DISPATCH, classify_connection_error
+from ..net.socks_bridge import SocksBridges
 from ..net.trust import add_system_trust
 from .conn import WsConn
 
