@@ -12,6 +12,7 @@ from conftest import Clock
 from codex_failover.config import Credential, Policy, PoolConfig
 from codex_failover.core.auth import AuthMaterial
 from codex_failover.core.body_edit import remove_members
+from codex_failover.core.framer import _NOT_PARSED
 from codex_failover.core.health import Health
 from codex_failover.core.planner import client_key, make_plan
 from codex_failover.core.provenance import (
@@ -76,6 +77,31 @@ def test_a_relayed_stream_is_read_for_artifacts_however_it_is_chunked():
         chunked += scanner.feed(stream[i:i + 7])
     chunked += scanner.close()
     assert whole == chunked == ["resp:resp_7", "item:cmp_7", digest("enc7")]
+
+
+def test_every_chunking_finds_what_the_whole_stream_has_and_only_artifact_events_are_parsed():
+    """Markers cut between chunks, a marker's event still to come, CRLF line ends, a message item done
+    (no artifact: not parsed), and a stream of deltas alone (nothing looked at)."""
+    events = [
+        {"type": "response.created", "response": {"id": "resp_8"}},
+        {"type": "response.output_text.delta", "delta": "x" * 40},
+        {"type": "response.output_item.done", "item": {"type": "message", "id": "msg_8", "content": []}},
+        {"type": "response.output_item.done", "item": reasoning("rs_8", "enc8")},
+        {"type": "response.completed", "response": {"id": "resp_8", "output": [compaction("cmp_8", "c8")]}},
+    ]
+    want = ["resp:resp_8", "item:rs_8", digest("enc8"), "resp:resp_8", "item:cmp_8", digest("c8")]
+    for eol in ("\n", "\r\n"):
+        stream = b"".join(f"event: {e['type']}{eol}data: {json.dumps(e)}{eol}{eol}".encode() for e in events)
+        for size in (1, 2, 5, 13, 27, 64, len(stream)):
+            scanner, found = SseArtifacts(), []
+            for i in range(0, len(stream), size):
+                found += scanner.feed(stream[i:i + size])
+            assert found + scanner.close() == want, (eol, size)
+    deltas = b"".join(sse({"type": "response.output_text.delta", "delta": f"d{i}"}) for i in range(20))
+    scanner = SseArtifacts()
+    framed = scanner.frame(deltas) + scanner.frame(sse(events[2]))
+    assert len(framed) == 21 and scanner.take() == []
+    assert all(e._payload is _NOT_PARSED for e in framed)  # framed, never parsed
 
 
 def test_a_compact_endpoint_answer():

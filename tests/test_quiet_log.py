@@ -80,3 +80,22 @@ def test_mitmweb_has_no_dumper_options():
     opts = Options(failover_verbose=False)
     QuietLog().configure(opts)  # nothing to set, no error
     assert not hasattr(opts, "flow_detail")
+
+
+def test_a_debug_line_is_dropped_only_while_no_handler_takes_it():
+    """Dropped before formatting when nothing would show it (mitmdump at its default verbosity);
+    kept for a handler at debug level (the debug log, mitmweb's event view, a user's)."""
+    from codex_failover.mitm.quiet_log import shown
+
+    top = logging.Logger("quiet-test")
+    below = logging.Logger("quiet-test.server")
+    below.parent = top
+    assert not shown(below, logging.DEBUG)
+    info = logging.NullHandler()
+    info.setLevel(logging.INFO)
+    top.addHandler(info)
+    assert not shown(below, logging.DEBUG) and shown(below, logging.INFO)
+    top.addHandler(logging.NullHandler())  # level NOTSET: takes everything
+    assert shown(below, logging.DEBUG)
+    below.propagate = False
+    assert not shown(below, logging.DEBUG)

@@ -156,6 +156,10 @@ class SSEFramer:
             self._buf.clear()
         return events
 
+    def holds(self, needles: tuple[bytes, ...]) -> bool:
+        """Do the bytes not framed yet (an event still to come) hold any of `needles`?"""
+        return any(needle in self._buf for needle in needles)
+
     def take_pending(self) -> bytes:
         """Give up framing: return the unframed bytes (so nothing is lost) and stop."""
         pending = bytes(self._buf)

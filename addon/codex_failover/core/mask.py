@@ -20,6 +20,7 @@ from typing import Any
 MASK = "<redacted by codex-failover>"
 MIN_KNOWN = 6  # a shorter "secret" would mask ordinary words; shapes still catch keys and tokens
 RECENT = 256  # armed values kept besides the pool's (a client's own key, an old pool's)
+FRESH = 32  # values armed since the regex was built, tested as substrings until there are more
 _TOKEN = r"[A-Za-z0-9._~+/=-]"
 # Key shapes, each run only when its literal part is in the text (a substring test is a hundred
 # times cheaper than a regex scan of a long log line).
@@ -32,7 +33,12 @@ _SHAPES = (
 
 class Secrets:
     """The secret values in force: the pool's (replaced whole on each load) and the values armed
-    recently (bounded), matched by one regex built again only when the set changed."""
+    recently (bounded), matched by one regex built again when the set changed.
+
+    Building it is what costs (3.6 ms at 120 values), and every client credential seen arms a value:
+    a value armed since is tested as a substring first, and the regex is built again only when one
+    is in the text (the result is then the one regex's), past FRESH of them, or with another pool. A
+    value dropped from the recent ones may be masked until then: more is masked, never less."""
 
     def __init__(self, recent: int = RECENT):
         self._pool: frozenset[str] = frozenset()
@@ -40,6 +46,7 @@ class Secrets:
         self._limit = recent
         self._regex: re.Pattern[str] | None = None
         self._stale = False
+        self._fresh: list[str] = []  # armed since the regex was built (not in it)
         self._source: Callable[[], object] | None = None  # see follow()
         self._values_of: Callable[[Any], Iterable[str]] = lambda pool: ()
         self._seen: object = None
@@ -70,29 +77,34 @@ class Secrets:
                 self._recent.move_to_end(value)
                 continue
             self._recent[value] = None
-            self._stale = True
-            if len(self._recent) > self._limit:
+            self._fresh.append(value)
+            if len(self._recent) > self._limit:  # (the regex may mask it until it is built again)
                 self._recent.popitem(last=False)
+            if len(self._fresh) > FRESH:
+                self._stale = True
 
     def clear(self) -> None:
         self._pool, self._stale, self._source, self._seen = frozenset(), True, None, None
         self._recent.clear()
+        self._fresh = []
 
     def known(self) -> set[str]:
         self._refresh()
         return set(self._pool) | set(self._recent)
 
-    def _pattern(self) -> re.Pattern[str] | None:
+    def _pattern(self, text: str) -> re.Pattern[str] | None:
+        if self._fresh and not self._stale and any(value in text for value in self._fresh):
+            self._stale = True
         if self._stale:
             values = sorted(self.known(), key=len, reverse=True)  # the longest first: a value inside another
             self._regex = re.compile("|".join(map(re.escape, values))) if values else None
-            self._stale = False
+            self._stale, self._fresh = False, []
         return self._regex
 
     def mask(self, text: str) -> str:
         """`text` with every known value and every key-shaped word replaced by MASK."""
         self._refresh()
-        pattern = self._pattern()
+        pattern = self._pattern(text)
         if pattern is not None:
             text = pattern.sub(MASK, text)
         for needles, shape, mask in _SHAPES:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from .affinity import seen_step
-from .framer import FramerError, SSEFramer
+from .framer import Event, FramerError, SSEFramer
 from .tracked import Tracked
 
 RESPONSE = "resp:"  # a response id
@@ -37,6 +37,9 @@ DIGEST = "enc:"  # a digest of an item's encrypted_content
 BOUND_ITEMS = ("compaction", "reasoning")  # item types whose encrypted_content is account-bound
 # Events that may carry artifacts; every other event of a stream is never parsed here.
 _MARKERS = (b'"response.output_item.done"', b'"response.completed"', b'"response.created"')
+_RESPONSE_MARKERS = _MARKERS[1:]  # events that carry a response (its id, and at its end its output)
+_BOUND_KINDS = tuple(f'"{kind}"'.encode() for kind in BOUND_ITEMS)  # in an item done that can carry one
+_SPAN = max(map(len, _MARKERS)) - 1  # bytes of a marker that may come before a chunk's start
 
 
 def digest(encrypted: str) -> str:
@@ -106,30 +109,72 @@ def artifacts_of_compact(body: bytes) -> list[str]:
 
 class SseArtifacts:
     """The artifacts of an SSE stream, fed its bytes in order (any chunking). A stream that breaks
-    the framer's bounds stops being looked at: nothing is learnt from it, nothing else changes."""
+    the framer's bounds stops being looked at: nothing is learnt from it, nothing else changes.
+
+    Cheap where nothing can be found, as a stream relayed all day must be: a chunk is searched for the
+    markers (with the few bytes before it, for a marker cut between two chunks) and its events are
+    looked at only if one is there, or in the bytes the framer still holds (a marker has no line end,
+    so it lies within one event). Only an event that can carry an artifact is parsed: a response's
+    start or end, an item done whose text names a bound item type. `frame` lets the hold classify
+    the very events framed here (one framing, one parse per event) while their artifacts are kept
+    until `take`: a rejected attempt's are never taken."""
 
     def __init__(self) -> None:
         self._framer: SSEFramer | None = SSEFramer()
+        self._tail = b""  # the last bytes fed, up to a marker's length less one
+        self._pending = False  # a marker lies in the bytes the framer holds: its event is still to come
+        self._found: list[str] = []
 
     def feed(self, data: bytes) -> list[str]:
-        return self._scan(data)
+        """The artifacts of the events `data` completes."""
+        try:
+            self.frame(data)
+        except FramerError:
+            pass
+        return self.take()
 
     def close(self) -> list[str]:
-        return self._scan(None)
-
-    def _scan(self, data: bytes | None) -> list[str]:
-        if self._framer is None:
-            return []
         try:
-            events = self._framer.close() if data is None else self._framer.feed(data)
+            self.frame(None)
         except FramerError:
-            self._framer = None
-            return []
-        keys: list[str] = []
-        for event in events:
-            if any(marker in event.raw for marker in _MARKERS):
-                keys += artifacts_of_event(event.payload)
-        return keys
+            pass
+        return self.take()
+
+    def take(self) -> list[str]:
+        """The artifacts found since the last take."""
+        found, self._found = self._found, []
+        return found
+
+    def frame(self, data: bytes | None) -> list[Event]:
+        """Frame `data` (None: the end of the stream) and keep its artifacts; the events, for a caller
+        that reads them too. FramerError: the framer's bounds broken (then, and on every later call),
+        and nothing is kept of the stream."""
+        framer = self._framer
+        if framer is None:
+            raise FramerError("stream no longer framed")
+        try:
+            events = framer.close() if data is None else framer.feed(data)
+        except FramerError:
+            self._framer, self._found = None, []
+            raise
+        if data is None:
+            hit = self._pending
+        else:
+            tail = self._tail
+            hit = self._pending or _marked(data) or (bool(tail) and _marked(tail + data[:_SPAN]))
+            self._tail = data[-_SPAN:] if len(data) >= _SPAN else (tail + data)[-_SPAN:]
+        if hit:
+            self._pending = framer.holds(_MARKERS)
+            for event in events:
+                raw = event.raw
+                if _RESPONSE_MARKERS[0] in raw or _RESPONSE_MARKERS[1] in raw or \
+                        (_MARKERS[0] in raw and any(kind in raw for kind in _BOUND_KINDS)):
+                    self._found += artifacts_of_event(event.payload)
+        return events
+
+
+def _marked(data: bytes) -> bool:
+    return _MARKERS[0] in data or _MARKERS[1] in data or _MARKERS[2] in data
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,17 @@ from typing import Callable
 
 from mitmproxy import http
 
-from .attempt import ATTEMPT_TAG, hide_secrets, secrets_in
+from .attempt import ATTEMPT_TAG, PLACEHOLDER, SECRET_HEADERS, hide_secrets
+
+_SECRET_NAMES = frozenset(name.encode() for name in SECRET_HEADERS)
+_HIDDEN = PLACEHOLDER.encode()
+
+
+def _bare(headers: http.Headers) -> bool:
+    """Does a secret header still hold a value of its own? A held model request's flow was given
+    placeholders from the start (request_run.py): its hooks here then cost one pass over its
+    headers, not the host's parsing (9 us) and the headers set again."""
+    return any(value != _HIDDEN and name.lower() in _SECRET_NAMES for name, value in headers.fields)
 
 
 class PassThroughRedaction:
@@ -28,7 +38,7 @@ class PassThroughRedaction:
         if ATTEMPT_TAG in flow.metadata:
             return  # an attempt redacts itself (attempt.py), around its own send
         request = flow.request
-        if secrets_in(request.headers) and self.is_model_host(request.pretty_host):
+        if _bare(request.headers) and self.is_model_host(request.pretty_host):
             hide_secrets(request)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:

@@ -13,7 +13,8 @@ Two public knobs keep them out, and both are undone by `failover_verbose=true`:
 - every INFO record of mitmproxy's connection loggers is lowered to DEBUG (the event log at
   `termlog_verbosity=debug`, or mitmweb's debug view, still has them). Two kinds keep their level:
   the TLS handshake lines that say a client does not trust the CA (how a missing CA shows), and a
-  server connection that could not be made (how a broken egress shows).
+  server connection that could not be made (how a broken egress shows). With no handler that takes
+  debug lines (mitmdump at its default verbosity), such a line is dropped before it is formatted.
 - mitmdump's flow echo is off (`flow_detail=0`) while `flow_detail` and `dumper_filter` are at their
   defaults: a user who sets either (or `-v`, which sets `flow_detail=2`) asked for flows, and then
   only the addon's own attempts are left out of the echo (`dumper_filter=!~replayq`).
@@ -22,6 +23,11 @@ Two public knobs keep them out, and both are undone by `failover_verbose=true`:
 from __future__ import annotations
 
 import logging
+
+from mitmproxy import ctx
+from mitmproxy.log import LegacyLogEvents
+
+from . import hook_chain
 
 # Everything a connection's layers log (connects, HTTP/2 resets, streaming) goes through the first;
 # replays started with mitmproxy's own client playback log through the second.
@@ -74,8 +80,32 @@ class QuietLog(logging.Filter):
             logging.getLogger(name).removeFilter(self)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self.verbose and record.levelno == logging.INFO and not str(record.msg).startswith(KEPT):
+        if self.verbose:
+            return True
+        if record.levelno == logging.INFO and not str(record.msg).startswith(KEPT):
             lowered(record)
+        # A debug line nobody takes is dropped here, before any handler formats it: mitmproxy's
+        # LegacyLogEvents formats every record and sends it to every addon (its own slow dispatch,
+        # a wake-up of the loop) for addons' `add_log`, which mitmdump has none of. A few a request.
+        return record.levelno != logging.DEBUG or shown(logging.getLogger(record.name), logging.DEBUG)
+
+
+def shown(logger: logging.Logger, level: int) -> bool:
+    """Would a handler take a record of `logger` at `level` (the debug log, mitmweb's event view, a
+    user's)? mitmproxy's LegacyLogEvents counts only when some addon has an `add_log` hook."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        for handler in current.handlers:
+            if level >= handler.level and (not isinstance(handler, LegacyLogEvents) or _add_log_wanted()):
+                return True
+        current = current.parent if current.propagate else None
+    return False
+
+
+def _add_log_wanted() -> bool:
+    try:
+        return hook_chain.listens(ctx.master.addons, "add_log")
+    except AttributeError:  # no master (unit tests)
         return True
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..core.classifier import FRAMING_ERROR, BootstrapClassifier, Decision, Verdict
 from ..core.failover_loop import Rejection
-from ..core.framer import FramerError, SSEFramer
+from ..core.framer import FramerError
 from ..core.provenance import SseArtifacts
 from ..core.recovery import NO_TERMINAL, TRANSPORT, TerminalTracker, recoverable_stream_end
 from ..core.run_log import AttemptEnd
@@ -42,7 +42,9 @@ class SseHold:
     def __init__(self, run: "RequestRun", attempt: Attempt, cand: "Candidate"):
         self.run, self.attempt, self.cand = run, attempt, cand
         self.state = StreamState()
-        self.framer = SSEFramer()
+        # Frames the stream once, for the classifier, the recovery tracker and the artifacts this
+        # credential made (kept for requests that carry them back; taken only once committed).
+        self.made = SseArtifacts()
         self.tracker = TerminalTracker() if run.pool.recovery.enabled else None
 
     async def run_hold(self) -> AttemptEnd:
@@ -128,8 +130,8 @@ class SseHold:
         resp = attempt.flow.response
         held, committed, metrics = bytes(state.received), time.monotonic(), run.shared.metrics
         state.received = bytearray()
-        made, cand = SseArtifacts(), self.cand  # what this credential made, for requests that carry it back
-        run.made(cand, made.feed(held))
+        made, cand = self.made, self.cand  # the held bytes were framed (and their artifacts found) as they came
+        run.made(cand, made.take())
 
         async def body():
             if metrics is not None:  # the head and the held bytes (the first output) went out
@@ -166,7 +168,7 @@ class SseHold:
         (a chunk may hold the deciding event and the stream's end)."""
         decision, tracker = clf.tick(), self.tracker
         try:
-            events = self.framer.feed(data)
+            events = self.made.frame(data)
         except FramerError:
             if tracker is not None:
                 tracker.unframed()
@@ -182,7 +184,11 @@ class SseHold:
 
     def _finish(self, clf: BootstrapClassifier) -> Decision:
         decision = None
-        for event in self.framer.close():
+        try:
+            events = self.made.frame(None)
+        except FramerError:  # the framer's bounds were broken already: nothing more to see
+            events = []
+        for event in events:
             if decision is None or not decision.final:
                 decision = clf.feed(event)
             if self.tracker is not None:
@@ -192,9 +198,8 @@ class SseHold:
     def _track(self, data: bytes | None) -> None:
         """Frame `data` (None: end of stream) only to see how the stream ends."""
         try:
-            events = self.framer.close() if data is None else self.framer.feed(data)
-        except FramerError:
-            self.framer.take_pending()
+            events = self.made.frame(data)
+        except FramerError:  # framing stops (every later call says so too)
             self.tracker.unframed()
             return
         for event in events:
