@@ -4,10 +4,9 @@ prompt cache stays warm. Bounded in memory and time. Pure, clock injected."""
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from typing import Callable, Mapping
 
-from .tracked import Tracked
+from .tracked import SeenBook
 
 
 def session_of(headers: Mapping[str, str], body: object) -> str | None:
@@ -40,74 +39,32 @@ def seen_step(idle: float) -> float:
     return min(SEEN_STEP, idle / 10)
 
 
-class Affinity(Tracked):
-    """Session -> (credential key, last seen, stored seen) on the monotonic clock, least recently
-    used first. A new session, a new home, an eviction, and a last use `seen_step` past the stored
-    one are tracked (`Tracked`) for the state keeper; an idle session's expiry is not (its row
-    expires by itself)."""
+class Affinity(SeenBook):
+    """Session -> the credential key that served its last turn, least recently used first
+    (tracked.SeenBook: bounded by `max_sessions`, forgotten `idle` seconds after its last turn)."""
 
     def __init__(self, idle: float = 3600.0, max_sessions: int = 10000, clock: Callable[[], float] = time.monotonic):
-        super().__init__()
-        self.idle = idle
-        self.max_sessions = max_sessions
-        self._clock = clock
-        self._sessions: OrderedDict[str, tuple[str, float, float]] = OrderedDict()
+        super().__init__(idle, max_sessions, clock, seen_step)
+
+    @property
+    def max_sessions(self) -> int:
+        return self.limit
+
+    @max_sessions.setter
+    def max_sessions(self, value: int) -> None:
+        self.limit = value
 
     def get(self, session: str | None) -> str | None:
         if session is None or self.idle <= 0:  # idle 0: affinity off
             return None
-        self._expire()
-        entry = self._sessions.get(session)
+        entry = self._lookup(session)
         return entry[0] if entry else None
 
     def set(self, session: str | None, key: str) -> None:
-        if session is None or self.idle <= 0:
-            return
-        now = self._clock()
-        old = self._sessions.get(session)
-        if old is None or old[0] != key or now - old[2] >= seen_step(self.idle):
-            stored = now
-            self._changed(session)
-        else:
-            stored = old[2]
-        self._sessions[session] = (key, now, stored)
-        self._sessions.move_to_end(session)
-        self._trim()
+        if session is not None and self.idle > 0:
+            self._use(session, key)
 
     def entries(self) -> list[tuple[str, str, float]]:
         """(session, credential key, last seen on this clock), least recently used first."""
         self._expire()
-        return [(session, key, seen) for session, (key, seen, _) in self._sessions.items()]
-
-    def stored(self, session: str) -> tuple[str, float] | None:
-        """(credential key, the `seen` to store, on this clock) of a session held (for the state keeper)."""
-        entry = self._sessions.get(session)
-        return (entry[0], entry[2]) if entry is not None else None
-
-    def keys(self) -> list[str]:
-        return list(self._sessions)
-
-    def restore(self, session: str, key: str, seen: float) -> None:
-        """A session remembered from before a restart (`seen` on this clock), if still live."""
-        if self.idle > 0 and seen > self._clock() - self.idle:
-            self._sessions[session] = (key, seen, seen)
-            self._sessions.move_to_end(session)
-            self._trim()
-
-    def _trim(self) -> None:
-        """Bounded: the least recently used session goes (its row too: marked)."""
-        while len(self._sessions) > self.max_sessions:
-            session, _ = self._sessions.popitem(last=False)
-            self._changed(session)
-
-    def _expire(self) -> None:
-        """Drop idle sessions; oldest first, so this stops at the first live one."""
-        horizon = self._clock() - self.idle
-        while self._sessions:
-            oldest = next(iter(self._sessions.values()))
-            if oldest[1] > horizon:
-                return
-            self._sessions.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._sessions)
+        return [(session, key, seen) for session, (key, seen, _) in self._entries.items()]

@@ -20,16 +20,16 @@ Keys hold no secret and no content: an item is known by its `id`, and by a diges
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from .affinity import seen_step
 from .framer import Event, FramerError, SSEFramer
-from .tracked import Tracked
+from .tracked import SeenBook
 
 RESPONSE = "resp:"  # a response id
 ITEM = "item:"  # an output item's id
@@ -125,20 +125,15 @@ class SseArtifacts:
         self._pending = False  # a marker lies in the bytes the framer holds: its event is still to come
         self._found: list[str] = []
 
-    def feed(self, data: bytes) -> list[str]:
-        """The artifacts of the events `data` completes."""
-        try:
+    def feed(self, data: bytes | None) -> list[str]:
+        """The artifacts of the events `data` completes (None: the end of the stream). A stream that
+        breaks the framer's bounds is not looked at further: nothing is learnt from it."""
+        with contextlib.suppress(FramerError):
             self.frame(data)
-        except FramerError:
-            pass
         return self.take()
 
     def close(self) -> list[str]:
-        try:
-            self.frame(None)
-        except FramerError:
-            pass
-        return self.take()
+        return self.feed(None)
 
     def take(self) -> list[str]:
         """The artifacts found since the last take."""
@@ -206,73 +201,26 @@ def _bare(item: dict[str, Any]) -> tuple[str, ...]:
     return ("unknown:compaction",)
 
 
-class Provenance(Tracked):
-    """artifact key -> the credential key (health key) that made it. Bounded (least recently used
-    out first) and expiring `idle` seconds after it was last made or asked for, like session
-    affinity (`session_idle`): an artifact outlives neither. Tracked for the state keeper as
-    affinity is: a new artifact, a new owner, an eviction and a use `seen_step` past the stored one
-    are changes; expiry is not. Clock injected."""
+class Provenance(SeenBook):
+    """artifact key -> the credential key (health key) that made it, least recently used first
+    (tracked.SeenBook: bounded by `max_entries`, forgotten `idle` seconds after it was last made or
+    asked for, like session affinity: an artifact outlives neither its session nor the proxy's
+    memory of it). Clock injected."""
 
     def __init__(self, idle: float = 3600.0, max_entries: int = 50000, clock: Callable[[], float] = time.monotonic):
-        super().__init__()
-        self.idle = idle
-        self.max_entries = max_entries
-        self._clock = clock
-        self._owners: OrderedDict[str, tuple[str, float, float]] = OrderedDict()  # owner, last used, stored
+        super().__init__(idle, max_entries, clock, seen_step)
 
     def record(self, keys: Iterable[str], owner: str) -> int:
         """`owner` made these artifacts; how many were new or changed owner."""
         if self.idle <= 0:
             return 0
-        changed = 0
-        for key in keys:
-            old = self._owners.get(key)
-            changed += old is None or old[0] != owner
-            self._touch(key, owner, old)
-        while len(self._owners) > self.max_entries:
-            gone, _ = self._owners.popitem(last=False)
-            self._changed(gone)
-        return changed
+        return sum(self._use(key, owner) for key in keys)
 
     def owner(self, keys: Iterable[str]) -> str | None:
         """The credential that made the artifact known by any of `keys` (its id, its digest)."""
-        self._expire()
         for key in keys:
-            entry = self._owners.get(key)
+            entry = self._lookup(key)
             if entry is not None:
-                self._touch(key, entry[0], entry)  # asked for: still in use
+                self._use(key, entry[0])  # asked for: still in use
                 return entry[0]
         return None
-
-    def _touch(self, key: str, owner: str, old: tuple[str, float, float] | None) -> None:
-        now = self._clock()
-        if old is None or old[0] != owner or now - old[2] >= seen_step(self.idle):
-            stored = now
-            self._changed(key)
-        else:
-            stored = old[2]
-        self._owners[key] = (owner, now, stored)
-        self._owners.move_to_end(key)
-
-    def stored(self, key: str) -> tuple[str, float] | None:
-        """(credential key, the last use to store, on this clock) of an artifact held (state keeper)."""
-        entry = self._owners.get(key)
-        return (entry[0], entry[2]) if entry is not None else None
-
-    def keys(self) -> list[str]:
-        return list(self._owners)
-
-    def restore(self, key: str, owner: str, seen: float) -> None:
-        """An artifact remembered from before a restart (`seen` on this clock), if still live."""
-        if self.idle > 0 and seen > self._clock() - self.idle and key not in self._owners:
-            self._owners[key] = (owner, seen, seen)
-
-    def _expire(self) -> None:
-        horizon = self._clock() - self.idle
-        while self._owners:
-            if next(iter(self._owners.values()))[1] > horizon:
-                return
-            self._owners.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._owners)
