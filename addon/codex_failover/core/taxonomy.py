@@ -21,7 +21,8 @@ UPSTREAM_5XX = "upstream_5xx"
 CLIENT_ERROR = "client_error"
 OK = "ok"
 
-# Classes whose cooldown defaults to the policy's overload_cooldown when upstream names none.
+# Classes that never cool their credential (cooldown_seconds is 0 for them): they say nothing about the
+# account. Every other class cools for upstream's own time, else the policy's overload_cooldown.
 _NO_COOLDOWN = {"closed_before_output", UPSTREAM_5XX, AUTH_REJECTED, "pre_dispatch", "route_down", "host_network"}
 # Status for an exhausted request, by the class of the rejection that decided it. Codex treats
 # 429 as final for the turn and re-sends a 503 four times (docs/architecture.md#what-codex-does-with-our-answers).

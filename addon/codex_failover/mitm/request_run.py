@@ -19,46 +19,39 @@ from mitmproxy import http
 
 from ..core import story
 from ..core.affinity import affinity_key, session_of
-from ..core.auth import AuthMaterial, auth_from_headers
-from ..core.codex_request import COMPACT
-from ..core.failover_loop import (
-    AllCooling,
-    Exhausted,
-    FailoverLoop,
-    Final,
-    RecoveryExhausted,
-    Rejection,
-    RouteDown,
-    Try,
-    Wait,
-    cools,
-    own_refusal,
+from ..core.attempt_events import (
+    Broke,
+    Cancel,
+    Chunk,
+    Command,
+    Commit,
+    Context,
+    End,
+    Event,
+    Head,
+    Heartbeat,
+    ReadWhole,
+    Record,
+    Respond,
+    Tick,
+    Whole,
 )
+from ..core.attempt_machine import AttemptMachine, is_compact
+from ..core.auth import AuthMaterial, auth_from_headers
+from ..core.failover_loop import AllCooling, Exhausted, FailoverLoop, Final, RouteDown, Try, Wait
 from ..core.planner import Candidate, Plan, make_plan
 from ..core.pool_reach import unreachable
-from ..core.provenance import artifacts_of_compact
-from ..core.recovery import RECOVERABLE_STATUS
 from ..core.replay_safety import MovePolicy, assess
+from ..core.request_machine import Done, GiveUp, RequestMachine
 from ..core.routes import Endpoint
-from ..core.run_log import AttemptEnd, RunLog
+from ..core.run_log import RunLog
 from ..core.story import Skipped
-from ..core.taxonomy import FAILOVER, UPSTREAM_5XX, classify_response
-from ..core.transport import (
-    HOST_NETWORK,
-    INCOMPLETE_RESPONSE,
-    PRE_DISPATCH,
-    RESPONSE_TIMEOUT,
-    TLS_FAILED,
-    classify_connection_error,
-)
-from ..core.usage import Window, from_headers
 from ..shared import Shared
-from . import bounded_body, client_answers, secret_guard
-from .attempt import END, ERROR, Attempt, Item, copy_request, hide_secrets
+from . import bounded_body, client_answers, live, secret_guard
+from .attempt import CHUNK, END, ERROR, Attempt, Item, copy_request, hide_secrets
 from .attempt_maker import AttemptMaker
 from .client_hop import client_can_read
 from .held_client import HeldClient, shown_changed
-from .sse_hold import SseHold
 
 log = logging.getLogger("codex_failover")
 
@@ -84,6 +77,8 @@ class RequestRun:
         self.move = MovePolicy(True)
         self.session: str | None = None  # the client's key and its Codex session (thread) id: affinity's key
         self.winner: Attempt | None = None  # the committed attempt, streaming through the relay
+        self.current: Attempt | None = None  # the attempt in flight, or the last one
+        self.whole = None  # its whole answer (bounded_body's), once read
         self.last_plan: Plan | None = None  # for pre-warming the next candidate's connection
         self.dispatched = asyncio.Event()  # the first attempt's head was written, or the run ended
         self.client_auth = client_auth  # the client's own credential (read from its request when not given)
@@ -112,27 +107,32 @@ class RequestRun:
         self.body = None  # the maker has it (for a moved copy), and lets it go once built
         loop = FailoverLoop(self._plan, self.health, self.shared.route_health, self.pool, tell=self._tell)
         self.log.total = loop.total
+        shared = self.shared
+        context = Context(self.rules, self.pool, shared.feedback, shared.provenance, shared.recovery_slots,
+                          time.monotonic, is_compact(req.path), self.session, self.client_auth,
+                          f"[{self.request_id}] ", self._tell)
         try:
-            await self._follow(loop)
+            await self._follow(RequestMachine(loop, context))
         except BaseException:
             loop.abandon()  # an attempt the client left (or a bug) must not keep its endpoint claimed
             raise
 
-    async def _follow(self, loop: FailoverLoop) -> None:
+    async def _follow(self, machine: RequestMachine) -> None:
         while True:
-            match loop.next():
+            match machine.next():
                 case Try(cand, ep, n):
-                    end = await self._send(cand, n, ep)
-                    loop.report(end.result())
-                    if end.kind in ("committed", "answered"):
-                        return
+                    await self._send(machine, cand, n, ep)
                 case Wait(seconds, _):
                     await self._sleep_holding(seconds)  # a client that leaves stops everything here
+                case Done():
+                    return
                 case RouteDown(cand, rejection):
                     log.warning("[%s] credential %s: %s (the credential is not penalised)", self.request_id,
                                 cand.name, rejection.error["message"])
-                case RecoveryExhausted() as step:
-                    return self._give_up(step)
+                case GiveUp(commands, why):
+                    if not commands:
+                        return self.client.respond(client_answers.recovery_exhausted(why, self.log.history))
+                    return await self._carry_out(machine.attempt, commands)
                 case Final(rejection):
                     return self._answer(client_answers.upstream_failed(rejection.error.get("message") or rejection.reason,
                                                                        self.log.history), "upstream failed")
@@ -167,141 +167,75 @@ class RequestRun:
                 _expired_once(shared.notices, cand)
         return plan
 
-    # -- one attempt -----------------------------------------------------------------------
+    # -- one attempt: bytes in, the machine's commands out ------------------------------------
 
-    async def _send(self, cand: Candidate, n: int, ep: Endpoint | None) -> AttemptEnd:
-        """Attempt `n`: the request on `cand`'s credential through `ep` (None: direct), until it is
-        committed, answered, rejected or (recovery) worth retrying."""
+    async def _send(self, machine: RequestMachine, cand: Candidate, n: int, ep: Endpoint | None) -> None:
+        """Attempt `n`: the request on `cand`'s credential through `ep` (None: direct), fed to its
+        machine until it is over (committed, answered, rejected or worth retrying)."""
         attempt = self.maker.make(cand, n)
         attempt.on_sent = self.dispatched.set
         attempt.endpoint = ep
         self.shared.attempts[attempt.flow.id] = attempt
+        self.current, self.whole = attempt, None
         attempt.start(await self.maker.via(ep))
         self.maker.prewarm_next(self.last_plan, cand)
+        state = machine.attempt
+        assert state is not None
         try:
-            return await self._read(attempt, cand)
+            while not state.over:
+                await self._carry_out(state, state.send(await self._event(state, attempt)))
         except (ClientGone, asyncio.CancelledError):  # the run saw it, or the relay's hop closed
-            self.log.record(attempt, cand, "cancelled", "client_gone", None)
-            await attempt.cancel()
+            await self._carry_out(state, machine.client_gone())
             raise
         except BaseException:
             await attempt.cancel()
             raise
 
-    async def _read(self, attempt: Attempt, cand: Candidate) -> AttemptEnd:
-        """The attempt's response head, then its body: streamed (the SSE hold) or whole."""
-        item = await self._first_item(attempt)
-        if item is None and not attempt.connected:
-            # Never connected: not one request byte left, so it may move (docs/architecture.md#replay-safety).
-            waited = min(self.pool.policy.connect_timeout, self.pool.policy.response_timeout)
-            end = self._connection_failed(attempt, cand, f"timed out connecting after {waited:g}s")
-            await attempt.cancel()
-            return end
+    async def _event(self, state: AttemptMachine, attempt: Attempt) -> Event:
+        item = await self.next_item(attempt, state.deadline)
         if item is None:
-            self.log.record(attempt, cand, "failed", RESPONSE_TIMEOUT, None)
-            await attempt.cancel()
-            message = f"no response from upstream within {self.pool.policy.response_timeout:g}s"
-            return AttemptEnd("rejected", Rejection(RESPONSE_TIMEOUT, None, {"message": message}))
+            return Tick(attempt.connected)
+        if item.kind == CHUNK:
+            return Chunk(item.data)
+        if item.kind == END:
+            return End()
         if item.kind == ERROR:
-            return self._connection_failed(attempt, cand, item.data.decode(errors="replace"))
-        self.note_usage(cand, from_headers(attempt.flow.response.headers, self.health.now()))
-        if attempt.streaming:
-            return await SseHold(self, attempt, cand).run_hold()
-        return await self._whole(attempt, cand)
+            return Broke(item.data.decode(errors="replace"))
+        return Head(attempt.flow.response.status_code, attempt.flow.response.headers, attempt.streaming)
 
-    async def _first_item(self, attempt: Attempt) -> Item | None:
-        """The response head (or an error); None when the connection was not up within
-        connect_timeout, or no answer came within response_timeout."""
-        policy = self.pool.policy
-        started = time.monotonic()
-        answer_by = started + policy.response_timeout  # each deadline holds on its own
-        item = await self.next_item(attempt, min(started + policy.connect_timeout, answer_by))
-        if item is None and attempt.connected:
-            item = await self.next_item(attempt, answer_by)
-        return item
-
-    def _connection_failed(self, attempt: Attempt, cand: Candidate, message: str) -> AttemptEnd:
-        """Before any response: only a failure proven to precede dispatch may move
-        (docs/architecture.md#replay-safety); the failover loop decides."""
-        kind = classify_connection_error(message, response_started=False)
-        self.log.record(attempt, cand, "failed", kind, None)
-        if kind == TLS_FAILED:
-            log.error("[%s] TLS verification to the upstream failed for credential %s: %s (not retried elsewhere)",
-                      self.request_id, cand.name, message)
-        # Host-wide network loss names the endpoint it came through (a pre-dispatch failure on an
-        # endpoint is the route's: the loop names the endpoint in its route_down message).
-        where = f"{attempt.endpoint.label}: " if attempt.endpoint and kind == HOST_NETWORK else ""
-        return AttemptEnd("rejected", Rejection(kind, 502 if kind in (PRE_DISPATCH, HOST_NETWORK) else None,
-                                                {"message": where + message}))
-
-    async def _whole(self, attempt: Attempt, cand: Candidate) -> AttemptEnd:
-        """A response that is not an event stream: read whole, then classified."""
-        item = await self.next_item(attempt, time.monotonic() + self.pool.policy.response_timeout)
-        if item is None or item.kind != END:
-            self.log.record(attempt, cand, "failed", INCOMPLETE_RESPONSE, None)
-            await attempt.cancel()
-            return AttemptEnd("rejected", Rejection(INCOMPLETE_RESPONSE, None, {"message": "upstream response did not complete"}))
-        resp = attempt.flow.response
-        body = await bounded_body.answer(resp, f"[{self.request_id}] credential {cand.name}")  # never get_content()
-        verdict = classify_response(resp.status_code, body.content or b"", self.rules)
-        if self.pool.recovery.enabled and resp.status_code in RECOVERABLE_STATUS and not self._rejected_by_body(verdict.error):
-            self.log.record(attempt, cand, "recover", f"status_{resp.status_code}", resp.status_code)
-            return AttemptEnd("recover", message=f"HTTP {resp.status_code}", final=secret_guard.forwarded(resp, body, cand.is_client))
-        if verdict.verdict == FAILOVER and not own_refusal(verdict.reason, cand):
-            rejection = Rejection(verdict.reason, resp.status_code, dict(verdict.error or {}),
-                                  retry_after=resp.headers.get("retry-after"))
-            self.reject(attempt, cand, rejection)
-            return AttemptEnd("rejected", rejection)
-        # Success without a stream, another 4xx, or the client's own 401/403: as is (pooled errors masked).
-        if 200 <= resp.status_code < 300 and self.flow.request.path.split("?", 1)[0].endswith(COMPACT):
-            self.made(cand, artifacts_of_compact(body.content or b""))  # decoded above, bounded
-        if own_refusal(verdict.reason, cand):
-            self.shared.feedback.client_refused(self.client_auth)
-        self.client.respond(secret_guard.forwarded(resp, body, cand.is_client))
-        self.succeeded(cand)
-        self.log.record(attempt, cand, "deliver", verdict.reason, resp.status_code, ok=True)
-        return AttemptEnd("answered")
-
-    def _rejected_by_body(self, error) -> bool:
-        """Does the error body itself name a rejection (overload, limits)? Those fail over; a bare
-        transient status is recovery's to retry."""
-        error = error or {}
-        return self.rules.rejection_class(error.get("code"), error.get("type"), error.get("message")) is not None
-
-    # -- what an attempt does to the pool ------------------------------------------------------
-
-    def reject(self, attempt: Attempt, cand: Candidate, rejection: Rejection) -> None:
-        if cools(cand, rejection):
-            self.shared.feedback.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
-                                          rejection.retry_after, self.pool.policy, f"[{self.request_id}] ")
-        self.log.record(attempt, cand, FAILOVER, rejection.reason, rejection.status)
-
-    def note_usage(self, cand: Candidate, windows: list[Window]) -> None:
-        self.shared.feedback.usage_seen(cand.key, cand.name, windows, self.pool.policy, f"[{self.request_id}] ",
-                                        cand.full_at)
-
-    def succeeded(self, cand: Candidate) -> None:
-        self.shared.feedback.succeeded(cand.key, self.session)
-
-    def made(self, cand: Candidate, artifacts: list[str]) -> None:
-        """`cand`'s credential made these artifacts (response ids, compaction and reasoning items)."""
-        if artifacts:
-            self.shared.provenance.record(artifacts, cand.key)
+    async def _carry_out(self, state: AttemptMachine | None, commands: list[Command] | tuple[Command, ...]) -> None:
+        attempt = self.current
+        assert state is not None and attempt is not None
+        cand = state.cand
+        for command in commands:
+            match command:
+                case Record(verdict, reason, status, ok):
+                    self.log.record(attempt, cand, verdict, reason, status, ok=ok)
+                case Cancel():
+                    await attempt.cancel()
+                case ReadWhole():
+                    item = await self.next_item(attempt, state.deadline)
+                    content = None
+                    if item is not None and item.kind == END:
+                        resp = attempt.flow.response  # never get_content(): decoded within its bound
+                        self.whole = await bounded_body.answer(resp, f"[{self.request_id}] credential {cand.name}")
+                        content = self.whole.content or b""
+                    await self._carry_out(state, state.send(Whole(content)))
+                case Respond():
+                    assert self.whole is not None
+                    self.client.respond(secret_guard.forwarded(attempt.flow.response, self.whole, cand.is_client))
+                case Heartbeat(seconds):
+                    if self.client.sink is None:
+                        self.client.start_heartbeat(seconds)
+                        log.info("[%s] recovery: heartbeat every %gs while the response is buffered",
+                                 self.request_id, seconds)
+                case Commit() as commit:
+                    self.winner = attempt
+                    live.commit(self.client, attempt, state, commit, self.shared.metrics)
+                    if commit.first:
+                        await self.client.first_output()  # the client's first output before the bookkeeping
 
     # -- answers ------------------------------------------------------------------------------
-
-    def _give_up(self, step: RecoveryExhausted) -> None:
-        """Recovery exhausted: the final attempt's real answer. A stream that never ended is a
-        request-scoped 408 that cools nothing; a final 5xx cools the credential as usual."""
-        final = step.final
-        if isinstance(final, http.Response):
-            if final.status_code >= 500:
-                self.health.cool(step.candidate.key, self.pool.policy.overload_cooldown, UPSTREAM_5XX)
-            self.client.respond(final)
-        elif callable(final):  # a buffered stream that ended in a terminal error: delivered as it came
-            final()
-        else:
-            self.client.respond(client_answers.recovery_exhausted(step.why, self.log.history))
 
     def _answer(self, answer: http.Response, what: str, note: str = "") -> None:
         if self.shared.metrics is not None:

@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 
 from mitmproxy import http
 
+from ..core.attempt_events import Context
 from ..core.classifier import Decision, Verdict
 from ..core.failover_loop import Rejection
 from ..core.provenance import artifacts_of_message
+from ..core.request_machine import MOVE, RECONNECT, settle_turn
 from ..core.taxonomy import FAILOVER
 from ..core.usage import from_event, from_headers
 from ..core.ws_turns import Step, Turn, TurnGate
@@ -83,6 +85,10 @@ class GateSession:
         self.gate = TurnGate(self.ctx.rules, policy.bootstrap_timeout, time.monotonic, policy.encrypted_reasoning,
                              self.ctx.provenance.owner)
         self.started = time.monotonic()
+        ctx = self.ctx
+        self.machine_ctx = Context(ctx.rules, ctx.pool, ctx.feedback, ctx.provenance, ctx.recovery_slots,
+                                   time.monotonic, session=self.dialer.session, client_auth=self.dialer.client_auth,
+                                   where=f"[{self.sid}] ")
 
     async def connect_first(self) -> str | None:
         """At the upgrade: the first candidate whose upstream accepts. None, or why none did."""
@@ -204,22 +210,22 @@ class GateSession:
     # -- a turn's window closed ------------------------------------------------------------
 
     async def _decided(self, up: Upstream, step: Step) -> None:
+        """The request machine's rules settle the turn (core/request_machine.settle_turn); the gate
+        carries it out."""
         decision, turn = step.decision, self.gate.turn
-        if decision.verdict is not Verdict.FAILOVER:
-            self.ctx.feedback.succeeded(up.cand.key, self.dialer.session)
+        failed = decision.verdict is Verdict.FAILOVER
+        rejection = _rejection(decision, step) if failed else None
+        windows = from_headers(_wrapped_headers(step), self.ctx.health.now()) if failed else []
+        outcome = settle_turn(self.machine_ctx, up.cand, rejection, windows, turn.movable if turn else None,
+                              lambda: self.dialer.others_ready(up.cand.key))
+        if rejection is None:
             self._attempt_line(up, turn, decision.verdict.value, decision.reason)
             return
-        rejection = _rejection(decision, step)
         self.dialer.last = rejection
-        windows = from_headers(_wrapped_headers(step), self.ctx.health.now())
-        self.ctx.feedback.usage_seen(up.cand.key, up.cand.name, windows, self.ctx.pool.policy, f"[{self.sid}] ",
-                                     up.cand.full_at)
-        self.ctx.feedback.rejected(up.cand.key, up.cand.name, rejection.reason, rejection.status, rejection.error,
-                                   rejection.retry_after, self.ctx.pool.policy, f"[{self.sid}] ")
         self._attempt_line(up, turn, FAILOVER, rejection.reason)
-        if turn is not None and turn.movable:
+        if outcome == MOVE and turn is not None:
             await self._move(up, turn, rejection)
-        elif turn is not None and self.dialer.others_ready(up.cand.key):
+        elif outcome == RECONNECT and turn is not None:
             self._note(f"turn {turn.n} rejected ({rejection.reason}) and cannot move ({turn.why_pinned}); "
                        f"closing the client socket with {RECONNECT_CLOSE} so Codex reconnects with the full request")
             up.conn.close(1000)

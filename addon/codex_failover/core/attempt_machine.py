@@ -1,0 +1,329 @@
+"""One attempt of a held request, sans-I/O: what its response head, chunks, end, errors and
+silences mean, in h11's manner. Events in (`Head`, `Chunk`, `End`, `Broke`, `Tick`, `Whole`),
+commands out (`ReadWhole`, `Cancel`, `Commit`, `Respond`, `Heartbeat`, `Record`); when it is over,
+`result` is what the failover loop is told (Served, Rejected, Transient).
+
+It decides everything about one attempt that the shell used to: the deadlines of the head
+(connect_timeout, response_timeout), the SSE hold (bootstrap classifier, framing), whether a
+rejection cools its credential (`failover_loop.cools`, and nothing else), recovery's buffering
+(docs/recovery.md), a whole answer's verdict (taxonomy), and what the pool and provenance learn.
+The shell reads bytes by `deadline` (its clock, injected here as `clock`), feeds them in, and carries
+out the commands in order. No mitmproxy, no asyncio; docs/architecture.md#the-request-machine.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .attempt_events import (
+    Broke,
+    Cancel,
+    Chunk,
+    Command,
+    Commit,
+    Context,
+    End,
+    Event,
+    Head,
+    Heartbeat,
+    ReadWhole,
+    Record,
+    Respond,
+    Tick,
+    Whole,
+)
+from .classifier import BootstrapClassifier, Decision, Verdict
+from .codex_request import COMPACT
+from .failover_loop import SERVED, Rejected, Rejection, Result, Transient, cools, own_refusal
+from .planner import Candidate
+from .provenance import artifacts_of_compact
+from .recovery import NO_TERMINAL, RECOVERABLE_STATUS, TRANSPORT
+from .routes import Endpoint
+from .stream_view import StreamView
+from .taxonomy import classify_response
+from .transport import (
+    HOST_NETWORK,
+    INCOMPLETE_RESPONSE,
+    PRE_DISPATCH,
+    RESPONSE_TIMEOUT,
+    TLS_FAILED,
+    classify_connection_error,
+)
+from .usage import Window, from_headers
+
+HEAD, HOLD, BUFFER, WHOLE, OVER = "head", "hold", "buffer", "whole", "over"
+RESPOND_IT, COMMIT_IT = "respond", "commit"  # a Transient's `final`: how its attempt answers at the end
+
+
+@dataclass
+class AttemptMachine:
+    """One attempt (see the module's docstring)."""
+
+    ctx: Context
+    cand: Candidate
+    endpoint: Endpoint | None = None
+    phase: str = HEAD
+    result: Result | None = None  # set once the phase is OVER
+    reported: bool = False  # the result was told to the failover loop
+    status: int = 0
+    retry_after: str | None = None
+    received: bytearray = field(default_factory=bytearray)  # held, in order, until committed
+    ended: bool = False
+    error: str | None = None
+    verdict: Decision | None = None  # the classifier's, once it decided
+
+    def __post_init__(self) -> None:
+        policy, now = self.ctx.pool.policy, self.ctx.clock()
+        self._answer_by = now + policy.response_timeout  # each deadline holds on its own
+        self._connect_by: float | None = min(now + policy.connect_timeout, self._answer_by)
+        self._deadline: float | None = self._connect_by
+        self.view = StreamView(self.ctx.pool.recovery.enabled, self._usage)  # frames the stream once
+        self._clf: BootstrapClassifier | None = None
+        self._slot = False
+        self._rejection: Rejection | None = None  # a recoverable whole answer, as a rejection
+
+    @property
+    def over(self) -> bool:
+        return self.phase == OVER
+
+    @property
+    def deadline(self) -> float | None:
+        """When the shell feeds `Tick` if nothing came (its clock); None: no deadline."""
+        return self._deadline
+
+    def send(self, event: Event) -> list[Command]:
+        assert not self.over, f"attempt over, got {event!r}"
+        if self.phase == HEAD:
+            return self._head(event)
+        if self.phase == HOLD:
+            return self._hold(event)
+        if self.phase == BUFFER:
+            return self._buffer(event)
+        return self._whole(event)
+
+    def client_gone(self) -> list[Command]:
+        """The client left: the attempt is cancelled and recorded so."""
+        self._give_back()
+        self.phase = OVER
+        return [Record("cancelled", "client_gone", None), Cancel()]
+
+    def live(self, data: bytes | None) -> None:
+        """A chunk of a committed stream's live rest (None: its end): the artifacts it made."""
+        self._made(self.view.made.feed(data) if data is not None else self.view.made.close())
+
+    # -- the head ------------------------------------------------------------------------------
+
+    def _head(self, event: Event) -> list[Command]:
+        policy = self.ctx.pool.policy
+        if isinstance(event, Tick):
+            if not event.connected:  # never connected: not one request byte left, so it may move
+                waited = min(policy.connect_timeout, policy.response_timeout)
+                return self._failed_to_connect(f"timed out connecting after {waited:g}s") + [Cancel()]
+            if self._connect_by is not None and self.ctx.clock() < self._answer_by:
+                self._connect_by = None
+                self._deadline = self._answer_by
+                return []
+            message = f"no response from upstream within {policy.response_timeout:g}s"
+            return self._over_rejected(Rejection(RESPONSE_TIMEOUT, None, {"message": message}),
+                                       [Record("failed", RESPONSE_TIMEOUT, None), Cancel()])
+        if isinstance(event, Broke):
+            return self._failed_to_connect(event.message)
+        assert isinstance(event, Head), f"expected the head, got {event!r}"
+        self.status, self.retry_after = event.status, event.headers.get("retry-after")
+        health = self.ctx.feedback.health
+        self._usage(from_headers(event.headers, health.now()))
+        if event.streaming:
+            self.phase = HOLD
+            self._clf = BootstrapClassifier(self.ctx.rules, timeout=policy.bootstrap_timeout, clock=self.ctx.clock)
+            self._deadline = self._clf.deadline
+            return []
+        self.phase = WHOLE
+        self._deadline = self.ctx.clock() + policy.response_timeout
+        return [ReadWhole()]
+
+    def _failed_to_connect(self, message: str) -> list[Command]:
+        """Before any response: only a failure proven to precede dispatch may move
+        (docs/architecture.md#replay-safety); the failover loop decides."""
+        kind = classify_connection_error(message, response_started=False)
+        if kind == TLS_FAILED:
+            self.ctx.tell(logging.ERROR, f"TLS verification to the upstream failed for credential {self.cand.name}: "
+                                         f"{message} (not retried elsewhere)")
+        # Host-wide network loss names the endpoint it came through (a pre-dispatch failure on an
+        # endpoint is the route's: the loop names the endpoint in its route_down message).
+        where = f"{self.endpoint.label}: " if self.endpoint and kind == HOST_NETWORK else ""
+        status = 502 if kind in (PRE_DISPATCH, HOST_NETWORK) else None
+        return self._over_rejected(Rejection(kind, status, {"message": where + message}),
+                                   [Record("failed", kind, None)])
+
+    # -- the SSE hold ------------------------------------------------------------------------
+
+    def _hold(self, event: Event) -> list[Command]:
+        clf = self._clf
+        assert clf is not None
+        if isinstance(event, Tick):
+            decision = clf.tick()
+        elif isinstance(event, Chunk):
+            self.received += event.data
+            decision = self.view.classify(clf, event.data)
+        elif isinstance(event, End):
+            self.ended = True
+            decision = self.view.classify(clf, None)
+        elif isinstance(event, Broke):  # deliver what came, then the break
+            self.error = event.message
+            decision = clf.fail_open("upstream_broken")
+        else:
+            raise AssertionError(f"unexpected {event!r} while holding")
+        self._deadline = clf.deadline
+        if not decision.final:
+            return []
+        self.verdict = decision
+        if decision.verdict is Verdict.FAILOVER:
+            rejection = Rejection(decision.reason, self.status, dict(decision.error or {}), retry_after=self.retry_after)
+            return self._reject(rejection) + [Cancel()]
+        recovery = self.ctx.pool.recovery
+        if recovery.enabled and self.ctx.slots.take(recovery.max_concurrent):
+            self._slot, self.phase = True, BUFFER
+            out: list[Command] = [Heartbeat(recovery.heartbeat)] if recovery.heartbeat else []
+            return out + self._buffer_check()
+        return self._commit()
+
+    # -- recovery: the committed stream kept whole (docs/recovery.md) -----------------------------
+
+    def _buffer(self, event: Event) -> list[Command]:
+        idle = self.ctx.pool.policy.response_timeout
+        if isinstance(event, Tick):
+            self.error = f"no data for {idle:g}s"
+        elif isinstance(event, Chunk):
+            self.received += event.data
+            self.view.track(event.data)
+        elif isinstance(event, End):
+            self.ended = True
+            self.view.track(None)
+        elif isinstance(event, Broke):
+            self.error = event.message
+        return self._buffer_check()
+
+    def _buffer_check(self) -> list[Command]:
+        """A complete (or finally failed) stream is delivered whole; a transient failure asks for a
+        retry. Past `max_buffer_bytes`, fail open: what is buffered goes out once, the rest live."""
+        if not self.ended and self.error is None:
+            if len(self.received) > self.ctx.pool.recovery.max_buffer_bytes:
+                self.ctx.tell(logging.INFO, f"recovery: response over {self.ctx.pool.recovery.max_buffer_bytes} "
+                                            f"bytes; streaming the rest live")
+                return self._commit(first=False)
+            self._deadline = self.ctx.clock() + self.ctx.pool.policy.response_timeout
+            return []
+        if self.error is not None:
+            return self._over_transient(f"transport error: {self.error}", [Record("recover", TRANSPORT, 200), Cancel()],
+                                       None)
+        why = self.view.how_it_ended()
+        if why is None:
+            return self._commit(first=False)
+        # A stream that ended in a terminal error is, should no retry be left, delivered as it came.
+        return self._over_transient(why, [Record("recover", why, 200)], None if why == NO_TERMINAL else COMMIT_IT)
+
+    # -- a whole answer ------------------------------------------------------------------------
+
+    def _whole(self, event: Event) -> list[Command]:
+        if isinstance(event, Tick | Broke) or (isinstance(event, Whole) and event.content is None):
+            message = {"message": "upstream response did not complete"}
+            return self._over_rejected(Rejection(INCOMPLETE_RESPONSE, None, message),
+                                       [Record("failed", INCOMPLETE_RESPONSE, None), Cancel()])
+        assert isinstance(event, Whole) and event.content is not None, f"expected the whole body, got {event!r}"
+        status, content = self.status, event.content
+        verdict = classify_response(status, content, self.ctx.rules)
+        recovery = self.ctx.pool.recovery
+        if recovery.enabled and status in RECOVERABLE_STATUS and not self._names_a_rejection(verdict.error):
+            self._rejection = Rejection(verdict.reason, status, dict(verdict.error or {}), retry_after=self.retry_after)
+            return self._over_transient(f"HTTP {status}", [Record("recover", f"status_{status}", status)], RESPOND_IT)
+        own = own_refusal(verdict.reason, self.cand)
+        if verdict.verdict == Verdict.FAILOVER and not own:
+            return self._reject(Rejection(verdict.reason, status, dict(verdict.error or {}), retry_after=self.retry_after))
+        # Success without a stream, another 4xx, or the client's own 401/403: as is.
+        if 200 <= status < 300 and self.ctx.compact:
+            self._made(artifacts_of_compact(content))
+        if own:
+            self.ctx.feedback.client_refused(self.ctx.client_auth)
+        self.ctx.feedback.succeeded(self.cand.key, self.ctx.session)
+        self._over(SERVED)
+        return [Respond(), Record(Verdict.DELIVER.value, verdict.reason, status, ok=True)]
+
+    def _names_a_rejection(self, error: Mapping[str, Any] | None) -> bool:
+        """Does the error body itself name a rejection (overload, limits)? Those fail over; a bare
+        transient status is recovery's to retry."""
+        error = error or {}
+        return self.ctx.rules.rejection_class(error.get("code"), error.get("type"), error.get("message")) is not None
+
+    # -- endings -------------------------------------------------------------------------------
+
+    def _commit(self, first: bool = True) -> list[Command]:
+        commands = self._commit_bookkeeping(Commit(bytes(self.received), self.ended, self.error, first))
+        self._over(SERVED)
+        return commands
+
+    def _commit_bookkeeping(self, commit: Commit) -> list[Command]:
+        """What a commit teaches: the held bytes' artifacts (framed as they came), the success."""
+        self.received = bytearray()
+        self._made(self.view.made.take())
+        if commit.ended:
+            self._made(self.view.made.close())
+        self.ctx.feedback.succeeded(self.cand.key, self.ctx.session)
+        decision = self.verdict
+        assert decision is not None
+        return [commit, Record(decision.verdict.value, decision.reason, self.status, ok=True)]
+
+    def _reject(self, rejection: Rejection) -> list[Command]:
+        learn(self.ctx, self.cand, rejection)
+        return self._over_rejected(rejection, [Record(Verdict.FAILOVER.value, rejection.reason, rejection.status)])
+
+    def _over_rejected(self, rejection: Rejection, commands: list[Command]) -> list[Command]:
+        self._over(Rejected(rejection))
+        return commands
+
+    def _over_transient(self, why: str, commands: list[Command], final: str | None) -> list[Command]:
+        self._over(Transient(why, final))
+        return commands
+
+    def give_up(self, final: object) -> list[Command]:
+        """Recovery's retries ran out on this (the last) attempt: its own answer, as `final` (the
+        Transient's) says, or nothing (the shell answers with recovery_exhausted). A whole answer
+        teaches the pool what any such answer does (`learn`: a bare 5xx cools nothing)."""
+        if final == RESPOND_IT:
+            if self._rejection is not None:
+                learn(self.ctx, self.cand, self._rejection)
+            return [Respond()]
+        if final == COMMIT_IT:
+            return self._commit_bookkeeping(Commit(bytes(self.received), True, None, False))
+        return []
+
+    def _over(self, result: Result) -> None:
+        self._give_back()
+        self.result, self.phase, self._deadline = result, OVER, None
+
+    def _give_back(self) -> None:
+        if self._slot:
+            self._slot = False
+            self.ctx.slots.give_back()
+
+    def _usage(self, windows: list[Window]) -> None:
+        self.ctx.feedback.usage_seen(self.cand.key, self.cand.name, windows, self.ctx.pool.policy, self.ctx.where,
+                                     self.cand.full_at)
+
+    def _made(self, artifacts: list[str]) -> None:
+        if artifacts:
+            self.ctx.provenance.record(artifacts, self.cand.key)
+
+
+def learn(ctx: Context, cand: Candidate, rejection: Rejection) -> None:
+    """What a rejection teaches the pool: the one rule, for HTTP attempts and WebSocket turns alike.
+    It cools (or takes out) its credential only when `cools` says so; for how long is taxonomy's."""
+    if cools(cand, rejection):
+        ctx.feedback.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
+                              rejection.retry_after, ctx.pool.policy, ctx.where)
+
+
+def is_compact(path: str) -> bool:
+    return path.split("?", 1)[0].endswith(COMPACT)

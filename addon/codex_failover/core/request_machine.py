@@ -1,0 +1,125 @@
+"""One held request, sans-I/O: the failover loop and each attempt's machine behind one interface,
+so the shell's driver only moves bytes and carries out commands.
+
+    m = RequestMachine(loop, ctx)
+    while True:
+        step = m.next()
+        Try(cand, ep, n)      start attempt n; until m.attempt.over: read by m.attempt.deadline,
+                              carry out m.attempt.send(event) (attempt_machine's commands)
+        Wait(seconds, why)    hold the client that long, checking it is still there
+        RouteDown(...)        log it; ask again
+        Done()                the client has its answer (committed or answered as is)
+        GiveUp(commands, why) recovery ran out: the last attempt's own answer (commands), or, with
+                              none, recovery_exhausted's
+        Exhausted / AllCooling / Final   answer the client with it
+
+The machine reports each attempt's result to the loop itself. `client_gone()` ends everything.
+docs/architecture.md#the-request-machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Union
+
+from .attempt_events import Command, Context
+from .attempt_machine import AttemptMachine, learn
+from .failover_loop import (
+    AllCooling,
+    Exhausted,
+    FailoverLoop,
+    Final,
+    RecoveryExhausted,
+    Rejection,
+    RouteDown,
+    Served,
+    Try,
+    Wait,
+    own_refusal,
+)
+from .planner import Candidate
+from .usage import Window
+
+
+@dataclass(frozen=True)
+class Done:
+    """An attempt served the client: the request is over."""
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """Recovery's retries ran out: carry out `commands` on the last attempt; none: answer with
+    recovery_exhausted(`why`)."""
+
+    commands: tuple[Command, ...]
+    why: str
+
+
+Step = Union[Try, Wait, RouteDown, Done, GiveUp, Exhausted, AllCooling, Final]
+
+
+class RequestMachine:
+    def __init__(self, loop: FailoverLoop, ctx: Context):
+        self.loop, self.ctx = loop, ctx
+        self.attempt: AttemptMachine | None = None  # the attempt in flight, or the last one
+        self.done = False
+
+    @property
+    def total(self) -> int:
+        return self.loop.total
+
+    def next(self) -> Step:
+        attempt = self.attempt
+        if self.done:
+            return Done()
+        if attempt is not None and attempt.result is not None and not attempt.reported:
+            attempt.reported = True
+            self.loop.report(attempt.result)
+            if isinstance(attempt.result, Served):
+                self.done = True
+                return Done()
+        assert attempt is None or attempt.over, "next() while an attempt is in flight"
+        step = self.loop.next()
+        if isinstance(step, Try):
+            self.attempt = AttemptMachine(self.ctx, step.candidate, step.endpoint)
+        elif isinstance(step, RecoveryExhausted):
+            assert self.attempt is not None
+            return GiveUp(tuple(self.attempt.give_up(step.final)), step.why)
+        return step
+
+    def client_gone(self) -> list[Command]:
+        """The client left (or the run was cancelled): the attempt in flight is cancelled, and no
+        endpoint stays claimed."""
+        attempt, self.done = self.attempt, True
+        self.loop.abandon()
+        if attempt is not None and not attempt.over:
+            return attempt.client_gone()
+        return []
+
+
+# -- a WebSocket turn -------------------------------------------------------------------------
+
+SERVED_TURN, MOVE, RECONNECT, EXHAUSTED = "served", "move", "reconnect", "exhausted"
+
+
+def settle_turn(ctx: Context, cand: Candidate, rejection: Rejection | None, windows: list[Window],
+                movable: bool | None, others_ready: Callable[[], bool]) -> str:
+    """A gated turn's window closed on `cand`'s socket (rejection None: it serves). What the pool
+    learns, by the same rules as an HTTP attempt (`learn`), and what the gate does next:
+    SERVED_TURN; MOVE (self-contained: the same create on the next credential's socket); RECONNECT
+    (it cannot move, but another credential could serve Codex's full re-send: close with 1012);
+    EXHAUSTED (deliver the rejection). `movable` is None outside a turn."""
+    if rejection is None:
+        ctx.feedback.succeeded(cand.key, ctx.session)
+        return SERVED_TURN
+    ctx.feedback.usage_seen(cand.key, cand.name, windows, ctx.pool.policy, ctx.where, cand.full_at)
+    learn(ctx, cand, rejection)
+    if own_refusal(rejection.reason, cand):
+        ctx.feedback.client_refused(ctx.client_auth)  # never lent the pool, as on HTTP
+        return EXHAUSTED
+    if movable:
+        return MOVE
+    if movable is not None and others_ready():
+        return RECONNECT
+    return EXHAUSTED

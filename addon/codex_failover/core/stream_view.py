@@ -1,0 +1,60 @@
+"""What an attempt's event stream says, framed once: the bootstrap classifier's decision, the
+rate-limit events, how the stream ended (for recovery) and the artifacts it carries (provenance).
+Pure; used by the attempt's machine (attempt_machine.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .classifier import FRAMING_ERROR, BootstrapClassifier, Decision
+from .framer import FramerError
+from .provenance import SseArtifacts
+from .recovery import TerminalTracker, recoverable_stream_end
+from .usage import Window, from_event
+
+
+class StreamView:
+    def __init__(self, track_ending: bool, usage: Callable[[list[Window]], None]):
+        self.made = SseArtifacts()  # frames the stream, and keeps its artifacts until taken
+        self.tracker = TerminalTracker() if track_ending else None
+        self._usage = usage
+
+    def classify(self, clf: BootstrapClassifier, data: bytes | None) -> Decision:
+        """Classify the events `data` completes (None: the stream's end) until a decision; the
+        ending tracker sees all of them (a chunk may hold the deciding event and the end)."""
+        decision, tracker = clf.tick(), self.tracker
+        try:
+            events = self.made.frame(data)
+        except FramerError:
+            if data is None:  # the framer's bounds were broken already: nothing more to see
+                events = []
+            else:
+                if tracker is not None:
+                    tracker.unframed()
+                return clf.fail_open(FRAMING_ERROR)
+        for event in events:
+            if not decision.final:
+                decision = clf.feed(event)
+                if event.type == "codex.rate_limits" and isinstance(payload := event.payload, dict):
+                    self._usage(from_event(payload))  # parsed already by the classifier
+            if tracker is not None:
+                tracker.see(event)
+        if data is None and not decision.final:
+            return clf.end()
+        return decision
+
+    def track(self, data: bytes | None) -> None:
+        """Frame `data` (None: the end) only to see how the stream ends."""
+        assert self.tracker is not None, "the ending is tracked with recovery on"
+        try:
+            events = self.made.frame(data)
+        except FramerError:  # framing stops (every later call says so too)
+            self.tracker.unframed()
+            return
+        for event in events:
+            self.tracker.see(event)
+
+    def how_it_ended(self) -> str | None:
+        """None: complete; else why recovery may retry it (recovery.recoverable_stream_end)."""
+        assert self.tracker is not None, "the ending is tracked with recovery on"
+        return recoverable_stream_end(self.tracker.terminal, self.tracker.error)

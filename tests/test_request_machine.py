@@ -1,0 +1,408 @@
+"""The request machine (core/request_machine.py, core/attempt_machine.py) path by path, on an
+injected clock: every per-request decision the shell made before (commit, in-stream failover,
+recovery, synchronous 5xx/429 with and without cooling, pre-dispatch move, ambiguous failure, the
+client gone, exhaustion) and a WebSocket turn's move, reconnect and exhaustion.
+
+Each case drives the machine with a script of events per attempt and compares the transcript of
+its steps and commands, then what the pool learnt."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import Clock
+from fake_upstream import OVERLOADED, Turn
+
+from codex_failover.config import Credential, Policy, PoolConfig
+from codex_failover.core.affinity import Affinity
+from codex_failover.core.attempt_events import (
+    Broke,
+    Cancel,
+    Chunk,
+    Commit,
+    Context,
+    End,
+    Head,
+    Heartbeat,
+    ReadWhole,
+    Record,
+    Respond,
+    Tick,
+    Whole,
+)
+from codex_failover.core.auth import APIKEY, AuthMaterial
+from codex_failover.core.cooldown_policy import OverloadPolicy
+from codex_failover.core.failover_loop import AllCooling, Exhausted, FailoverLoop, Final, Rejection, Try, Wait
+from codex_failover.core.health import Health
+from codex_failover.core.planner import make_plan
+from codex_failover.core.pool_feedback import PoolFeedback
+from codex_failover.core.provenance import RESPONSE, Provenance, artifacts_of_output, item_keys
+from codex_failover.core.recovery import RecoveryPolicy, Slots
+from codex_failover.core.request_machine import (
+    EXHAUSTED,
+    MOVE,
+    RECONNECT,
+    SERVED_TURN,
+    Done,
+    GiveUp,
+    RequestMachine,
+    settle_turn,
+)
+from codex_failover.core.routes import RouteHealth, parse_routes
+from codex_failover.core.usage import UsageBook
+from codex_failover.rules_file import load_rules
+
+RULES = load_rules(None)
+CLIENT = AuthMaterial(APIKEY, "tok-client")
+SSE = {"content-type": "text/event-stream"}
+JSON = {"content-type": "application/json"}
+
+
+def cred(name: str) -> Credential:
+    return Credential(name, AuthMaterial(APIKEY, f"tok-{name}"), "https://api.example/v1", "$X")
+
+
+def answer(label: str = "a") -> bytes:
+    turn = Turn(label, 2)
+    return b"".join(turn.handshake() + turn.answer())
+
+
+def overloaded() -> bytes:
+    turn = Turn("x", 2)
+    return b"".join(turn.handshake() + [turn.overload_error(), turn.failed("server_is_overloaded", "overloaded")])
+
+
+def failed_in_stream() -> bytes:
+    """Output, then a stream that ends in a terminal error recovery may retry."""
+    turn = Turn("x", 2)
+    return b"".join(turn.handshake() + turn.answer()[:3] + [turn.failed("server_error", "boom")])
+
+
+def error_body(status_error: dict) -> bytes:
+    return json.dumps({"error": status_error}).encode()
+
+
+class World:
+    def __init__(self, creds=("a", "b"), use_client=False, recovery=None, routes=None, **policy):
+        self.clock = Clock()
+        self.health = Health(self.clock)
+        self.route_health = RouteHealth(floor=30, cap=300, clock=self.clock)
+        policy.setdefault("overload", OverloadPolicy(first=60.0, factor=1.0, max=60.0, max_held_out=1.0))
+        policy.setdefault("bootstrap_timeout", 10.0)
+        self.pool = PoolConfig(tuple(cred(c) for c in creds), Policy(use_client_credential=use_client, **policy),
+                               routes=parse_routes(routes), recovery=recovery or RecoveryPolicy())
+        self.feedback = PoolFeedback(self.health, Affinity(clock=self.clock), UsageBook(), pool_size=len(creds))
+        self.provenance = Provenance(clock=self.clock)
+        self.slots = Slots()
+        self.told: list[str] = []
+
+    def ctx(self, compact: bool = False) -> Context:
+        return Context(RULES, self.pool, self.feedback, self.provenance, self.slots, self.clock, compact,
+                       "session-1", CLIENT, "[r1] ", lambda level, text: self.told.append(text))
+
+    def machine(self, compact: bool = False) -> RequestMachine:
+        loop = FailoverLoop(lambda: make_plan(CLIENT, self.pool, self.health, True), self.health, self.route_health,
+                            self.pool, clock=self.clock, rand=lambda: 0.5)
+        return RequestMachine(loop, self.ctx(compact))
+
+    def cooling(self) -> dict[str, str]:
+        return {name: self.health.state(name).reason for name in ("a", "b") if self.health.state(name).status == "cooling"}
+
+
+def show(command) -> str:
+    match command:
+        case Record(verdict, reason, status, _):
+            return f"record {verdict} {reason} {status}"
+        case Commit(held, ended, error, _):
+            return f"commit {len(held)}b" + (" ended" if ended else "") + (f" broken({error})" if error else "")
+        case Heartbeat(seconds):
+            return f"heartbeat {seconds:g}"
+        case Cancel():
+            return "cancel"
+        case ReadWhole():
+            return "read whole"
+        case Respond():
+            return "respond"
+    raise AssertionError(command)
+
+
+def drive(world: World, scripts: list[list], machine: RequestMachine | None = None, gone_at: int | None = None) -> list[str]:
+    """Run the machine: each Try plays the next script (events, or a number: seconds on the clock)."""
+    m = machine or world.machine()
+    out: list[str] = []
+    queue = list(scripts)
+    for _ in range(50):
+        step = m.next()
+        match step:
+            case Try(cand, _, n):
+                out.append(f"try {n} {cand.name}")
+                assert m.attempt is not None
+                for event in queue.pop(0):
+                    if isinstance(event, (int, float)):
+                        world.clock.now += event
+                        continue
+                    if event == "gone":
+                        out += [show(c) for c in m.client_gone()]
+                        return out + ["client gone"]
+                    if m.attempt.over:  # committed: the rest is the live stream's
+                        assert isinstance(event, (Chunk, End)), event
+                        m.attempt.live(event.data if isinstance(event, Chunk) else None)
+                        continue
+                    out += [show(c) for c in m.attempt.send(event)]
+                assert m.attempt.over, f"attempt {n} not over: {out}"
+            case Wait(seconds, _):
+                out.append(f"wait {seconds:g}")
+                world.clock.now += seconds
+            case Done():
+                return out + ["done"]
+            case GiveUp(commands, why):
+                return out + [f"give up ({why}): " + ", ".join(show(c) for c in commands)]
+            case Exhausted(last, _, _):
+                return out + [f"exhausted ({last.reason} {last.status})"]
+            case AllCooling():
+                return out + ["all cooling"]
+            case Final(rejection):
+                return out + [f"final ({rejection.reason})"]
+            case other:
+                out.append(type(other).__name__)
+    raise AssertionError(f"no end: {out}")
+
+
+def stream(body: bytes, status: int = 200) -> list:
+    return [Head(status, SSE, True), Chunk(body), End()]
+
+
+def whole(status: int, body: bytes) -> list:
+    return [Head(status, JSON, False), Whole(body)]
+
+
+OVERLOAD_JSON = error_body(OVERLOADED)
+HELLO = Turn("a", 1).handshake()[0]
+USAGE_LIMIT = error_body({"type": "usage_limit_reached", "code": "usage_limit_reached", "message": "limit",
+                          "resets_in_seconds": 3600})
+
+# (name, world options, scripts, transcript, cooling after)
+CASES = [
+    ("commit", {}, [stream(answer())],
+     ["try 1 a", f"commit {len(answer())}b", "record commit output 200", "done"], {}),
+    ("in-stream overload moves and cools", {}, [stream(overloaded()), stream(answer("b"))],
+     ["try 1 a", "record failover overloaded 200", "cancel", "try 2 b",
+      f"commit {len(answer('b'))}b", "record commit output 200", "done"], {"a": "overloaded"}),
+    ("synchronous 503 overload moves and cools", {}, [whole(503, OVERLOAD_JSON), stream(answer("b"))],
+     ["try 1 a", "read whole", "record failover overloaded 503", "try 2 b",
+      f"commit {len(answer('b'))}b", "record commit output 200", "done"], {"a": "overloaded"}),
+    ("synchronous 429 usage limit moves and cools", {}, [whole(429, USAGE_LIMIT), stream(answer("b"))],
+     ["try 1 a", "read whole", "record failover usage_limit 429", "try 2 b",
+      f"commit {len(answer('b'))}b", "record commit output 200", "done"], {"a": "usage_limit"}),
+    ("a bare 502 moves and cools nothing", {}, [whole(502, b""), stream(answer("b"))],
+     ["try 1 a", "read whole", "record failover upstream_5xx 502", "try 2 b",
+      f"commit {len(answer('b'))}b", "record commit output 200", "done"], {}),
+    ("another 4xx is delivered as is", {}, [whole(400, error_body({"type": "invalid_request_error", "message": "bad"}))],
+     ["try 1 a", "read whole", "respond", "record deliver client_error 400", "done"], {}),
+    ("refused before dispatch moves", {}, [[Broke("[Errno 111] Connect call failed")], stream(answer("b"))],
+     ["try 1 a", "record failed pre_dispatch None", "try 2 b",
+      f"commit {len(answer('b'))}b", "record commit output 200", "done"], {}),
+    ("never connected within connect_timeout moves", {"connect_timeout": 5.0},
+     [[5, Tick(connected=False)], stream(answer("b"))],
+     ["try 1 a", "record failed pre_dispatch None", "cancel", "try 2 b",
+      f"commit {len(answer('b'))}b", "record commit output 200", "done"], {}),
+    ("an ambiguous failure never moves", {}, [[Broke("connection reset by peer")]],
+     ["try 1 a", "record failed ambiguous None", "final (ambiguous)"], {}),
+    ("TLS verification fails closed", {}, [[Broke("certificate verify failed")]],
+     ["try 1 a", "record failed tls_failed None", "final (tls_failed)"], {}),
+    ("no head within response_timeout never moves", {"connect_timeout": 5.0, "response_timeout": 30.0},
+     [[5, Tick(connected=True), 25, Tick(connected=True)]],
+     ["try 1 a", "record failed response_timeout None", "cancel", "final (response_timeout)"], {}),
+    ("a whole body that never completes never moves", {}, [[Head(200, JSON, False), Whole(None)]],
+     ["try 1 a", "read whole", "record failed incomplete_response None", "cancel", "final (incomplete_response)"], {}),
+    ("every credential overloaded: exhausted", {}, [stream(overloaded()), stream(overloaded())],
+     ["try 1 a", "record failover overloaded 200", "cancel", "try 2 b", "record failover overloaded 200", "cancel",
+      "exhausted (overloaded 200)"], {"a": "overloaded", "b": "overloaded"}),
+    ("the client leaves while held", {}, [[Head(200, SSE, True), "gone"]],
+     ["try 1 a", "record cancelled client_gone None", "cancel", "client gone"], {}),
+    ("a stream that breaks while held is delivered, then the break", {},
+     [[Head(200, SSE, True), Chunk(HELLO), Broke("reset")]],
+     ["try 1 a", f"commit {len(HELLO)}b broken(reset)", "record commit upstream_broken 200", "done"], {}),
+    ("the bootstrap window's time runs out: commit", {"bootstrap_timeout": 2.0},
+     [[Head(200, SSE, True), Chunk(Turn("a", 1).handshake()[0]), 2, Tick()]],
+     ["try 1 a", f"commit {len(Turn('a', 1).handshake()[0])}b", "record commit timeout 200", "done"], {}),
+    ("closed before output moves", {}, [[Head(200, SSE, True), End()], stream(answer("b"))],
+     ["try 1 a", "record failover closed_before_output 200", "cancel", "try 2 b",
+      f"commit {len(answer('b'))}b", "record commit output 200", "done"], {}),  # (it never cooled)
+]
+
+
+@pytest.mark.parametrize("name,options,scripts,transcript,cooling", CASES, ids=[c[0] for c in CASES])
+def test_request_machine(name, options, scripts, transcript, cooling):
+    world = World(**options)
+    assert drive(world, scripts) == transcript
+    assert world.cooling() == cooling
+
+
+def test_all_cooling_dials_nothing():
+    world = World()
+    for name in ("a", "b"):
+        world.health.cool(name, 600, "usage_limit")
+    assert drive(world, []) == ["all cooling"]
+
+
+def test_a_served_attempt_homes_the_session_and_restores_its_credential():
+    world = World()
+    world.health.cool("b", 600, "overloaded")
+    world.health.restore("b")
+    drive(world, [stream(answer())])
+    assert world.feedback.affinity.get("session-1") == "a"
+
+
+def test_a_compact_answer_keeps_its_artifacts():
+    world = World()
+    item = {"type": "compaction", "id": "cmp_1", "encrypted_content": "sealed"}
+    body = json.dumps({"output": [item]}).encode()
+    drive(world, [whole(200, body)], world.machine(compact=True))
+    assert world.provenance.owner(item_keys(item)) == "a"
+
+
+def test_a_committed_streams_live_rest_records_what_it_made():
+    world = World()
+    turn = Turn("a", 2)
+    events = turn.handshake() + turn.answer()
+    m = world.machine()
+    step = m.next()
+    assert isinstance(step, Try)
+    assert m.attempt.send(Head(200, SSE, True)) == []
+    held = 0
+    while not m.attempt.over:  # held until the first output
+        held += len(events[0])
+        commands = m.attempt.send(Chunk(events.pop(0)))
+    assert [show(c) for c in commands] == [f"commit {held}b", "record commit output 200"]
+    m.attempt.live(b"".join(events))
+    m.attempt.live(None)
+    assert world.provenance.owner([RESPONSE + turn.rid]) == "a"
+    assert world.provenance.owner(artifacts_of_output([{"type": "compaction", "id": "never"}])) is None
+    assert isinstance(m.next(), Done)
+
+
+# -- recovery (docs/recovery.md) --------------------------------------------------------------------
+
+RECOVERY = RecoveryPolicy(enabled=True, attempts=2, heartbeat=15.0, backoff_initial=0.25, backoff_max=0.25)
+
+
+def test_recovery_buffers_the_whole_stream_then_commits():
+    world = World(recovery=RECOVERY)
+    assert drive(world, [stream(answer())]) == [
+        "try 1 a", "heartbeat 15", f"commit {len(answer())}b ended", "record commit output 200", "done"]
+    assert world.slots.used == 0
+
+
+def test_recovery_retries_a_stream_that_failed_and_delivers_it_when_retries_run_out():
+    world = World(recovery=RECOVERY)
+    body = failed_in_stream()
+    assert drive(world, [stream(body)] * 3) == [
+        "try 1 a", "heartbeat 15", "record recover server_error 200", "wait 0.125",
+        "try 1 a", "heartbeat 15", "record recover server_error 200", "wait 0.125",
+        "try 1 a", "heartbeat 15", "record recover server_error 200",
+        f"give up (server_error): commit {len(body)}b ended, record commit output 200"]
+    assert world.slots.used == 0
+
+
+def test_recovery_on_a_stream_without_its_end_answers_with_recovery_exhausted():
+    world = World(recovery=RecoveryPolicy(enabled=True, attempts=1, heartbeat=0.0, backoff_initial=0.25,
+                                          backoff_max=0.25))
+    body = b"".join(Turn("a", 1).handshake() + Turn("a", 1).answer()[:3])
+    assert drive(world, [stream(body)] * 2) == [
+        "try 1 a", "record recover no_terminal_event 200", "wait 0.125",
+        "try 1 a", "record recover no_terminal_event 200", "give up (no_terminal_event): "]
+
+
+def test_recovery_of_a_bare_503_retries_then_delivers_it_and_cools_nothing():
+    """Settled: a final 5xx after recovery teaches the pool what any bare 5xx does (nothing: it is
+    the way that failed, not the account; core/taxonomy.py). It cooled the credential before."""
+    world = World(recovery=RecoveryPolicy(enabled=True, attempts=1, heartbeat=0.0, backoff_initial=0.25,
+                                          backoff_max=0.25))
+    assert drive(world, [whole(503, b"busy")] * 2) == [
+        "try 1 a", "read whole", "record recover status_503 503", "wait 0.125",
+        "try 1 a", "read whole", "record recover status_503 503", "give up (HTTP 503): respond"]
+    assert world.cooling() == {}
+
+
+def test_recovery_over_its_buffer_streams_the_rest_live():
+    world = World(recovery=RecoveryPolicy(enabled=True, max_buffer_bytes=64 * 1024, heartbeat=0.0))
+    turn = Turn("a", 2)
+    head, big = b"".join(turn.handshake() + turn.answer()[:3]), b"data: " + b"x" * 70_000 + b"\n\n"
+    assert drive(world, [[Head(200, SSE, True), Chunk(head), Chunk(big)]]) == [
+        "try 1 a", f"commit {len(head) + len(big)}b", "record commit output 200", "done"]
+    assert "recovery: response over 65536 bytes; streaming the rest live" in world.told
+
+
+def test_recovery_with_no_data_for_response_timeout_retries():
+    world = World(recovery=RecoveryPolicy(enabled=True, attempts=1, heartbeat=0.0, backoff_initial=0.25,
+                                          backoff_max=0.25), response_timeout=30.0)
+    head = b"".join(Turn("a", 2).handshake() + Turn("a", 2).answer()[:3])
+    out = drive(world, [[Head(200, SSE, True), Chunk(head), 30, Tick()], stream(answer())])
+    assert out == ["try 1 a", "record recover transport_error 200", "cancel", "wait 0.125", "try 1 a",
+                   f"commit {len(answer())}b ended", "record commit output 200", "done"]
+
+
+def test_recovery_with_every_slot_taken_streams_live():
+    world = World(recovery=RecoveryPolicy(enabled=True, max_concurrent=1, heartbeat=0.0))
+    world.slots.take(1)
+    assert drive(world, [stream(answer())])[1] == f"commit {len(answer())}b"  # not kept whole
+
+
+def test_the_client_gone_while_buffering_gives_its_slot_back():
+    world = World(recovery=RECOVERY)
+    head = b"".join(Turn("a", 2).handshake() + Turn("a", 2).answer()[:3])
+    drive(world, [[Head(200, SSE, True), Chunk(head), "gone"]])
+    assert world.slots.used == 0
+
+
+# -- the client's own credential -------------------------------------------------------------------
+
+def test_the_clients_own_401_is_its_answer_and_it_is_never_lent_the_pool():
+    world = World(creds=("a",), use_client=True)
+    out = drive(world, [whole(401, error_body({"message": "bad key"}))])
+    assert out == ["try 1 client", "read whole", "respond", "record deliver auth_rejected 401", "done"]
+    assert world.feedback.rejected_keys is None or CLIENT.fingerprint in world.feedback.rejected_keys
+
+
+def test_a_pooled_credentials_401_takes_it_out():
+    world = World()
+    drive(world, [whole(401, error_body({"message": "bad key"})), stream(answer("b"))])
+    assert world.health.state("a").status == "out"
+
+
+# -- a WebSocket turn -------------------------------------------------------------------------------
+
+def ws_rejection(reason: str = "overloaded", status: int | None = 503) -> Rejection:
+    return Rejection(reason, status, {"message": reason})
+
+
+TURNS = [
+    ("served", None, True, True, SERVED_TURN, {}),
+    ("a self-contained turn moves", ws_rejection(), True, True, MOVE, {"a": "overloaded"}),
+    ("a continued turn with another credential ready: reconnect", ws_rejection(), False, True, RECONNECT,
+     {"a": "overloaded"}),
+    ("a continued turn and nobody else: exhausted", ws_rejection(), False, False, EXHAUSTED, {"a": "overloaded"}),
+    ("outside a turn: exhausted", ws_rejection(), None, True, EXHAUSTED, {"a": "overloaded"}),
+    ("a turn's usage limit cools until it resets", ws_rejection("usage_limit", 429), True, True, MOVE,
+     {"a": "usage_limit"}),
+]
+
+
+@pytest.mark.parametrize("name,rejection,movable,others,outcome,cooling", TURNS, ids=[t[0] for t in TURNS])
+def test_websocket_turn(name, rejection, movable, others, outcome, cooling):
+    world = World()
+    cand = make_plan(CLIENT, world.pool, world.health, True).candidates[0]
+    assert settle_turn(world.ctx(), cand, rejection, [], movable, lambda: others) == outcome
+    assert world.cooling() == cooling
+
+
+def test_a_turn_refused_on_the_clients_own_key_is_its_answer_and_takes_nothing_out():
+    """Settled: the gate took the client's own key out of rotation on an in-stream 401; the HTTP
+    path never did (`cools`). Now both deliver it and only mark the key as not to be lent the pool."""
+    world = World(creds=("a",), use_client=True)
+    own = make_plan(CLIENT, world.pool, world.health, True).candidates[0]
+    assert own.is_client
+    assert settle_turn(world.ctx(), own, ws_rejection("auth_rejected", 401), [], True, lambda: True) == EXHAUSTED
+    assert world.health.state(own.key).status == "ready"
