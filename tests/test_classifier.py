@@ -6,8 +6,9 @@ import pytest
 from conftest import LIVE, WIRE, Clock
 from hypothesis import given, settings, strategies as st
 
-from codex_failover.core.classifier import BootstrapClassifier, Verdict
+from codex_failover.core.classifier import BootstrapClassifier
 from codex_failover.core.framer import Event, SSEFramer
+from codex_failover.core.vocabulary import Verdict
 
 
 def sse(obj, name=None) -> bytes:

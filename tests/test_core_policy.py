@@ -11,7 +11,8 @@ from codex_failover.core.codex_request import EndpointMatcher, asks_to_stream, p
 from codex_failover.core.health import Health
 from codex_failover.core.planner import make_plan
 from codex_failover.core.taxonomy import classify_response, cooldown_seconds, exhausted_status, retry_after_seconds
-from codex_failover.core.transport import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH, TLS_FAILED, classify_connection_error
+from codex_failover.core.transport import classify_connection_error
+from codex_failover.core.vocabulary import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH, TLS_FAILED
 
 
 def cred(name, kind=APIKEY, token=None):

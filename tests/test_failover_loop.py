@@ -16,14 +16,15 @@ from codex_failover.config import Credential, Policy, PoolConfig
 from codex_failover.core.affinity import Affinity
 from codex_failover.core.auth import APIKEY, AuthMaterial
 from codex_failover.core.cooldown_policy import OverloadPolicy
-from codex_failover.core.failover_loop import (
+from codex_failover.core.failover_loop import FailoverLoop
+from codex_failover.core.health import Health
+from codex_failover.core.outcomes import (
     BACKOFF,
     RECOVERING,
     RECOVERY_RETRY,
     SERVED,
     AllCooling,
     Exhausted,
-    FailoverLoop,
     Final,
     RecoveryExhausted,
     Rejected,
@@ -36,14 +37,14 @@ from codex_failover.core.failover_loop import (
     cools,
     own_refusal,
 )
-from codex_failover.core.health import Health
 from codex_failover.core.planner import Candidate, make_plan
 from codex_failover.core.pool_feedback import PoolFeedback
 from codex_failover.core.recovery import RecoveryPolicy
 from codex_failover.core.routes import RouteHealth, parse_routes
-from codex_failover.core.taxonomy import AUTH_REJECTED
-from codex_failover.core.transport import (
+from codex_failover.core.usage import UsageBook
+from codex_failover.core.vocabulary import (
     AMBIGUOUS,
+    AUTH_REJECTED,
     HANDSHAKE_FAILED,
     HOST_NETWORK,
     INCOMPLETE_RESPONSE,
@@ -53,7 +54,6 @@ from codex_failover.core.transport import (
     TLS_FAILED,
     UPGRADE_REFUSED,
 )
-from codex_failover.core.usage import UsageBook
 
 CLIENT_AUTH = AuthMaterial(APIKEY, "tok-client")
 ROUTES = {"corp": ["http://p0:3128", "http://p1:3128"]}

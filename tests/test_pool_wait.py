@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from codex_failover.core.failover_loop import Rejection
 from codex_failover.core.health import Health
+from codex_failover.core.outcomes import Rejection
 from codex_failover.core.pool_wait import back_in, retry_after, soonest, time_fields
 from codex_failover.mitm import client_answers
 

@@ -5,13 +5,13 @@ import pytest
 from conftest import Clock
 
 from codex_failover.core.recovery import (
-    NO_TERMINAL,
     RecoveryConfigError,
     RecoveryPolicy,
     RetryBudget,
     parse_recovery,
     recoverable_stream_end,
 )
+from codex_failover.core.vocabulary import NO_TERMINAL
 
 
 def test_defaults_and_a_full_section():

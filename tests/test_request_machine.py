@@ -21,20 +21,21 @@ from codex_failover.core.attempt_events import (
     Cancel,
     Chunk,
     Commit,
-    Context,
     End,
     Head,
     Heartbeat,
     ReadWhole,
     Record,
     Respond,
+    Scope,
     Tick,
     Whole,
 )
 from codex_failover.core.auth import APIKEY, AuthMaterial
 from codex_failover.core.cooldown_policy import OverloadPolicy
-from codex_failover.core.failover_loop import AllCooling, Exhausted, FailoverLoop, Final, Rejection, Try, Wait
+from codex_failover.core.failover_loop import FailoverLoop
 from codex_failover.core.health import Health
+from codex_failover.core.outcomes import AllCooling, Exhausted, Final, Rejection, Try, Wait
 from codex_failover.core.planner import make_plan
 from codex_failover.core.pool_feedback import PoolFeedback
 from codex_failover.core.provenance import RESPONSE, Provenance, artifacts_of_output, item_keys
@@ -97,14 +98,14 @@ class World:
         self.slots = Slots()
         self.told: list[str] = []
 
-    def ctx(self, compact: bool = False) -> Context:
-        return Context(RULES, self.pool, self.feedback, self.provenance, self.slots, self.clock, compact,
+    def scope(self, compact: bool = False) -> Scope:
+        return Scope(RULES, self.pool, self.feedback, self.provenance, self.slots, self.clock, compact,
                        "session-1", CLIENT, "[r1] ", lambda level, text: self.told.append(text))
 
     def machine(self, compact: bool = False) -> RequestMachine:
         loop = FailoverLoop(lambda: make_plan(CLIENT, self.pool, self.health, True), self.health, self.route_health,
                             self.pool, clock=self.clock, rand=lambda: 0.5)
-        return RequestMachine(loop, self.ctx(compact))
+        return RequestMachine(loop, self.scope(compact))
 
     def cooling(self) -> dict[str, str]:
         return {name: self.health.state(name).reason for name in ("a", "b") if self.health.state(name).status == "cooling"}
@@ -394,7 +395,7 @@ TURNS = [
 def test_websocket_turn(name, rejection, movable, others, outcome, cooling):
     world = World()
     cand = make_plan(CLIENT, world.pool, world.health, True).candidates[0]
-    assert settle_turn(world.ctx(), cand, rejection, [], movable, lambda: others) == outcome
+    assert settle_turn(world.scope(), cand, rejection, [], movable, lambda: others) == outcome
     assert world.cooling() == cooling
 
 
@@ -404,5 +405,5 @@ def test_a_turn_refused_on_the_clients_own_key_is_its_answer_and_takes_nothing_o
     world = World(creds=("a",), use_client=True)
     own = make_plan(CLIENT, world.pool, world.health, True).candidates[0]
     assert own.is_client
-    assert settle_turn(world.ctx(), own, ws_rejection("auth_rejected", 401), [], True, lambda: True) == EXHAUSTED
+    assert settle_turn(world.scope(), own, ws_rejection("auth_rejected", 401), [], True, lambda: True) == EXHAUSTED
     assert world.health.state(own.key).status == "ready"

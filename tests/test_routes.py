@@ -5,7 +5,8 @@ from conftest import Clock
 
 from codex_failover.config import ConfigError, parse_pool
 from codex_failover.core.routes import RouteError, RouteHealth, parse_endpoint, parse_routes
-from codex_failover.core.transport import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH, TLS_FAILED, classify_connection_error
+from codex_failover.core.transport import classify_connection_error
+from codex_failover.core.vocabulary import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH, TLS_FAILED
 
 
 def test_parse_routes():

@@ -176,7 +176,7 @@ def test_set_pool_knows_every_credential_header_and_route_password(guarded, tmp_
 # -- answers to the client ------------------------------------------------------------------------
 
 def test_the_exhausted_answer_masks_an_echoed_pooled_key(guarded):
-    from codex_failover.core.failover_loop import Rejection
+    from codex_failover.core.outcomes import Rejection
 
     guarded.set_pool([OPAQUE])
     last = Rejection("auth_rejected", 401, {"message": f"Incorrect API key provided: {KEY} ({OPAQUE})"})
@@ -215,7 +215,7 @@ def test_a_pooled_error_over_the_cap_is_not_forwarded_unread(guarded):
 
 
 def test_a_gated_websockets_exhausted_frame_masks_an_echoed_key(guarded):
-    from codex_failover.core.failover_loop import Rejection
+    from codex_failover.core.outcomes import Rejection
     from codex_failover.ws.dial import as_frames
 
     (frame, is_text), = as_frames(Rejection("auth_rejected", 401, {"message": f"Incorrect API key provided: {KEY}"}))

@@ -21,8 +21,8 @@ from codex_failover.core.health import Health
 from codex_failover.core.planner import client_key
 from codex_failover.core.recovery import Slots
 from codex_failover.core.routes import RouteHealth, parse_routes
-from codex_failover.core.transport import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH, TLS_FAILED
 from codex_failover.core.usage import UsageBook
+from codex_failover.core.vocabulary import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH, TLS_FAILED
 from codex_failover.net.socks_bridge import SocksBridges
 from codex_failover.rules_file import load_rules
 from codex_failover.shared import Shared
@@ -91,7 +91,7 @@ def test_endpoints_then_credentials_in_order_with_the_same_history_lines(monkeyp
         "b via direct: upgrade failed (overloaded HTTP 503): busy",
         "c via direct: upgrade failed (upgrade_refused HTTP 404)",
     ]
-    health = d.ctx.health
+    health = d.shared.health
     assert health.state("a").status == "ready", "a dead route never cools its credential"
     assert health.state("b").status == "cooling", "an overloaded upgrade cools"
     assert health.recovers_in("b") == 7, "for upstream's Retry-After"
@@ -115,7 +115,7 @@ def test_what_a_failed_handshake_does(monkeypatch, failure, line, cooled):
         assert list(d.history) == [line]
     else:
         assert up is not None and up.cand.name == "b", f"{failure!r} moves on: {list(d.history)}"
-    assert (d.ctx.health.state("a").status == "cooling") is cooled, f"a cooled after {failure!r}"
+    assert (d.shared.health.state("a").status == "cooling") is cooled, f"a cooled after {failure!r}"
 
 
 def test_the_clients_own_401_ends_the_dial_and_cools_nothing(monkeypatch):
@@ -124,7 +124,7 @@ def test_the_clients_own_401_ends_the_dial_and_cools_nothing(monkeypatch):
     assert asyncio.run(d.open_next()) is None, "Codex gets its own 401 on SSE after the 426"
     assert upstream.dialled == ["client"]
     assert list(d.history) == ["client via direct: upgrade failed (auth_rejected HTTP 401): bad key"]
-    assert d.ctx.health.state(client_key(auth_from_headers(d.headers))).status == "ready"
+    assert d.shared.health.state(client_key(auth_from_headers(d.headers))).status == "ready"
 
 
 def test_a_turn_goes_on_from_its_socket_and_stops_at_max_attempts(monkeypatch):
@@ -145,9 +145,9 @@ def test_open_home_dials_only_the_clients_own_credential(monkeypatch):
 
 def test_a_dial_the_client_left_releases_the_endpoint_it_probed(monkeypatch):
     d, upstream = dialer(monkeypatch, {"a@0": [asyncio.CancelledError()]}, [cred("a", "corp")], ROUTES)
-    ep = d.ctx.pool.routes["corp"][0]
-    d.ctx.route_health.failed(ep, "refused")
+    ep = d.shared.pool.routes["corp"][0]
+    d.shared.route_health.failed(ep, "refused")
     upstream.clock.now += 30  # due for a probe
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(d.open_next())
-    assert d.ctx.route_health.describe(ep) == "due for a probe (failed 1x: refused)", "not left claimed"
+    assert d.shared.route_health.describe(ep) == "due for a probe (failed 1x: refused)", "not left claimed"

@@ -6,7 +6,7 @@ import pytest
 from conftest import LIVE, WIRE, Clock
 from hypothesis import given, settings, strategies as st
 
-from codex_failover.core.classifier import Verdict
+from codex_failover.core.vocabulary import Verdict
 from codex_failover.core.ws_turns import TurnGate, parse_create
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from codex_failover.core.failover_loop import Rejection
+from codex_failover.core.outcomes import Rejection
 from codex_failover.ws.dial import as_frames
 from codex_failover.ws.upstream import Target
 

@@ -12,10 +12,11 @@ import argparse
 import json
 import sys
 
-from .core.classifier import FRAMING_ERROR, BootstrapClassifier, Decision
+from .core.classifier import BootstrapClassifier, Decision
 from .core.framer import FramerError, SSEFramer
 from .core.rules import RulesError
 from .core.units import parse_duration
+from .core.vocabulary import FRAMING_ERROR
 from .rules_file import load_rules
 
 

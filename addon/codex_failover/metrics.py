@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from .core.routes import looks_like_secret
 from .core.usage import finite_number
+from .core.vocabulary import Verdict
 from .net.metrics_listener import MetricsServer
 
 log = logging.getLogger("codex_failover")
@@ -36,7 +37,7 @@ OPTION = "failover_metrics"
 PREFIX = "codex_failover_"
 
 # Verdicts an attempt ends with (the `verdict` label of codex_failover_attempts_total).
-VERDICTS = ("commit", "deliver", "failover", "failed", "cancelled", "recover")
+VERDICTS = tuple(v.value for v in Verdict if v is not Verdict.HOLD)
 CREDENTIAL_STATES = ("ready", "cooling", "out", "expired")
 ROUTE_STATES = ("up", "backing_off", "probe_due", "probing")
 

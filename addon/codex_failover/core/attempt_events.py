@@ -14,6 +14,7 @@ from .pool_feedback import PoolFeedback
 from .provenance import Provenance
 from .recovery import Slots
 from .rules import Rules
+from .vocabulary import Reason, Verdict
 
 # -- events: what the shell saw of the attempt ------------------------------------------------
 
@@ -98,8 +99,8 @@ class Heartbeat:
 class Record:
     """The attempt's row: its verdict on its flow, the history, a log line, the metrics."""
 
-    verdict: str
-    reason: str
+    verdict: Verdict
+    reason: Reason
     status: int | None
     ok: bool = False
 
@@ -108,7 +109,7 @@ Command = Union[ReadWhole, Cancel, Commit, Respond, Heartbeat, Record]
 
 
 @dataclass
-class Context:
+class Scope:
     """What every attempt of one request shares: the policy and the core objects it teaches."""
 
     rules: Rules

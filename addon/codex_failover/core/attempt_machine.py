@@ -24,7 +24,6 @@ from .attempt_events import (
     Chunk,
     Command,
     Commit,
-    Context,
     End,
     Event,
     Head,
@@ -32,37 +31,44 @@ from .attempt_events import (
     ReadWhole,
     Record,
     Respond,
+    Scope,
     Tick,
     Whole,
 )
-from .classifier import BootstrapClassifier, Decision, Verdict
+from .classifier import BootstrapClassifier, Decision
 from .codex_request import COMPACT
-from .failover_loop import SERVED, Rejected, Rejection, Result, Transient, cools, own_refusal
+from .outcomes import SERVED, Rejected, Rejection, Result, Transient, cools, own_refusal
 from .planner import Candidate
 from .provenance import artifacts_of_compact
-from .recovery import NO_TERMINAL, RECOVERABLE_STATUS, TRANSPORT
+from .recovery import RECOVERABLE_STATUS
 from .routes import Endpoint
+from .rules import Rules
 from .stream_view import StreamView
 from .taxonomy import classify_response
-from .transport import (
+from .transport import classify_connection_error
+from .usage import Window, from_headers
+from .vocabulary import (
+    CLIENT_GONE,
     HOST_NETWORK,
     INCOMPLETE_RESPONSE,
+    NO_TERMINAL,
     PRE_DISPATCH,
     RESPONSE_TIMEOUT,
     TLS_FAILED,
-    classify_connection_error,
+    TRANSPORT,
+    UPSTREAM_BROKEN,
+    Verdict,
 )
-from .usage import Window, from_headers
 
-HEAD, HOLD, BUFFER, WHOLE, OVER = "head", "hold", "buffer", "whole", "over"
-RESPOND_IT, COMMIT_IT = "respond", "commit"  # a Transient's `final`: how its attempt answers at the end
+HEAD, HOLD, BUFFER, WHOLE, OVER = "reading the head", "holding the stream", "buffering", "reading whole", "over"  # phases
+RESPOND_IT, COMMIT_IT = "respond with it", "commit it"  # a Transient's `final`: how its attempt answers at the end
 
 
 @dataclass
 class AttemptMachine:
     """One attempt (see the module's docstring)."""
 
-    ctx: Context
+    scope: Scope
     cand: Candidate
     endpoint: Endpoint | None = None
     phase: str = HEAD
@@ -76,11 +82,11 @@ class AttemptMachine:
     verdict: Decision | None = None  # the classifier's, once it decided
 
     def __post_init__(self) -> None:
-        policy, now = self.ctx.pool.policy, self.ctx.clock()
+        policy, now = self.scope.pool.policy, self.scope.clock()
         self._answer_by = now + policy.response_timeout  # each deadline holds on its own
         self._connect_by: float | None = min(now + policy.connect_timeout, self._answer_by)
         self._deadline: float | None = self._connect_by
-        self.view = StreamView(self.ctx.pool.recovery.enabled, self._usage)  # frames the stream once
+        self.view = StreamView(self.scope.pool.recovery.enabled, self._usage)  # frames the stream once
         self._clf: BootstrapClassifier | None = None
         self._slot = False
         self._rejection: Rejection | None = None  # a recoverable whole answer, as a rejection
@@ -108,7 +114,7 @@ class AttemptMachine:
         """The client left: the attempt is cancelled and recorded so."""
         self._give_back()
         self.phase = OVER
-        return [Record("cancelled", "client_gone", None), Cancel()]
+        return [Record(Verdict.CANCELLED, CLIENT_GONE, None), Cancel()]
 
     def live(self, data: bytes | None) -> None:
         """A chunk of a committed stream's live rest (None: its end): the artifacts it made."""
@@ -117,31 +123,31 @@ class AttemptMachine:
     # -- the head ------------------------------------------------------------------------------
 
     def _head(self, event: Event) -> list[Command]:
-        policy = self.ctx.pool.policy
+        policy = self.scope.pool.policy
         if isinstance(event, Tick):
             if not event.connected:  # never connected: not one request byte left, so it may move
                 waited = min(policy.connect_timeout, policy.response_timeout)
                 return self._failed_to_connect(f"timed out connecting after {waited:g}s") + [Cancel()]
-            if self._connect_by is not None and self.ctx.clock() < self._answer_by:
+            if self._connect_by is not None and self.scope.clock() < self._answer_by:
                 self._connect_by = None
                 self._deadline = self._answer_by
                 return []
             message = f"no response from upstream within {policy.response_timeout:g}s"
             return self._over_rejected(Rejection(RESPONSE_TIMEOUT, None, {"message": message}),
-                                       [Record("failed", RESPONSE_TIMEOUT, None), Cancel()])
+                                       [Record(Verdict.FAILED, RESPONSE_TIMEOUT, None), Cancel()])
         if isinstance(event, Broke):
             return self._failed_to_connect(event.message)
         assert isinstance(event, Head), f"expected the head, got {event!r}"
         self.status, self.retry_after = event.status, event.headers.get("retry-after")
-        health = self.ctx.feedback.health
+        health = self.scope.feedback.health
         self._usage(from_headers(event.headers, health.now()))
         if event.streaming:
             self.phase = HOLD
-            self._clf = BootstrapClassifier(self.ctx.rules, timeout=policy.bootstrap_timeout, clock=self.ctx.clock)
+            self._clf = BootstrapClassifier(self.scope.rules, timeout=policy.bootstrap_timeout, clock=self.scope.clock)
             self._deadline = self._clf.deadline
             return []
         self.phase = WHOLE
-        self._deadline = self.ctx.clock() + policy.response_timeout
+        self._deadline = self.scope.clock() + policy.response_timeout
         return [ReadWhole()]
 
     def _failed_to_connect(self, message: str) -> list[Command]:
@@ -149,14 +155,14 @@ class AttemptMachine:
         (docs/architecture.md#replay-safety); the failover loop decides."""
         kind = classify_connection_error(message, response_started=False)
         if kind == TLS_FAILED:
-            self.ctx.tell(logging.ERROR, f"TLS verification to the upstream failed for credential {self.cand.name}: "
+            self.scope.tell(logging.ERROR, f"TLS verification to the upstream failed for credential {self.cand.name}: "
                                          f"{message} (not retried elsewhere)")
         # Host-wide network loss names the endpoint it came through (a pre-dispatch failure on an
         # endpoint is the route's: the loop names the endpoint in its route_down message).
         where = f"{self.endpoint.label}: " if self.endpoint and kind == HOST_NETWORK else ""
         status = 502 if kind in (PRE_DISPATCH, HOST_NETWORK) else None
         return self._over_rejected(Rejection(kind, status, {"message": where + message}),
-                                   [Record("failed", kind, None)])
+                                   [Record(Verdict.FAILED, kind, None)])
 
     # -- the SSE hold ------------------------------------------------------------------------
 
@@ -173,7 +179,7 @@ class AttemptMachine:
             decision = self.view.classify(clf, None)
         elif isinstance(event, Broke):  # deliver what came, then the break
             self.error = event.message
-            decision = clf.fail_open("upstream_broken")
+            decision = clf.fail_open(UPSTREAM_BROKEN)
         else:
             raise AssertionError(f"unexpected {event!r} while holding")
         self._deadline = clf.deadline
@@ -183,8 +189,8 @@ class AttemptMachine:
         if decision.verdict is Verdict.FAILOVER:
             rejection = Rejection(decision.reason, self.status, dict(decision.error or {}), retry_after=self.retry_after)
             return self._reject(rejection) + [Cancel()]
-        recovery = self.ctx.pool.recovery
-        if recovery.enabled and self.ctx.slots.take(recovery.max_concurrent):
+        recovery = self.scope.pool.recovery
+        if recovery.enabled and self.scope.slots.take(recovery.max_concurrent):
             self._slot, self.phase = True, BUFFER
             out: list[Command] = [Heartbeat(recovery.heartbeat)] if recovery.heartbeat else []
             return out + self._buffer_check()
@@ -193,7 +199,7 @@ class AttemptMachine:
     # -- recovery: the committed stream kept whole (docs/recovery.md) -----------------------------
 
     def _buffer(self, event: Event) -> list[Command]:
-        idle = self.ctx.pool.policy.response_timeout
+        idle = self.scope.pool.policy.response_timeout
         if isinstance(event, Tick):
             self.error = f"no data for {idle:g}s"
         elif isinstance(event, Chunk):
@@ -210,20 +216,20 @@ class AttemptMachine:
         """A complete (or finally failed) stream is delivered whole; a transient failure asks for a
         retry. Past `max_buffer_bytes`, fail open: what is buffered goes out once, the rest live."""
         if not self.ended and self.error is None:
-            if len(self.received) > self.ctx.pool.recovery.max_buffer_bytes:
-                self.ctx.tell(logging.INFO, f"recovery: response over {self.ctx.pool.recovery.max_buffer_bytes} "
+            if len(self.received) > self.scope.pool.recovery.max_buffer_bytes:
+                self.scope.tell(logging.INFO, f"recovery: response over {self.scope.pool.recovery.max_buffer_bytes} "
                                             f"bytes; streaming the rest live")
                 return self._commit(first=False)
-            self._deadline = self.ctx.clock() + self.ctx.pool.policy.response_timeout
+            self._deadline = self.scope.clock() + self.scope.pool.policy.response_timeout
             return []
         if self.error is not None:
-            return self._over_transient(f"transport error: {self.error}", [Record("recover", TRANSPORT, 200), Cancel()],
+            return self._over_transient(f"transport error: {self.error}", [Record(Verdict.RECOVER, TRANSPORT, 200), Cancel()],
                                        None)
         why = self.view.how_it_ended()
         if why is None:
             return self._commit(first=False)
         # A stream that ended in a terminal error is, should no retry be left, delivered as it came.
-        return self._over_transient(why, [Record("recover", why, 200)], None if why == NO_TERMINAL else COMMIT_IT)
+        return self._over_transient(why, [Record(Verdict.RECOVER, why, 200)], None if why == NO_TERMINAL else COMMIT_IT)
 
     # -- a whole answer ------------------------------------------------------------------------
 
@@ -231,31 +237,25 @@ class AttemptMachine:
         if isinstance(event, Tick | Broke) or (isinstance(event, Whole) and event.content is None):
             message = {"message": "upstream response did not complete"}
             return self._over_rejected(Rejection(INCOMPLETE_RESPONSE, None, message),
-                                       [Record("failed", INCOMPLETE_RESPONSE, None), Cancel()])
+                                       [Record(Verdict.FAILED, INCOMPLETE_RESPONSE, None), Cancel()])
         assert isinstance(event, Whole) and event.content is not None, f"expected the whole body, got {event!r}"
         status, content = self.status, event.content
-        verdict = classify_response(status, content, self.ctx.rules)
-        recovery = self.ctx.pool.recovery
-        if recovery.enabled and status in RECOVERABLE_STATUS and not self._names_a_rejection(verdict.error):
+        verdict = classify_response(status, content, self.scope.rules)
+        recovery = self.scope.pool.recovery
+        if recovery.enabled and status in RECOVERABLE_STATUS and not names_a_rejection(self.scope.rules, verdict.error):
             self._rejection = Rejection(verdict.reason, status, dict(verdict.error or {}), retry_after=self.retry_after)
-            return self._over_transient(f"HTTP {status}", [Record("recover", f"status_{status}", status)], RESPOND_IT)
+            return self._over_transient(f"HTTP {status}", [Record(Verdict.RECOVER, f"status_{status}", status)], RESPOND_IT)
         own = own_refusal(verdict.reason, self.cand)
         if verdict.verdict == Verdict.FAILOVER and not own:
             return self._reject(Rejection(verdict.reason, status, dict(verdict.error or {}), retry_after=self.retry_after))
         # Success without a stream, another 4xx, or the client's own 401/403: as is.
-        if 200 <= status < 300 and self.ctx.compact:
+        if 200 <= status < 300 and self.scope.compact:
             self._made(artifacts_of_compact(content))
         if own:
-            self.ctx.feedback.client_refused(self.ctx.client_auth)
-        self.ctx.feedback.succeeded(self.cand.key, self.ctx.session)
+            self.scope.feedback.client_refused(self.scope.client_auth)
+        self.scope.feedback.succeeded(self.cand.key, self.scope.session)
         self._over(SERVED)
-        return [Respond(), Record(Verdict.DELIVER.value, verdict.reason, status, ok=True)]
-
-    def _names_a_rejection(self, error: Mapping[str, Any] | None) -> bool:
-        """Does the error body itself name a rejection (overload, limits)? Those fail over; a bare
-        transient status is recovery's to retry."""
-        error = error or {}
-        return self.ctx.rules.rejection_class(error.get("code"), error.get("type"), error.get("message")) is not None
+        return [Respond(), Record(Verdict.DELIVER, verdict.reason, status, ok=True)]
 
     # -- endings -------------------------------------------------------------------------------
 
@@ -270,14 +270,14 @@ class AttemptMachine:
         self._made(self.view.made.take())
         if commit.ended:
             self._made(self.view.made.close())
-        self.ctx.feedback.succeeded(self.cand.key, self.ctx.session)
+        self.scope.feedback.succeeded(self.cand.key, self.scope.session)
         decision = self.verdict
         assert decision is not None
-        return [commit, Record(decision.verdict.value, decision.reason, self.status, ok=True)]
+        return [commit, Record(decision.verdict, decision.reason, self.status, ok=True)]
 
     def _reject(self, rejection: Rejection) -> list[Command]:
-        learn(self.ctx, self.cand, rejection)
-        return self._over_rejected(rejection, [Record(Verdict.FAILOVER.value, rejection.reason, rejection.status)])
+        learn(self.scope, self.cand, rejection)
+        return self._over_rejected(rejection, [Record(Verdict.FAILOVER, rejection.reason, rejection.status)])
 
     def _over_rejected(self, rejection: Rejection, commands: list[Command]) -> list[Command]:
         self._over(Rejected(rejection))
@@ -293,7 +293,7 @@ class AttemptMachine:
         teaches the pool what any such answer does (`learn`: a bare 5xx cools nothing)."""
         if final == RESPOND_IT:
             if self._rejection is not None:
-                learn(self.ctx, self.cand, self._rejection)
+                learn(self.scope, self.cand, self._rejection)
             return [Respond()]
         if final == COMMIT_IT:
             return self._commit_bookkeeping(Commit(bytes(self.received), True, None, False))
@@ -306,24 +306,31 @@ class AttemptMachine:
     def _give_back(self) -> None:
         if self._slot:
             self._slot = False
-            self.ctx.slots.give_back()
+            self.scope.slots.give_back()
 
     def _usage(self, windows: list[Window]) -> None:
-        self.ctx.feedback.usage_seen(self.cand.key, self.cand.name, windows, self.ctx.pool.policy, self.ctx.where,
+        self.scope.feedback.usage_seen(self.cand.key, self.cand.name, windows, self.scope.pool.policy, self.scope.where,
                                      self.cand.full_at)
 
     def _made(self, artifacts: list[str]) -> None:
         if artifacts:
-            self.ctx.provenance.record(artifacts, self.cand.key)
+            self.scope.provenance.record(artifacts, self.cand.key)
 
 
-def learn(ctx: Context, cand: Candidate, rejection: Rejection) -> None:
+def learn(scope: Scope, cand: Candidate, rejection: Rejection) -> None:
     """What a rejection teaches the pool: the one rule, for HTTP attempts and WebSocket turns alike.
     It cools (or takes out) its credential only when `cools` says so; for how long is taxonomy's."""
     if cools(cand, rejection):
-        ctx.feedback.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
-                              rejection.retry_after, ctx.pool.policy, ctx.where)
+        scope.feedback.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
+                              rejection.retry_after, scope.pool.policy, scope.where)
 
 
 def is_compact(path: str) -> bool:
     return path.split("?", 1)[0].endswith(COMPACT)
+
+
+def names_a_rejection(rules: Rules, error: Mapping[str, Any] | None) -> bool:
+    """Does an error body itself name a rejection (overload, limits)? Those fail over; a bare
+    transient status is recovery's to retry."""
+    error = error or {}
+    return rules.rejection_class(error.get("code"), error.get("type"), error.get("message")) is not None

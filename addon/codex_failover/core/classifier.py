@@ -11,33 +11,26 @@ commits on the next `feed()` or `tick()`. The clock is injected, so tests never 
 
 from __future__ import annotations
 
-import enum
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from .framer import Event
 from .rules import Rules
-
-
-class Verdict(str, enum.Enum):
-    HOLD = "hold"
-    COMMIT = "commit"
-    FAILOVER = "failover"
-    DELIVER = "deliver"
-
+from .vocabulary import (
+    BYTE_BUDGET,
+    CLOSED_BEFORE_OUTPUT,
+    FRAME_BUDGET,
+    HOLDING,
+    INCOMPLETE,
+    NOT_JSON,
+    OUTPUT,
+    TERMINAL_ERROR,
+    TIMEOUT,
+    Verdict,
+)
 
 # Reason classes outside the rules file's rejection classes. Stable: documented in docs/decisions.md.
-HOLDING = "holding"
-OUTPUT = "output"
-NOT_JSON = "not_json"
-FRAME_BUDGET = "frame_budget"
-BYTE_BUDGET = "byte_budget"
-TIMEOUT = "timeout"
-TERMINAL_ERROR = "terminal_error"
-INCOMPLETE = "incomplete"
-CLOSED_BEFORE_OUTPUT = "closed_before_output"
-FRAMING_ERROR = "framing_error"
 
 
 @dataclass(frozen=True, slots=True)

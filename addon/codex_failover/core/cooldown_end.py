@@ -19,8 +19,8 @@ from typing import Iterable, Mapping
 
 from .health import COOLING, OUT, Health
 from .usage import Window, finite_number
+from .vocabulary import USAGE_LIMIT_REASONS
 
-USAGE_LIMIT_REASONS = frozenset({"usage_limit", "usage_window_full"})
 CONSUME_PATH = "/wham/rate-limit-reset-credits/consume"
 
 # How a cooldown ended (the status page and the log line say it).

@@ -21,8 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 from .units import parse_duration
-
-OVERLOAD_CLASSES = frozenset({"overloaded", "slow_down", "capacity", "server_error_retryable"})
+from .vocabulary import OVERLOAD_CLASSES
 
 
 class OverloadConfigError(ValueError):

@@ -44,160 +44,53 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Union
+from typing import Callable, Iterable
 
 from .health import Health
+from .outcomes import (
+    BACKOFF,
+    RECOVERING,
+    RECOVERY_RETRY,
+    AllCooling,
+    Exhausted,
+    Final,
+    LoopStep,
+    RecoveryExhausted,
+    Rejection,
+    Result,
+    RouteDown,
+    Served,
+    Transient,
+    Try,
+    Wait,
+    own_refusal,
+)
 from .planner import Candidate, Plan
 from .policy import PoolConfig
-from .pool_wait import Soonest, retry_after as true_retry_after, soonest
+from .pool_wait import retry_after as true_retry_after, soonest
 from .recovery import RetryBudget
 from .routes import Endpoint, RouteHealth
-from .taxonomy import AUTH_REJECTED, UPSTREAM_5XX, hinted_seconds
-from .transport import (
+from .taxonomy import hinted_seconds
+from .vocabulary import (
     AMBIGUOUS,
-    HANDSHAKE_FAILED,
+    CLOSED_BEFORE_OUTPUT,
     HOST_NETWORK,
     INCOMPLETE_RESPONSE,
+    OVERLOADED,
     PRE_DISPATCH,
     RESPONSE_TIMEOUT,
     ROUTE_DOWN,
+    SERVER_ERROR_RETRYABLE,
+    SLOW_DOWN,
     TLS_FAILED,
-    UPGRADE_REFUSED,
+    UPSTREAM_5XX,
 )
 
 # Rejections worth retrying on the same credential when it is the only one (with backoff).
-RETRY_SAME = frozenset({"overloaded", "slow_down", "server_error_retryable", "closed_before_output", UPSTREAM_5XX})
+RETRY_SAME = frozenset({OVERLOADED, SLOW_DOWN, SERVER_ERROR_RETRYABLE, CLOSED_BEFORE_OUTPUT, UPSTREAM_5XX})
 SAME_CREDENTIAL_BACKOFF = (0.5, 1.0, 2.0, 4.0)
-# Failures that say nothing about the credential: they never cool it.
-NOT_THE_CREDENTIAL = frozenset({UPGRADE_REFUSED, HANDSHAKE_FAILED, PRE_DISPATCH, HOST_NETWORK, TLS_FAILED, ROUTE_DOWN})
 # The request may have reached upstream: never replayed elsewhere (docs/architecture.md#replay-safety).
 MAY_HAVE_BEEN_SENT = frozenset({AMBIGUOUS, RESPONSE_TIMEOUT, INCOMPLETE_RESPONSE})
-
-# Why a Wait.
-BACKOFF = "backoff before retrying the only credential"
-RECOVERING = "holding for a cooling credential to recover"
-RECOVERY_RETRY = "recovery: retrying the same credential and endpoint"
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """Why an attempt did not serve: a reason class, upstream's status and error object (or ours),
-    upstream's own messages when the rejection came in-stream on a WebSocket, and its Retry-After."""
-
-    reason: str
-    status: int | None
-    error: dict[str, Any]
-    frames: tuple[tuple[bytes, bool], ...] = ()
-    retry_after: str | None = None
-
-
-# -- what the shell reports after a Try -----------------------------------------------------
-
-@dataclass(frozen=True)
-class Served:
-    """The attempt served: committed, delivered as is, or (a handshake) its socket opened."""
-
-
-SERVED = Served()
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """The attempt did not serve; the loop decides whether that moves on."""
-
-    rejection: Rejection
-
-
-@dataclass(frozen=True)
-class Transient:
-    """Recovery: a transient failure worth retrying on the same candidate and endpoint. `final` is
-    the shell's answer should the retries run out (handed back, unread, in RecoveryExhausted)."""
-
-    why: str
-    final: object = None
-
-
-Result = Union[Served, Rejected, Transient]
-
-
-# -- what the loop answers to next() --------------------------------------------------------
-
-@dataclass(frozen=True)
-class Try:
-    """Send attempt `n` on `candidate` through `endpoint` (None: direct), then report its result."""
-
-    candidate: Candidate
-    endpoint: Endpoint | None
-    n: int
-
-
-@dataclass(frozen=True)
-class Wait:
-    """Hold the client `seconds`, then ask again."""
-
-    seconds: float
-    why: str  # BACKOFF, RECOVERING or RECOVERY_RETRY
-
-
-@dataclass(frozen=True)
-class RouteDown:
-    """No endpoint of the candidate's route could be used; the credential is not penalised. The
-    shell records it and asks again (it is also the `last` rejection from now on)."""
-
-    candidate: Candidate
-    rejection: Rejection
-
-
-@dataclass(frozen=True)
-class Exhausted:
-    """Every attempt was rejected (or no more may be made): answer with the last rejection."""
-
-    last: Rejection
-    retry_after: int | None  # seconds, or None: no Retry-After
-    soonest: Soonest | None = None  # the first of the request's credentials back, if any is cooling
-
-
-@dataclass(frozen=True)
-class AllCooling:
-    """Nothing was dialled: every credential is cooling, out of rotation or expired."""
-
-    states: tuple[tuple[str, str, str | None], ...]  # (credential name, why skipped, health reason)
-    retry_after: int | None
-    soonest: Soonest | None = None
-
-
-@dataclass(frozen=True)
-class Final:
-    """A failure that must not move to anything else: answer with it (TLS verification failed, the
-    request may have reached upstream, or the client's own credential was refused)."""
-
-    rejection: Rejection
-
-
-@dataclass(frozen=True)
-class RecoveryExhausted:
-    """Recovery's retries ran out on `candidate`: answer with the final attempt (`final`, as reported)."""
-
-    candidate: Candidate
-    why: str
-    final: object = None
-
-
-Decision = Union[Try, Wait, RouteDown, Exhausted, AllCooling, Final, RecoveryExhausted]
-
-
-def own_refusal(reason: str, candidate: Candidate) -> bool:
-    """The client's own credential refused (401/403): that answer is the client's, never failed over
-    (on HTTP it is delivered as is; a refused WebSocket upgrade sends Codex to SSE, where it gets it)."""
-    return reason == AUTH_REJECTED and candidate.is_client
-
-
-def cools(candidate: Candidate, rejection: Rejection) -> bool:
-    """Does `rejection` cool (or take out) its credential? Not the client's own 401/403, and not a
-    failure that says nothing about the credential (its route, the network, TLS, the upgrade)."""
-    return not own_refusal(rejection.reason, candidate) and rejection.reason not in NOT_THE_CREDENTIAL
-
 
 def _silent(level: int, text: str) -> None:
     pass
@@ -234,11 +127,11 @@ class FailoverLoop:
         self._transient: Transient | None = None  # reported, not yet retried
         self._retry = False  # the recovery wait is over: try the same again
         self._waited: str | None = None  # the wait just decided (BACKOFF or RECOVERING)
-        self._decided: Decision | None = None  # settled by report(), given by the next next()
+        self._decided: LoopStep | None = None  # settled by report(), given by the next next()
 
     # -- the shell's two calls ----------------------------------------------------------------
 
-    def next(self) -> Decision:
+    def next(self) -> LoopStep:
         if self._decided is not None:
             decided, self._decided = self._decided, None
             return decided
@@ -296,7 +189,7 @@ class FailoverLoop:
 
     # -- choosing -----------------------------------------------------------------------------
 
-    def _choose(self) -> Decision:
+    def _choose(self) -> LoopStep:
         if self._stale:
             self.plan, self._stale = self._replan(), False
         waited, self._waited = self._waited, None
@@ -313,7 +206,7 @@ class FailoverLoop:
     def _untried(self, plan: Plan) -> list[Candidate]:
         return [c for c in plan.candidates if c.key not in self.tried]
 
-    def _wait(self) -> Decision:
+    def _wait(self) -> LoopStep:
         """Nothing ready and untried. The only credential is retried after a backoff; otherwise hold
         for an untried one that recovers within `cooldown_wait`. A handshake never waits."""
         if self.handshake:
@@ -340,7 +233,7 @@ class FailoverLoop:
         delay = max(SAME_CREDENTIAL_BACKOFF[min(self.n - 1, len(SAME_CREDENTIAL_BACKOFF) - 1)], hinted)
         return delay if delay <= self.policy.cooldown_wait else None
 
-    def _start(self, cand: Candidate) -> Decision:
+    def _start(self, cand: Candidate) -> LoopStep:
         self.n += 1
         self.tried.add(cand.key)
         self._cand = cand
@@ -351,7 +244,7 @@ class FailoverLoop:
             return Try(cand, None, self.n)
         return self._next_endpoint()
 
-    def _next_endpoint(self) -> Decision:
+    def _next_endpoint(self) -> LoopStep:
         """The candidate's next endpoint that may be dialled; none left: its route is down."""
         self._walk_on = False
         while self._endpoints:
@@ -385,7 +278,7 @@ class FailoverLoop:
 
     # -- recovery -------------------------------------------------------------------------------
 
-    def _retry_or_give_up(self, transient: Transient) -> Decision:
+    def _retry_or_give_up(self, transient: Transient) -> LoopStep:
         self._budget = self._budget or RetryBudget(self.pool.recovery, self._clock, self._rand)
         delay = self._budget.next_delay()
         if delay is None:

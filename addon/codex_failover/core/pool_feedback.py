@@ -11,15 +11,15 @@ from typing import Any
 from .affinity import Affinity
 from .auth import AuthMaterial
 from .client_boundary import RejectedKeys
-from .cooldown_policy import OVERLOAD_CLASSES, held_out, over_cap
+from .cooldown_policy import held_out, over_cap
 from .health import Health
 from .policy import Policy
 from .seen_clients import label
-from .taxonomy import AUTH_REJECTED, cooldown_seconds, hinted_seconds
+from .taxonomy import cooldown_seconds, hinted_seconds
 from .usage import UsageBook, Window
+from .vocabulary import AUTH_REJECTED, OVERLOAD_CLASSES, USAGE_WINDOW_FULL
 
 log = logging.getLogger("codex_failover")
-USAGE_WINDOW_FULL = "usage_window_full"
 
 
 @dataclass

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .health import COOLING, Health
+from .vocabulary import USAGE_LIMIT_REASONS
 
 # Cooldown reasons that are a usage limit (the account's own window), whose end is a reset time.
-USAGE_LIMIT_REASONS = frozenset({"usage_limit", "usage_window_full"})
 
 
 @dataclass(frozen=True)

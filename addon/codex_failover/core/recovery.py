@@ -14,10 +14,9 @@ from typing import Any, Callable, Mapping
 from .classifier import stream_error
 from .framer import Event
 from .units import parse_duration, parse_size
+from .vocabulary import NO_TERMINAL
 
 RECOVERABLE_STATUS = frozenset({408, 500, 502, 503, 504, 529})
-NO_TERMINAL = "no_terminal_event"  # the stream ended without response.completed/failed/incomplete
-TRANSPORT = "transport_error"
 
 # (lowest, highest) accepted; a value outside is clamped and reported, a wrong type is an error.
 BOUNDS = {

@@ -1,7 +1,7 @@
 """One held request, sans-I/O: the failover loop and each attempt's machine behind one interface,
 so the shell's driver only moves bytes and carries out commands.
 
-    m = RequestMachine(loop, ctx)
+    m = RequestMachine(loop, scope)
     while True:
         step = m.next()
         Try(cand, ep, n)      start attempt n; until m.attempt.over: read by m.attempt.deadline,
@@ -23,12 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Union
 
-from .attempt_events import Command, Context
+from .attempt_events import Command, Scope
 from .attempt_machine import AttemptMachine, learn
-from .failover_loop import (
+from .failover_loop import FailoverLoop
+from .outcomes import (
     AllCooling,
     Exhausted,
-    FailoverLoop,
     Final,
     RecoveryExhausted,
     Rejection,
@@ -56,12 +56,12 @@ class GiveUp:
     why: str
 
 
-Step = Union[Try, Wait, RouteDown, Done, GiveUp, Exhausted, AllCooling, Final]
+RunStep = Union[Try, Wait, RouteDown, Done, GiveUp, Exhausted, AllCooling, Final]
 
 
 class RequestMachine:
-    def __init__(self, loop: FailoverLoop, ctx: Context):
-        self.loop, self.ctx = loop, ctx
+    def __init__(self, loop: FailoverLoop, scope: Scope):
+        self.loop, self.scope = loop, scope
         self.attempt: AttemptMachine | None = None  # the attempt in flight, or the last one
         self.done = False
 
@@ -69,7 +69,7 @@ class RequestMachine:
     def total(self) -> int:
         return self.loop.total
 
-    def next(self) -> Step:
+    def next(self) -> RunStep:
         attempt = self.attempt
         if self.done:
             return Done()
@@ -82,7 +82,7 @@ class RequestMachine:
         assert attempt is None or attempt.over, "next() while an attempt is in flight"
         step = self.loop.next()
         if isinstance(step, Try):
-            self.attempt = AttemptMachine(self.ctx, step.candidate, step.endpoint)
+            self.attempt = AttemptMachine(self.scope, step.candidate, step.endpoint)
         elif isinstance(step, RecoveryExhausted):
             assert self.attempt is not None
             return GiveUp(tuple(self.attempt.give_up(step.final)), step.why)
@@ -103,7 +103,7 @@ class RequestMachine:
 SERVED_TURN, MOVE, RECONNECT, EXHAUSTED = "served", "move", "reconnect", "exhausted"
 
 
-def settle_turn(ctx: Context, cand: Candidate, rejection: Rejection | None, windows: list[Window],
+def settle_turn(scope: Scope, cand: Candidate, rejection: Rejection | None, windows: list[Window],
                 movable: bool | None, others_ready: Callable[[], bool]) -> str:
     """A gated turn's window closed on `cand`'s socket (rejection None: it serves). What the pool
     learns, by the same rules as an HTTP attempt (`learn`), and what the gate does next:
@@ -111,12 +111,12 @@ def settle_turn(ctx: Context, cand: Candidate, rejection: Rejection | None, wind
     (it cannot move, but another credential could serve Codex's full re-send: close with 1012);
     EXHAUSTED (deliver the rejection). `movable` is None outside a turn."""
     if rejection is None:
-        ctx.feedback.succeeded(cand.key, ctx.session)
+        scope.feedback.succeeded(cand.key, scope.session)
         return SERVED_TURN
-    ctx.feedback.usage_seen(cand.key, cand.name, windows, ctx.pool.policy, ctx.where, cand.full_at)
-    learn(ctx, cand, rejection)
+    scope.feedback.usage_seen(cand.key, cand.name, windows, scope.pool.policy, scope.where, cand.full_at)
+    learn(scope, cand, rejection)
     if own_refusal(rejection.reason, cand):
-        ctx.feedback.client_refused(ctx.client_auth)  # never lent the pool, as on HTTP
+        scope.feedback.client_refused(scope.client_auth)  # never lent the pool, as on HTTP
         return EXHAUSTED
     if movable:
         return MOVE

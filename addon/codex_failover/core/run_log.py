@@ -11,7 +11,6 @@ from typing import Any, Callable
 
 from . import seen_clients, story
 from .auth import AuthMaterial
-from .failover_loop import SERVED, Rejected, Rejection, Result, Transient
 from .planner import Candidate
 
 log = logging.getLogger("codex_failover")
@@ -78,21 +77,3 @@ class RunLog:
         self.tell(what)
         elapsed = int((time.monotonic() - self.started) * 1000)
         log.warning("[%s] %s after %d attempt(s), %dms", self.request_id, what, len(self.history), elapsed)
-
-
-@dataclass
-class AttemptEnd:
-    """How one attempt ended, in the attempt's words; `result()` is what the failover loop is told."""
-
-    kind: str  # "committed", "answered", "rejected" (the loop decides if it moves), "recover" (retry the same)
-    rejection: Rejection | None = None
-    message: str = ""
-    final: object = None  # for "recover": how to answer if no retry is left (the run's give-up)
-
-    def result(self) -> Result:
-        if self.kind == "rejected":
-            assert self.rejection is not None, "a rejected attempt says why"
-            return Rejected(self.rejection)
-        if self.kind == "recover":
-            return Transient(self.message, self.final)
-        return SERVED

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from .vocabulary import INCOMPLETE_RESPONSE, RESPONSE_TIMEOUT, Verdict
+
 if TYPE_CHECKING:  # run_log.py writes the story: these are its records, for annotations only
     from .health import State
     from .policy import PoolConfig
@@ -23,8 +25,9 @@ CANCELLED = ":no_entry_sign:"  # stopped by the addon (the client left)
 TIMED_OUT = ":hourglass:"  # no (complete) answer in time
 NO_CONNECTION = ":electric_plug:"  # the connection failed (refused, unreachable, TLS)
 
-_TIMEOUTS = ("response_timeout", "incomplete_response")
-_WORDS = {"failover": "rejected", "recover": "retried", "cancelled": "cancelled", "failed": "failed"}
+_TIMEOUTS = (RESPONSE_TIMEOUT, INCOMPLETE_RESPONSE)
+_NOT_SERVED = (Verdict.FAILOVER, Verdict.FAILED, Verdict.RECOVER)
+_WORDS: dict[str, str] = {Verdict.FAILOVER: "rejected", Verdict.RECOVER: "retried", Verdict.CANCELLED: "cancelled", Verdict.FAILED: "failed"}
 
 
 @dataclass(frozen=True)
@@ -50,11 +53,11 @@ class Skipped:
 def mark(verdict: str, reason: str, ok: bool) -> str:
     if ok:
         return SERVED
-    if verdict == "failover":
+    if verdict == Verdict.FAILOVER:
         return REJECTED
-    if verdict == "recover":
+    if verdict == Verdict.RECOVER:
         return RETRIED
-    if verdict == "cancelled":
+    if verdict == Verdict.CANCELLED:
         return CANCELLED
     return TIMED_OUT if reason in _TIMEOUTS else NO_CONNECTION
 
@@ -78,9 +81,9 @@ def attempt_comment(request_id: str, entry: AttemptLog, total: int) -> str:
 
 def summary(history: Sequence[AttemptLog], outcome: str | None) -> str:
     count = f"{len(history)} attempt{'s' if len(history) != 1 else ''}"
-    rejected = [e.reason for e in history if e.verdict in ("failover", "failed", "recover")]
+    rejected = [e.reason for e in history if e.verdict in _NOT_SERVED]
     after = f" after {', '.join(dict.fromkeys(rejected))}" if rejected else ""
-    served = next((e for e in reversed(history) if e.verdict not in ("failover", "failed", "recover", "cancelled")), None)
+    served = next((e for e in reversed(history) if e.verdict not in (*_NOT_SERVED, Verdict.CANCELLED)), None)
     if outcome is None and served is not None:
         return f"failover: {count}, served by {served.credential}{after}"
     if outcome is None:

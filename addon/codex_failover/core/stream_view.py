@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .classifier import FRAMING_ERROR, BootstrapClassifier, Decision
+from .classifier import BootstrapClassifier, Decision
 from .framer import FramerError
 from .provenance import SseArtifacts
 from .recovery import TerminalTracker, recoverable_stream_end
 from .usage import Window, from_event
+from .vocabulary import FRAMING_ERROR
 
 
 class StreamView:

@@ -11,29 +11,35 @@ from typing import Any, Mapping, TypeGuard
 
 from .policy import Policy
 from .rules import Rules
-
-FAILOVER = "failover"
-DELIVER = "deliver"
-COMMIT = "commit"
-
-AUTH_REJECTED = "auth_rejected"  # 401/403
-UPSTREAM_5XX = "upstream_5xx"
-CLIENT_ERROR = "client_error"
-OK = "ok"
+from .vocabulary import (
+    AUTH_REJECTED,
+    CAPACITY,
+    CLIENT_ERROR,
+    CLOSED_BEFORE_OUTPUT,
+    HOST_NETWORK,
+    OK,
+    PRE_DISPATCH,
+    RATE_LIMITED,
+    ROUTE_DOWN,
+    UPSTREAM_5XX,
+    USAGE_LIMIT,
+    USAGE_WINDOW_FULL,
+    Verdict,
+)
 
 # Classes that never cool their credential (cooldown_seconds is 0 for them): they say nothing about the
 # account. Every other class cools for upstream's own time, else the policy's overload_cooldown.
-_NO_COOLDOWN = {"closed_before_output", UPSTREAM_5XX, AUTH_REJECTED, "pre_dispatch", "route_down", "host_network"}
+_NO_COOLDOWN = {CLOSED_BEFORE_OUTPUT, UPSTREAM_5XX, AUTH_REJECTED, PRE_DISPATCH, ROUTE_DOWN, HOST_NETWORK}
 # Status for an exhausted request, by the class of the rejection that decided it. Codex treats
 # 429 as final for the turn and re-sends a 503 four times (docs/architecture.md#what-codex-does-with-our-answers).
-_EXHAUSTED_STATUS = {"usage_limit": 429, "usage_window_full": 429, "capacity": 429, "rate_limited": 429,
-                     "pre_dispatch": 502, "route_down": 502, "host_network": 502}
+_EXHAUSTED_STATUS = {USAGE_LIMIT: 429, USAGE_WINDOW_FULL: 429, CAPACITY: 429, RATE_LIMITED: 429,
+                     PRE_DISPATCH: 502, ROUTE_DOWN: 502, HOST_NETWORK: 502}
 _TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class ResponseVerdict:
-    verdict: str  # COMMIT (stream it), FAILOVER, DELIVER (answer the client with it as is)
+    verdict: Verdict  # COMMIT (stream it), FAILOVER, DELIVER (answer the client with it as is)
     reason: str
     error: Mapping[str, Any] | None = None
 
@@ -65,20 +71,20 @@ def _is_json(body: bytes) -> bool:
 def classify_response(status: int, body: bytes, rules: Rules) -> ResponseVerdict:
     """A synchronous answer (headers and complete body known, not an event stream)."""
     if 200 <= status < 300:
-        return ResponseVerdict(COMMIT, OK)
+        return ResponseVerdict(Verdict.COMMIT, OK)
     error = error_object(body)
     plain = not error and not _is_json(body)
     # A page that is no JSON error (a gateway's): its text is matched as the message, never kept.
     message = body[:2048].decode("utf-8", "replace") if plain else error.get("message")
     error.setdefault("status", status)
     if status in (401, 403):
-        return ResponseVerdict(FAILOVER, AUTH_REJECTED, error)
+        return ResponseVerdict(Verdict.FAILOVER, AUTH_REJECTED, error)
     klass = rules.rejection_class(error.get("code"), error.get("type"), message, status, plain_text=plain)
     if klass:
-        return ResponseVerdict(FAILOVER, klass, error)
+        return ResponseVerdict(Verdict.FAILOVER, klass, error)
     if status >= 500:
-        return ResponseVerdict(FAILOVER, UPSTREAM_5XX, error)
-    return ResponseVerdict(DELIVER, CLIENT_ERROR, error)
+        return ResponseVerdict(Verdict.FAILOVER, UPSTREAM_5XX, error)
+    return ResponseVerdict(Verdict.DELIVER, CLIENT_ERROR, error)
 
 
 def retry_after_seconds(value: str | None, now: float) -> float | None:

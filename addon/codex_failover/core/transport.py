@@ -6,19 +6,9 @@ Only a failure proven to happen before any request byte left may be replayed els
 
 from __future__ import annotations
 
-PRE_DISPATCH = "pre_dispatch"  # connection refused / timed out while connecting
-HOST_NETWORK = "host_network"  # name resolution failed, network unreachable
-TLS_FAILED = "tls_failed"  # certificate verification or handshake failure
-AMBIGUOUS = "ambiguous"  # the request may have been sent
-ROUTE_DOWN = "route_down"  # every endpoint of a credential's route failed before dispatch
-# After the request left: its response never came, or never completed (the request may have been used).
-RESPONSE_TIMEOUT = "response_timeout"
-INCOMPLETE_RESPONSE = "incomplete_response"
-# A WebSocket upgrade (no conversation rides on it): answered with a non-101 that is not a known
-# rejection, or failed during the handshake.
-UPGRADE_REFUSED = "upgrade_refused"
-HANDSHAKE_FAILED = "handshake_failed"
+from .vocabulary import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH, TLS_FAILED
 
+# What each class means: core/vocabulary.py.
 _PRE_DISPATCH = ("connect call failed", "connection refused", "errno 111", "connect timeout", "timed out connecting",
                  "refused http connect request", "error connecting to")
 _HOST_NETWORK = ("name or service not known", "nodename nor servname", "getaddrinfo", "temporary failure in name resolution",

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .body_edit import remove_members
-from .classifier import BootstrapClassifier, Decision, Verdict
+from .classifier import BootstrapClassifier, Decision
 from .framer import Event
 from .replay_safety import _nobody, assess, removals
 from .rules import Rules
+from .vocabulary import Verdict
 
 Message = tuple[bytes, bool]  # (content, is_text), exactly as received
 PREVIOUS = "previous_response_id"

@@ -8,7 +8,6 @@ import itertools
 import json
 import logging
 import sys
-import traceback
 
 from mitmproxy import command, ctx, exceptions, http
 
@@ -37,13 +36,13 @@ from ..state_keeper import StateKeeper, close_keeper, open_keeper
 from ..ws.conn import WsConn
 from ..ws.gate import WebsocketGate
 from ..ws.upstream import tls_context
-from . import bounded_body, client_answers, client_hop, quiet_log, secret_guard
+from . import bounded_body, client_answers, client_hop, quiet_log, secret_guard, warm_conn
 from .account_back import AccountBack
 from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
 from .boundary import ClientBoundary, not_own_user
 from .engine import WarmConnections
 from .file_watch import FileWatch
-from .held_client import RelayHops, point_at_relay
+from .held_client import RelayHops
 from .passthrough_redact import PassThroughRedaction
 from .request_run import RequestRun, start_run
 from .tls_scope import TlsScope
@@ -168,7 +167,7 @@ class FailoverAddon:
 
     @staticmethod
     def _listen_hosts() -> list[str]:
-        return client_hop.listen_hosts(ctx.options.mode, ctx.options.listen_host)
+        return warm_conn.listen_hosts(ctx.options.mode, ctx.options.listen_host)
 
     def done(self) -> None:
         # Before mitmproxy's Save writes the flows still in flight (it comes after scripts).
@@ -234,7 +233,8 @@ class FailoverAddon:
             if ctx.options.failover_websocket == "downgrade":
                 flow.response = client_answers.websocket_downgrade()
             elif ctx.options.failover_websocket == "gate":
-                await self._gate_upgrade(flow)
+                self._refresh_auth_files()
+                await self.ws_gate.upgrade(flow, self.shared(), self.relay)
             return
         if req.method != "POST":
             return
@@ -245,20 +245,6 @@ class FailoverAddon:
             return
         self._refresh_auth_files()
         await self._hold(flow, body, client_auth)
-
-    async def _gate_upgrade(self, flow: http.HTTPFlow) -> None:
-        """Open the upstream socket now (any credential, any route that works); 426 if none can."""
-        self._refresh_auth_files()
-        await self.relay.start()
-        try:
-            session, why = await self.ws_gate.open(flow, self.shared())
-        except Exception as exc:  # noqa: BLE001 - a bug must not let the upgrade through ungated
-            log.error("codex-failover internal error opening a gated WebSocket: %s\n%s", exc, traceback.format_exc())
-            session, why = None, f"codex-failover internal error: {type(exc).__name__}"
-        if session is None:
-            flow.response = client_answers.websocket_downgrade(f"failover_websocket=gate: {why}")
-            return
-        point_at_relay(flow, self.relay.port, self.relay.register(session))
 
     def shared(self) -> Shared:
         """What a request or a gated socket shares with everything else (shared.py)."""
@@ -281,7 +267,7 @@ class FailoverAddon:
         await self.relay.start()
         self._held += 1
         run = RequestRun(flow, self.shared(), body, f"{self.run}-r{n}", rotation=n, client_auth=client_auth)
-        task = start_run(run, self._release_hold)
+        task = start_run(run, self._released)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         # Let the first attempt's request leave before the client flow goes on (the other addons'
@@ -289,7 +275,7 @@ class FailoverAddon:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(run.dispatched.wait(), DISPATCH_FIRST)
 
-    def _release_hold(self, run: RequestRun) -> None:
+    def _released(self, run: RequestRun) -> None:
         self._held -= 1
 
     def http_connect_upstream(self, flow: http.HTTPFlow) -> None:

@@ -9,22 +9,37 @@ import time
 from mitmproxy import http
 
 from ..core.pool_wait import Soonest, back_in, time_fields
-from ..core.taxonomy import AUTH_REJECTED, exhausted_status
+from ..core.taxonomy import exhausted_status
+from ..core.vocabulary import (
+    AUTH_REJECTED,
+    CAPACITY,
+    HOST_NETWORK,
+    NO_USABLE_CREDENTIAL,
+    OVERLOADED,
+    PRE_DISPATCH,
+    RATE_LIMITED,
+    ROUTE_DOWN,
+    SERVER_ERROR_RETRYABLE,
+    SLOW_DOWN,
+    USAGE_LIMIT,
+    USAGE_LIMIT_REASONS,
+    USAGE_WINDOW_FULL,
+)
 from ..net.relay import HOP_BY_HOP
 from .secret_guard import SECRETS
 
 # Error type and code by rejection class, when upstream's own error object has none.
 _DEFAULTS = {
-    "overloaded": ("service_unavailable_error", "server_is_overloaded"),
-    "slow_down": ("service_unavailable_error", "slow_down"),
-    "capacity": ("service_unavailable_error", "model_at_capacity"),
-    "rate_limited": ("rate_limit_error", "rate_limit_exceeded"),
-    "usage_limit": ("usage_limit_reached", "usage_limit_reached"),
-    "usage_window_full": ("usage_limit_reached", "usage_limit_reached"),
-    "server_error_retryable": ("server_error", "server_error"),
-    "pre_dispatch": ("upstream_error", "upstream_connect_failed"),
-    "route_down": ("upstream_error", "route_down"),
-    "host_network": ("upstream_error", "network_unreachable"),
+    OVERLOADED: ("service_unavailable_error", "server_is_overloaded"),
+    SLOW_DOWN: ("service_unavailable_error", "slow_down"),
+    CAPACITY: ("service_unavailable_error", "model_at_capacity"),
+    RATE_LIMITED: ("rate_limit_error", "rate_limit_exceeded"),
+    USAGE_LIMIT: ("usage_limit_reached", "usage_limit_reached"),
+    USAGE_WINDOW_FULL: ("usage_limit_reached", "usage_limit_reached"),
+    SERVER_ERROR_RETRYABLE: ("server_error", "server_error"),
+    PRE_DISPATCH: ("upstream_error", "upstream_connect_failed"),
+    ROUTE_DOWN: ("upstream_error", "route_down"),
+    HOST_NETWORK: ("upstream_error", "network_unreachable"),
 }
 _KEEP = ("type", "code", "message", "param", "resets_at", "resets_in_seconds", "plan_type")
 
@@ -48,7 +63,7 @@ def _answer_class(reason: str | None, first: Soonest | None) -> str | None:
 
 def _tell_the_time(error: dict, klass: str | None, first: Soonest | None) -> None:
     """The soonest recovery the pool knows, in the fields Codex reads and in the message."""
-    usage = klass in ("usage_limit", "usage_window_full")
+    usage = klass in USAGE_LIMIT_REASONS
     error.update(time_fields(first, usage))
     error["message"] = f"{error['message']} {back_in(first)}"
 
@@ -60,7 +75,7 @@ def exhausted(last, history, retry_after: int | None, pinned: str | None = None,
     attempts = [h.as_dict() for h in history]
     real = [h for h in history if h.reason != AUTH_REJECTED]
     if last is None or last.reason == AUTH_REJECTED and not real:
-        error = {"type": "service_unavailable_error", "code": "no_usable_credential",
+        error = {"type": "service_unavailable_error", "code": NO_USABLE_CREDENTIAL,
                  "message": "codex-failover: no credential could serve this request (see attempts)."}
         status = 503
     else:
@@ -86,7 +101,7 @@ def all_cooling(skipped, retry_after: int | None, pinned: str | None = None,
     and the time are those of the cooldown that ends first."""
     reasons = [r for _, status, r in skipped if status == "cooling"]
     reason = _answer_class(reasons[0] if reasons else None, first)
-    kind, code = _DEFAULTS.get(reason or "", ("service_unavailable_error", "no_usable_credential"))
+    kind, code = _DEFAULTS.get(reason or "", ("service_unavailable_error", NO_USABLE_CREDENTIAL))
     error = {
         "type": kind,
         "code": code,

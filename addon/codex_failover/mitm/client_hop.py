@@ -1,22 +1,15 @@
 """The held client's hop, in process: the run's answer goes straight into the client's own layers.
 
-A held client flow still needs a "server" to get its response from: mitmproxy streams only what a
-server connection delivers (an addon's `flow.response` goes out in one piece). The loopback relay
-(net/relay.py) was that server, over TCP and a second HTTP pass. Here the server connection is a
-stand-in inside the client's own `HttpLayer`: a `Server` that is never dialled, whose layer
-(`HopLayer`) takes the request (and ignores it: the attempts carry it) and hands the answer to the
-flow's `HttpStream` as the HTTP events a server connection's layer would produce. So the answer
-costs no socket, no HTTP serialising or parsing, and the client flow keeps its real URL throughout.
-docs/architecture.md#the-hop; the mitmproxy 12.3.1 facts relied on are in
-docs/mitmproxy-12.3.1-replay-notes.md §10.
-
-How the stand-in is found: the client's `HttpLayer` (its class swapped for `_HeldHttpLayer`) gives
-a held stream its stand-in whatever the stream's URL is by then; the stand-in's `Server` has the
-request's address and a `via` of its own (`codex-failover.hop:<n>`), so no other stream matches it.
-Events reach its layer through the client's `ConnectionHandler.server_event`, routed by connection
-down every `HttpLayer` on the way (as mitmproxy routes a connection a tunnelled layer opened).
-
-When mitmproxy's layers are not as expected, `attach` returns None and the loopback relay is used.
+mitmproxy streams to a client only what a server connection delivers (an addon's `flow.response`
+goes out in one piece). So a held flow gets a stand-in server connection inside its own `HttpLayer`:
+a `Server` that is never dialled (its `via` is `codex-failover.hop:<n>`, so no other stream matches
+it), whose layer (`HopLayer`) takes the request (the attempts carry it) and hands the answer to the
+flow's `HttpStream` as the events a server connection's layer would. The client's `HttpLayer` (its
+class swapped for `_HeldHttpLayer`) gives a held stream its stand-in whatever its URL is by then;
+events reach the stand-in through the client's `ConnectionHandler.server_event`, routed down every
+`HttpLayer` on the way. No socket, no second HTTP pass, and the flow keeps its real URL.
+When the layers are not as expected, `attach` returns None and the loopback relay is used.
+docs/architecture.md#the-hop; the facts relied on: docs/mitmproxy-12.3.1-replay-notes.md §10.
 """
 
 from __future__ import annotations
@@ -36,7 +29,6 @@ from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import Http2Server, HttpLayer, HttpStream
 from mitmproxy.proxy.mode_servers import ProxyConnectionHandler
-from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 
 from ..net.relay import UNCLAIMED_TTL, UpstreamBroken
 from . import hook_chain
@@ -209,13 +201,10 @@ class ClientHop:
         self._joined = [] if self.first else None
         return response
 
-    # The head and the first body bytes leave in one write (one TLS record): mitmproxy writes them
-    # in two, and the first wakes the client before the output it waits for is there. From the head
-    # on, the stream's bytes for the client are joined until the first body bytes are among them, or
-    # until the delivery is over (docs/architecture.md#the-hop).
     def keep_back(self, command: commands.Command) -> bool:
-        """Keep `command` back while the head waits for the body: bytes for the client (joined), and
-        log lines (mitmproxy's "Streaming response from ..."), logged once the first output is written."""
+        """Keep `command` back while the head waits for the body (head and first output leave in one
+        write, one TLS record: docs/architecture.md#the-hop): bytes for the client (joined), and log
+        lines (mitmproxy's "Streaming response from ..."), logged once the first output is written."""
         if self._joined is not None and isinstance(command, commands.Log):
             self._deferred.append(command)
         elif self._joined is not None and isinstance(command, commands.SendData) and command.connection is self.handler.client:
@@ -357,20 +346,6 @@ def client_can_read(flow: http.HTTPFlow) -> bool:
 def relay_server(port: int) -> Server:
     """The server connection that sends a flow to the loopback relay (the hop's fallback)."""
     return Server(address=("127.0.0.1", port))
-
-
-def listen_hosts(modes, listen_host: str) -> list[str]:
-    """The hosts mitmproxy listens on for its `mode` specs (unparseable ones skipped), in order."""
-    hosts: dict[str, None] = {}
-    for spec in modes:
-        with contextlib.suppress(ValueError):
-            hosts[ProxyMode.parse(spec).listen_host(listen_host)] = None
-    return list(hosts)
-
-
-def is_reverse(client) -> bool:
-    """Is this client connection a reverse-proxy mode's (its upstream is fixed)?"""
-    return isinstance(client.proxy_mode, ReverseMode)
 
 
 def _sweep(inner: HttpLayer) -> None:

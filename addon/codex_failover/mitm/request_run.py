@@ -25,7 +25,6 @@ from ..core.attempt_events import (
     Chunk,
     Command,
     Commit,
-    Context,
     End,
     Event,
     Head,
@@ -33,12 +32,14 @@ from ..core.attempt_events import (
     ReadWhole,
     Record,
     Respond,
+    Scope,
     Tick,
     Whole,
 )
 from ..core.attempt_machine import AttemptMachine, is_compact
 from ..core.auth import AuthMaterial, auth_from_headers
-from ..core.failover_loop import AllCooling, Exhausted, FailoverLoop, Final, RouteDown, Try, Wait
+from ..core.failover_loop import FailoverLoop
+from ..core.outcomes import AllCooling, Exhausted, Final, RouteDown, Try, Wait
 from ..core.planner import Candidate, Plan, make_plan
 from ..core.pool_reach import unreachable
 from ..core.replay_safety import MovePolicy, assess
@@ -46,6 +47,7 @@ from ..core.request_machine import Done, GiveUp, RequestMachine
 from ..core.routes import Endpoint
 from ..core.run_log import RunLog
 from ..core.story import Skipped
+from ..core.vocabulary import CLIENT_GONE
 from ..shared import Shared
 from . import bounded_body, client_answers, live, secret_guard
 from .attempt import CHUNK, END, ERROR, Attempt, Item, copy_request, hide_secrets
@@ -108,7 +110,7 @@ class RequestRun:
         loop = FailoverLoop(self._plan, self.health, self.shared.route_health, self.pool, tell=self._tell)
         self.log.total = loop.total
         shared = self.shared
-        context = Context(self.rules, self.pool, shared.feedback, shared.provenance, shared.recovery_slots,
+        context = Scope(self.rules, self.pool, shared.feedback, shared.provenance, shared.recovery_slots,
                           time.monotonic, is_compact(req.path), self.session, self.client_auth,
                           f"[{self.request_id}] ", self._tell)
         try:
@@ -307,7 +309,7 @@ async def _guarded(run: RequestRun) -> str | None:
         await run.run()
     except (ClientGone, asyncio.CancelledError):  # seen by the run, or the relay's hop closed
         log.info("[%s] client went away while held; attempts cancelled", run.request_id)
-        return "client_gone"
+        return CLIENT_GONE
     except Exception as exc:  # noqa: BLE001
         log.error("[%s] codex-failover internal error: %s\n%s", run.request_id, exc, traceback.format_exc())
         run.client.internal_error(type(exc).__name__)

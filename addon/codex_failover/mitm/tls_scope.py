@@ -11,7 +11,7 @@ from mitmproxy import ctx, tls
 
 from ..core.intercept_scope import ALL, InterceptScope
 from ..net.trust import extend_openssl_context
-from .client_hop import is_reverse
+from .warm_conn import is_reverse
 
 
 class TlsScope:

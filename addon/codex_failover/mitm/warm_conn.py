@@ -21,6 +21,7 @@ code runs while the values are on the flow. Once the head has been written they 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -33,6 +34,7 @@ from mitmproxy.proxy import commands, events, layer, server, server_hooks
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import HTTPMode, HttpStream
+from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
 
 from ..core.warm_book import Slot
 from . import hook_chain
@@ -359,3 +361,19 @@ def as_http11(request) -> None:
         if "host" not in request.headers and request.authority:
             request.headers.insert(0, "Host", request.authority)
         request.authority = ""
+
+
+# -- the proxy's modes, as the shell reads them ----------------------------------------------
+
+def listen_hosts(modes, listen_host: str) -> list[str]:
+    """The hosts mitmproxy listens on for its `mode` specs (unparseable ones skipped), in order."""
+    hosts: dict[str, None] = {}
+    for spec in modes:
+        with contextlib.suppress(ValueError):
+            hosts[ProxyMode.parse(spec).listen_host(listen_host)] = None
+    return list(hosts)
+
+
+def is_reverse(client) -> bool:
+    """Is this client connection a reverse-proxy mode's (its upstream is fixed)?"""
+    return isinstance(client.proxy_mode, ReverseMode)

@@ -24,11 +24,11 @@ from wsproto.events import (
 )
 from wsproto.utilities import RemoteProtocolError
 
+from ..core.ws_turns import Message  # (content, is_text)
 from .bounded_deflate import BoundedDeflate
 
 log = logging.getLogger("codex_failover")
 
-Message = tuple[bytes, bool]  # (content, is_text)
 READ = 65536
 ABNORMAL = 1006  # local-only: the peer vanished without a close frame
 PROTOCOL_ERROR = 1002

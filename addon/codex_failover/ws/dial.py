@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from ..core.affinity import affinity_key, session_of
 from ..core.auth import auth_from_headers
 from ..core.codex_request import swap_credential
-from ..core.failover_loop import SERVED, FailoverLoop, Rejected, Rejection, RouteDown, Try, cools, own_refusal
+from ..core.failover_loop import FailoverLoop
+from ..core.outcomes import SERVED, Rejected, Rejection, RouteDown, Try, cools, own_refusal
 from ..core.planner import Candidate, Plan, make_plan
-from ..core.pool_wait import USAGE_LIMIT_REASONS, Soonest, back_in, soonest, time_fields
+from ..core.pool_wait import Soonest, back_in, soonest, time_fields
 from ..core.replay_safety import PIN_HEADER, assess
 from ..core.routes import Endpoint
-from ..core.taxonomy import FAILOVER, classify_response, error_object, exhausted_status
-from ..core.transport import HANDSHAKE_FAILED, UPGRADE_REFUSED
+from ..core.taxonomy import classify_response, error_object, exhausted_status
+from ..core.vocabulary import HANDSHAKE_FAILED, UPGRADE_REFUSED, USAGE_LIMIT_REASONS, Verdict
 from ..mitm.secret_guard import SECRETS
 from ..shared import Shared
 from .conn import HANDSHAKE_HEADERS, HandshakeRejected, Message, WsConn
@@ -54,10 +55,10 @@ class Upstream:
 class Dialer:
     """Opens upstream sockets for one client socket; remembers which credentials this turn tried."""
 
-    def __init__(self, sid: str, request, ctx: Shared, history: deque[str]):
+    def __init__(self, sid: str, request, shared: Shared, history: deque[str]):
         # `history` is the session's: a plain shared deque, not a callback into the session, so a
         # finished session is freed by reference counting (no cycle to wait for the collector).
-        self.sid, self.ctx, self.history = sid, ctx, history
+        self.sid, self.shared, self.history = sid, shared, history
         self.url = request.url
         self.headers = request.headers.copy()
         self.client_auth = auth_from_headers(request.headers)
@@ -70,13 +71,13 @@ class Dialer:
 
     def others_ready(self, key: str) -> bool:
         """Would a reconnect find a credential other than `key`?"""
-        plan = make_plan(self.client_auth, self.ctx.pool, self.ctx.health, not self.pinned)
+        plan = make_plan(self.client_auth, self.shared.pool, self.shared.health, not self.pinned)
         return any(c.key != key for c in plan.candidates)
 
     def soonest(self) -> Soonest | None:
         """The first of this socket's credentials to come back (for an answer that none can serve)."""
-        plan = make_plan(self.client_auth, self.ctx.pool, self.ctx.health, not self.pinned)
-        return soonest(self.ctx.health, plan.all_keys)
+        plan = make_plan(self.client_auth, self.shared.pool, self.shared.health, not self.pinned)
+        return soonest(self.shared.health, plan.all_keys)
 
     def new_turn(self, key: str) -> None:
         """A new turn starts on the socket of credential `key` (its first attempt)."""
@@ -89,7 +90,7 @@ class Dialer:
     def home_of(self, bound: str | None) -> str:
         """The credential key a turn that may not move belongs on: the one that made its state
         (`bound`), else the client's own (planner.make_plan)."""
-        return make_plan(self.client_auth, self.ctx.pool, self.ctx.health, movable=False, bound=bound).all_keys[0]
+        return make_plan(self.client_auth, self.shared.pool, self.shared.health, movable=False, bound=bound).all_keys[0]
 
     async def open_home(self, bound: str | None = None) -> Upstream | None:
         """A socket on the credential a turn that may not move belongs on (`home_of`), counted
@@ -108,17 +109,17 @@ class Dialer:
         """A loop over the policy's candidates, or (`home`) over the client's own credential only."""
         # Closures over plain values, not bound methods: the Dialer keeps its loop, and a cycle
         # through it would keep a finished session's Dialer until the collector runs.
-        client_auth, ctx, session, sid, movable = self.client_auth, self.ctx, self.session, self.sid, not self.pinned
+        client_auth, shared, session, sid, movable = self.client_auth, self.shared, self.session, self.sid, not self.pinned
 
         def plan() -> Plan:
             if home:
-                return make_plan(client_auth, ctx.pool, ctx.health, movable=False, bound=bound)
-            return make_plan(client_auth, ctx.pool, ctx.health, movable, ctx.affinity.get(session))
+                return make_plan(client_auth, shared.pool, shared.health, movable=False, bound=bound)
+            return make_plan(client_auth, shared.pool, shared.health, movable, shared.affinity.get(session))
 
         def tell(level: int, text: str) -> None:
             log.log(level, "[%s] %s", sid, text)
 
-        return FailoverLoop(plan, ctx.health, ctx.route_health, ctx.pool, handshake=True, tried=tried, n=n, tell=tell)
+        return FailoverLoop(plan, shared.health, shared.route_health, shared.pool, handshake=True, tried=tried, n=n, tell=tell)
 
     async def _dial(self, loop: FailoverLoop) -> Upstream | None:
         """Upgrades in the loop's order until one is accepted; None when the loop gives up (nothing
@@ -155,7 +156,7 @@ class Dialer:
         return Upstream(conn, cand, label)
 
     async def _connect(self, cand: Candidate, ep: Endpoint | None) -> WsConn:
-        policy = self.ctx.pool.policy
+        policy = self.shared.pool.policy
         headers = self.headers.copy()
         if cand.auth is not None:
             swap_credential(headers, cand.auth, moved=not cand.is_client)
@@ -165,23 +166,23 @@ class Dialer:
         deflate = "permessage-deflate" in self.headers.get("sec-websocket-extensions", "")
         # The upgrade's answer is bounded by connect_timeout too: a silent upstream must reach
         # Codex as a quick 426 (SSE), not after its own handshake timeout and reconnect attempts.
-        return await open_upstream(Target.from_url(url), fields, ep, self.ctx.bridges, self.ctx.upstream_tls,
+        return await open_upstream(Target.from_url(url), fields, ep, self.shared.bridges, self.shared.upstream_tls,
                                    policy.connect_timeout, policy.connect_timeout, deflate)
 
     def _upgrade_rejected(self, exc: HandshakeRejected) -> Rejection:
-        verdict = classify_response(exc.status, exc.body, self.ctx.rules)
+        verdict = classify_response(exc.status, exc.body, self.shared.rules)
         retry_after = next((v.decode("latin-1") for k, v in exc.headers if k.lower() == b"retry-after"), None)
         # Not a known rejection (e.g. an upstream without the WebSocket transport): Codex can use SSE.
-        reason = verdict.reason if verdict.verdict == FAILOVER else UPGRADE_REFUSED
+        reason = verdict.reason if verdict.verdict == Verdict.FAILOVER else UPGRADE_REFUSED
         return Rejection(reason, exc.status, dict(verdict.error or error_object(exc.body)), retry_after=retry_after)
 
     def _rejected(self, cand: Candidate, label: str, rejection: Rejection) -> None:
         self.last = rejection
         if own_refusal(rejection.reason, cand):
-            self.ctx.feedback.client_refused(self.client_auth)
+            self.shared.feedback.client_refused(self.client_auth)
         if cools(cand, rejection):
-            self.ctx.feedback.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
-                                       rejection.retry_after, self.ctx.pool.policy, f"[{self.sid}] ")
+            self.shared.feedback.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
+                                       rejection.retry_after, self.shared.pool.policy, f"[{self.sid}] ")
         status = f" HTTP {rejection.status}" if rejection.status else ""
         detail = str(rejection.error.get("message") or "")[:200]
         line = f"{cand.name} via {label}: upgrade failed ({rejection.reason}{status}){': ' + detail if detail else ''}"

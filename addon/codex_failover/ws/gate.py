@@ -18,19 +18,23 @@ import json
 import logging
 import secrets
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass, field
 
 from mitmproxy import http
 
-from ..core.attempt_events import Context
-from ..core.classifier import Decision, Verdict
-from ..core.failover_loop import Rejection
+from ..core.attempt_events import Scope
+from ..core.classifier import Decision
+from ..core.outcomes import Rejection
 from ..core.provenance import artifacts_of_message
 from ..core.request_machine import MOVE, RECONNECT, settle_turn
-from ..core.taxonomy import FAILOVER
 from ..core.usage import from_event, from_headers
+from ..core.vocabulary import NO_USABLE_CREDENTIAL, Verdict
 from ..core.ws_turns import Step, Turn, TurnGate
+from ..mitm import client_answers
+from ..mitm.held_client import point_at_relay
+from ..net.relay import Relay
 from ..shared import Shared
 from .conn import ABNORMAL, HANDSHAKE_HEADERS, Message, WsConn
 from .dial import Dialer, Upstream, as_frames
@@ -50,15 +54,29 @@ class WebsocketGate:
         self._ids = itertools.count(1)
         self._prefix = f"{run}-" if run else ""  # the proxy's run id (core/run_ids.py)
 
-    async def open(self, flow: http.HTTPFlow, ctx: Shared) -> tuple["GateSession | None", str]:
+    async def open(self, flow: http.HTTPFlow, shared: Shared) -> tuple["GateSession | None", str]:
         """The session for a gated upgrade with its upstream open, or None and why not."""
         sid = f"{self._prefix}w{next(self._ids)}"
-        session = GateSession(sid, flow, ctx, self)
+        session = GateSession(sid, flow, shared, self)
         why = await session.connect_first()
         if why is not None:
             return None, why
         self.sessions[sid] = session
         return session, ""
+
+    async def upgrade(self, flow: http.HTTPFlow, shared: Shared, relay: Relay) -> None:
+        """A gated upgrade: its upstream socket opened now (any credential, any route that works),
+        the client's flow pointed at the relay; 426 if none can (Codex goes on over SSE)."""
+        await relay.start()
+        try:
+            session, why = await self.open(flow, shared)
+        except Exception as exc:  # noqa: BLE001 - a bug must not let the upgrade through ungated
+            log.error("codex-failover internal error opening a gated WebSocket: %s\n%s", exc, traceback.format_exc())
+            session, why = None, f"codex-failover internal error: {type(exc).__name__}"
+        if session is None:
+            flow.response = client_answers.websocket_downgrade(f"failover_websocket=gate: {why}")
+            return
+        point_at_relay(flow, relay.port, relay.register(session))
 
     def report(self) -> list[dict]:
         return [s.report() for s in self.sessions.values()]
@@ -68,7 +86,7 @@ class WebsocketGate:
 class GateSession:
     sid: str
     flow: http.HTTPFlow
-    ctx: Shared
+    shared: Shared
     owner: WebsocketGate
     up: Upstream | None = None
     down: WsConn | None = None
@@ -80,13 +98,14 @@ class GateSession:
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # the relay's one-time token
 
     def __post_init__(self) -> None:
-        self.dialer = Dialer(self.sid, self.flow.request, self.ctx, self.history)
-        policy = self.ctx.pool.policy
-        self.gate = TurnGate(self.ctx.rules, policy.bootstrap_timeout, time.monotonic, policy.encrypted_reasoning,
-                             self.ctx.provenance.owner)
+        self.dialer = Dialer(self.sid, self.flow.request, self.shared, self.history)
+        self.story = SocketStory(self.sid, self.flow, self.history)
+        policy = self.shared.pool.policy
+        self.gate = TurnGate(self.shared.rules, policy.bootstrap_timeout, time.monotonic, policy.encrypted_reasoning,
+                             self.shared.provenance.owner)
         self.started = time.monotonic()
-        ctx = self.ctx
-        self.machine_ctx = Context(ctx.rules, ctx.pool, ctx.feedback, ctx.provenance, ctx.recovery_slots,
+        shared = self.shared
+        self.scope = Scope(shared.rules, shared.pool, shared.feedback, shared.provenance, shared.recovery_slots,
                                    time.monotonic, session=self.dialer.session, client_auth=self.dialer.client_auth,
                                    where=f"[{self.sid}] ")
 
@@ -95,9 +114,9 @@ class GateSession:
         self.up = await self.dialer.open_next()
         if self.up is None:
             why = "; ".join(self.history) or "every credential is cooling or out of rotation"
-            self._note(f"upgrade answered 426, Codex continues on SSE ({why})")
+            self.story.note(f"upgrade answered 426, Codex continues on SSE ({why})")
             return why
-        self._note(f"socket on {self.up.cand.name} via {self.up.route}")
+        self.story.note(f"socket on {self.up.cand.name} via {self.up.route}")
         return None
 
     # -- serving (called by the relay once mitmproxy connects) -----------------------------
@@ -136,7 +155,7 @@ class GateSession:
         if self.down is not None:
             self.down.close(1011 if self.down.open else 1000)
         self.owner.sessions.pop(self.sid, None)
-        self._log_end()
+        self.story.ended(time.monotonic() - self.started, self.gate.turns, self.moves)
 
     async def _from_client(self) -> None:
         while (message := await self.down.recv()) is not None:
@@ -146,7 +165,7 @@ class GateSession:
                 continue
             if turn is not None:
                 self.dialer.new_turn(self.up.cand.key)
-                # The turn's one line is its verdict (_attempt_line); a pin is news only when a
+                # The turn's one line is its verdict (SocketStory.attempt); a pin is news only when a
                 # rejection could not move (_decided, _exhausted).
                 log.debug("[%s] turn %d on %s%s", self.sid, turn.n, self.up.cand.name,
                           "" if turn.movable else f" (cannot move: {turn.why_pinned})")
@@ -171,7 +190,7 @@ class GateSession:
             else:
                 step = self.gate.server_message(*message)
                 self._watch_usage(up, message)
-                self.ctx.provenance.record(artifacts_of_message(message[0]), up.cand.key)
+                self.shared.provenance.record(artifacts_of_message(message[0]), up.cand.key)
             for out in step.release:
                 await self.down.send(out)
             if step.decision is not None:
@@ -199,7 +218,7 @@ class GateSession:
                 payload = json.loads(message[0])
             except ValueError:
                 return
-            self.ctx.feedback.usage_seen(up.cand.key, up.cand.name, from_event(payload), self.ctx.pool.policy,
+            self.shared.feedback.usage_seen(up.cand.key, up.cand.name, from_event(payload), self.shared.pool.policy,
                                          f"[{self.sid}] ", up.cand.full_at)
 
     def _upstream_ended(self, up: Upstream) -> None:
@@ -215,18 +234,18 @@ class GateSession:
         decision, turn = step.decision, self.gate.turn
         failed = decision.verdict is Verdict.FAILOVER
         rejection = _rejection(decision, step) if failed else None
-        windows = from_headers(_wrapped_headers(step), self.ctx.health.now()) if failed else []
-        outcome = settle_turn(self.machine_ctx, up.cand, rejection, windows, turn.movable if turn else None,
+        windows = from_headers(_wrapped_headers(step), self.shared.health.now()) if failed else []
+        outcome = settle_turn(self.scope, up.cand, rejection, windows, turn.movable if turn else None,
                               lambda: self.dialer.others_ready(up.cand.key))
         if rejection is None:
-            self._attempt_line(up, turn, decision.verdict.value, decision.reason)
+            self.story.attempt(up, turn, decision.verdict.value, decision.reason)
             return
         self.dialer.last = rejection
-        self._attempt_line(up, turn, FAILOVER, rejection.reason)
+        self.story.attempt(up, turn, Verdict.FAILOVER, rejection.reason)
         if outcome == MOVE and turn is not None:
             await self._move(up, turn, rejection)
         elif outcome == RECONNECT and turn is not None:
-            self._note(f"turn {turn.n} rejected ({rejection.reason}) and cannot move ({turn.why_pinned}); "
+            self.story.note(f"turn {turn.n} rejected ({rejection.reason}) and cannot move ({turn.why_pinned}); "
                        f"closing the client socket with {RECONNECT_CLOSE} so Codex reconnects with the full request")
             up.conn.close(1000)
             self.down.close(RECONNECT_CLOSE, "codex-failover: reconnect")
@@ -270,9 +289,9 @@ class GateSession:
         for message in self.gate.abandon():
             await self.down.send(message)
         why = f"codex-failover: this request cannot leave the credential holding its state ({turn.why_pinned}), which cannot serve it now"
-        busy = Rejection("no_usable_credential", 503, {"type": "service_unavailable_error",
-                                                        "code": "no_usable_credential", "message": why})
-        self._note(f"turn {turn.n} must stay on the credential holding its state ({turn.why_pinned}); it cannot serve: 503")
+        busy = Rejection(NO_USABLE_CREDENTIAL, 503, {"type": "service_unavailable_error",
+                                                      "code": NO_USABLE_CREDENTIAL, "message": why})
+        self.story.note(f"turn {turn.n} must stay on the credential holding its state ({turn.why_pinned}); it cannot serve: 503")
         for frame in as_frames(busy):
             await self.down.send(frame)
 
@@ -281,7 +300,7 @@ class GateSession:
         self.up = new
         self.moves += 1
         self.gate.reopen()
-        self._note(note)
+        self.story.note(note)
         await new.conn.send(turn.message_for(new_socket=True, foreign=not new.cand.is_client))
 
     async def _flush_backlog(self) -> None:
@@ -299,7 +318,7 @@ class GateSession:
         last = rejection if up.conn.open or self.dialer.last is None else self.dialer.last
         turn = self.gate.turn
         pinned = f", and it cannot move ({turn.why_pinned})" if turn is not None and not turn.movable else ""
-        self._note(f"no other credential can serve turn {turn.n if turn else 0}{pinned}: "
+        self.story.note(f"no other credential can serve turn {turn.n if turn else 0}{pinned}: "
                    f"delivering the rejection ({last.reason})")
         for frame in as_frames(last, self.dialer.soonest()):
             await self.down.send(frame)
@@ -308,30 +327,39 @@ class GateSession:
 
     # -- visibility ------------------------------------------------------------------------
 
-    def _attempt_line(self, up: Upstream, turn: Turn | None, verdict: str, reason: str) -> None:
+    def report(self) -> dict:
+        up = self.up
+        return {"id": self.sid, "credential": up.cand.name if up else None, "route": up.route if up else None,
+                "turns": self.gate.turns, "moves": self.moves, "holding": self.gate.holding,
+                "open_s": round(time.monotonic() - self.started, 1)}
+
+
+@dataclass(eq=False)
+class SocketStory:
+    """What a gated socket tells: each turn's attempt and each move, in the log and in its flow's
+    comment (the last HISTORY_LINES of them)."""
+
+    sid: str
+    flow: http.HTTPFlow
+    history: deque[str]
+
+    def attempt(self, up: Upstream, turn: Turn | None, verdict: str, reason: str) -> None:
         n = turn.n if turn else 0
         self.history.append(f"turn {n}: {up.cand.name} via {up.route}: {verdict} ({reason})")
         log.info("[%s] turn %d credential=%s route=%s verdict=%s reason=%s", self.sid, n, up.cand.name,
                  up.route.replace(" ", "="), verdict, reason)
         self._comment()
 
-    def _note(self, text: str) -> None:
+    def note(self, text: str) -> None:
         self.history.append(text)
         log.info("[%s] %s", self.sid, text)
         self._comment()
 
+    def ended(self, elapsed: float, turns: int, moves: int) -> None:
+        log.info("[%s] websocket ended after %.1fs, %d turn(s), %d move(s)", self.sid, elapsed, turns, moves)
+
     def _comment(self) -> None:
         self.flow.comment = f"codex-failover websocket {self.sid}:\n" + "\n".join(self.history)
-
-    def _log_end(self) -> None:
-        elapsed = time.monotonic() - self.started
-        log.info("[%s] websocket ended after %.1fs, %d turn(s), %d move(s)", self.sid, elapsed, self.gate.turns, self.moves)
-
-    def report(self) -> dict:
-        up = self.up
-        return {"id": self.sid, "credential": up.cand.name if up else None, "route": up.route if up else None,
-                "turns": self.gate.turns, "moves": self.moves, "holding": self.gate.holding,
-                "open_s": round(time.monotonic() - self.started, 1)}
 
 
 def _rejection(decision: Decision, step: Step) -> Rejection:

@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 import certifi
 
 from ..core.routes import Endpoint
-from ..core.transport import PRE_DISPATCH, classify_connection_error
+from ..core.transport import classify_connection_error
+from ..core.vocabulary import PRE_DISPATCH
 from ..net.socks_bridge import SocksBridges
 from ..net.trust import add_system_trust
 from .conn import WsConn

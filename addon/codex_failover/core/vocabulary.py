@@ -1,0 +1,77 @@
+"""The words for what happened to an attempt, one definition each: the verdict type and every reason
+class the code names. Used by the rules file's classes, the classifier, taxonomy, transport, the
+failover loop, recovery, the pool, the log lines, the flows' marks and the metrics' labels. What each
+one means for a user: docs/decisions.md#decisions-and-reason-classes."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Verdict(enum.StrEnum):
+    """What became of an attempt (a log line's `verdict=`, a metric's label, a flow's mark).
+    The classifier decides the first four; an attempt that never reached it ends in one of the
+    last three."""
+
+    HOLD = "hold"  # (the classifier's only: not decided yet)
+    COMMIT = "commit"  # output: streamed to the client
+    FAILOVER = "failover"  # a rejection: the request moves on
+    DELIVER = "deliver"  # an answer that is the client's own (a terminal error, a 4xx): delivered as is
+    FAILED = "failed"  # the connection failed, or no complete answer came
+    RECOVER = "recover"  # recovery: a transient failure, retried on the same credential
+    CANCELLED = "cancelled"  # the client left
+
+
+# A reason class (a log line's `reason=`): one of the names below, or a rejection class of the rules file.
+Reason = str
+
+# The rules file's rejection classes the code itself names (their strings live in rules/default.yaml).
+OVERLOADED = "overloaded"
+SLOW_DOWN = "slow_down"
+CAPACITY = "capacity"
+SERVER_ERROR_RETRYABLE = "server_error_retryable"
+RATE_LIMITED = "rate_limited"
+USAGE_LIMIT = "usage_limit"
+
+# The classifier's (an event stream held in its bootstrap window).
+HOLDING = "holding"
+OUTPUT = "output"
+NOT_JSON = "not_json"
+FRAME_BUDGET = "frame_budget"
+BYTE_BUDGET = "byte_budget"
+TIMEOUT = "timeout"
+TERMINAL_ERROR = "terminal_error"
+INCOMPLETE = "incomplete"
+CLOSED_BEFORE_OUTPUT = "closed_before_output"
+FRAMING_ERROR = "framing_error"
+UPSTREAM_BROKEN = "upstream_broken"  # the stream broke while held: what came is delivered, then the break
+
+# A synchronous answer's (taxonomy).
+AUTH_REJECTED = "auth_rejected"  # 401/403
+UPSTREAM_5XX = "upstream_5xx"  # a 5xx that names no rejection
+CLIENT_ERROR = "client_error"
+OK = "ok"
+
+# A connection's (transport: what a failed upstream connection means for replay safety).
+PRE_DISPATCH = "pre_dispatch"  # connection refused / timed out while connecting
+HOST_NETWORK = "host_network"  # name resolution failed, network unreachable
+TLS_FAILED = "tls_failed"  # certificate verification or handshake failure
+AMBIGUOUS = "ambiguous"  # the request may have been sent
+ROUTE_DOWN = "route_down"  # every endpoint of a credential's route failed before dispatch
+RESPONSE_TIMEOUT = "response_timeout"  # the request left; no response head came
+INCOMPLETE_RESPONSE = "incomplete_response"  # the request left; its response never completed
+UPGRADE_REFUSED = "upgrade_refused"  # a WebSocket upgrade answered with a non-101 that is no known rejection
+HANDSHAKE_FAILED = "handshake_failed"  # a WebSocket upgrade failed during the handshake
+
+# Recovery's (a committed stream kept whole).
+NO_TERMINAL = "no_terminal_event"  # the stream ended without response.completed/failed/incomplete
+TRANSPORT = "transport_error"
+
+# The pool's.
+USAGE_WINDOW_FULL = "usage_window_full"  # a rate-limit window at its credential's max_usage_percent
+NO_USABLE_CREDENTIAL = "no_usable_credential"  # nothing may serve the request now
+CLIENT_GONE = "client_gone"
+
+# Families.
+OVERLOAD_CLASSES = frozenset({OVERLOADED, SLOW_DOWN, CAPACITY, SERVER_ERROR_RETRYABLE})
+USAGE_LIMIT_REASONS = frozenset({USAGE_LIMIT, USAGE_WINDOW_FULL})
