@@ -28,6 +28,7 @@ from codex_failover.core.attempt_events import (
     Record,
     Respond,
     Scope,
+    Succeeded,
     Tick,
     Whole,
 )
@@ -125,6 +126,8 @@ def show(command) -> str:
             return "read whole"
         case Respond():
             return "respond"
+        case Succeeded():
+            return "succeeded"
     raise AssertionError(command)
 
 
@@ -150,7 +153,10 @@ def drive(world: World, scripts: list[list], machine: RequestMachine | None = No
                         assert isinstance(event, (Chunk, End)), event
                         m.attempt.live(event.data if isinstance(event, Chunk) else None)
                         continue
-                    out += [show(c) for c in m.attempt.send(event)]
+                    for command in m.attempt.send(event):
+                        if isinstance(command, Succeeded):  # what the shell does with it
+                            m.attempt.succeeded()
+                        out.append(show(command))
                 assert m.attempt.over, f"attempt {n} not over: {out}"
             case Wait(seconds, _):
                 out.append(f"wait {seconds:g}")
@@ -186,28 +192,36 @@ USAGE_LIMIT = error_body({"type": "usage_limit_reached", "code": "usage_limit_re
 # (name, world options, scripts, transcript, cooling after)
 CASES = [
     ("commit", {}, [stream(answer())],
-     ["try 1 a", f"commit {len(answer())}b", "record commit output 200", "done"], {}),
+     ["try 1 a", f"commit {len(answer())}b", "succeeded", "record commit output 200", "done"], {}),
     ("in-stream overload moves and cools", {}, [stream(overloaded()), stream(answer("b"))],
      ["try 1 a", "record failover overloaded 200", "cancel", "try 2 b",
-      f"commit {len(answer('b'))}b", "record commit output 200", "done"], {"a": "overloaded"}),
+      f"commit {len(answer('b'))}b", "succeeded", "record commit output 200", "done"], {"a": "overloaded"}),
     ("synchronous 503 overload moves and cools", {}, [whole(503, OVERLOAD_JSON), stream(answer("b"))],
      ["try 1 a", "read whole", "record failover overloaded 503", "try 2 b",
-      f"commit {len(answer('b'))}b", "record commit output 200", "done"], {"a": "overloaded"}),
+      f"commit {len(answer('b'))}b", "succeeded", "record commit output 200", "done"], {"a": "overloaded"}),
     ("synchronous 429 usage limit moves and cools", {}, [whole(429, USAGE_LIMIT), stream(answer("b"))],
      ["try 1 a", "read whole", "record failover usage_limit 429", "try 2 b",
-      f"commit {len(answer('b'))}b", "record commit output 200", "done"], {"a": "usage_limit"}),
+      f"commit {len(answer('b'))}b", "succeeded", "record commit output 200", "done"], {"a": "usage_limit"}),
     ("a bare 502 moves and cools nothing", {}, [whole(502, b""), stream(answer("b"))],
      ["try 1 a", "read whole", "record failover upstream_5xx 502", "try 2 b",
-      f"commit {len(answer('b'))}b", "record commit output 200", "done"], {}),
+      f"commit {len(answer('b'))}b", "succeeded", "record commit output 200", "done"], {}),
     ("another 4xx is delivered as is", {}, [whole(400, error_body({"type": "invalid_request_error", "message": "bad"}))],
-     ["try 1 a", "read whole", "respond", "record deliver client_error 400", "done"], {}),
+     ["try 1 a", "read whole", "respond", "succeeded", "record deliver client_error 400", "done"], {}),
     ("refused before dispatch moves", {}, [[Broke("[Errno 111] Connect call failed")], stream(answer("b"))],
      ["try 1 a", "record failed pre_dispatch None", "try 2 b",
-      f"commit {len(answer('b'))}b", "record commit output 200", "done"], {}),
+      f"commit {len(answer('b'))}b", "succeeded", "record commit output 200", "done"], {}),
     ("never connected within connect_timeout moves", {"connect_timeout": 5.0},
      [[5, Tick(connected=False)], stream(answer("b"))],
      ["try 1 a", "record failed pre_dispatch None", "cancel", "try 2 b",
-      f"commit {len(answer('b'))}b", "record commit output 200", "done"], {}),
+      f"commit {len(answer('b'))}b", "succeeded", "record commit output 200", "done"], {}),
+    ("a stream an HTTP/2 GOAWAY left unprocessed moves, cooling nothing", {},
+     [[Broke("HTTP/2 GOAWAY: the server never processed this stream")], stream(answer("b"))],
+     ["try 1 a", "record failed not_processed None", "try 2 b",
+      f"commit {len(answer('b'))}b", "succeeded", "record commit output 200", "done"], {}),
+    ("the only credential's unprocessed stream is sent again after a backoff", {"_creds": ("a",)},
+     [[Broke("HTTP/2 GOAWAY: the server never processed this stream")], stream(answer())],
+     ["try 1 a", "record failed not_processed None", "wait 0.5", "try 2 a",
+      f"commit {len(answer())}b", "succeeded", "record commit output 200", "done"], {}),
     ("an ambiguous failure never moves", {}, [[Broke("connection reset by peer")]],
      ["try 1 a", "record failed ambiguous None", "final (ambiguous)"], {}),
     ("TLS verification fails closed", {}, [[Broke("certificate verify failed")]],
@@ -224,19 +238,20 @@ CASES = [
      ["try 1 a", "record cancelled client_gone None", "cancel", "client gone"], {}),
     ("a stream that breaks while held is delivered, then the break", {},
      [[Head(200, SSE, True), Chunk(HELLO), Broke("reset")]],
-     ["try 1 a", f"commit {len(HELLO)}b broken(reset)", "record commit upstream_broken 200", "done"], {}),
+     ["try 1 a", f"commit {len(HELLO)}b broken(reset)", "succeeded", "record commit upstream_broken 200", "done"], {}),
     ("the bootstrap window's time runs out: commit", {"bootstrap_timeout": 2.0},
      [[Head(200, SSE, True), Chunk(Turn("a", 1).handshake()[0]), 2, Tick()]],
-     ["try 1 a", f"commit {len(Turn('a', 1).handshake()[0])}b", "record commit timeout 200", "done"], {}),
+     ["try 1 a", f"commit {len(Turn('a', 1).handshake()[0])}b", "succeeded", "record commit timeout 200", "done"], {}),
     ("closed before output moves", {}, [[Head(200, SSE, True), End()], stream(answer("b"))],
      ["try 1 a", "record failover closed_before_output 200", "cancel", "try 2 b",
-      f"commit {len(answer('b'))}b", "record commit output 200", "done"], {}),  # (it never cooled)
+      f"commit {len(answer('b'))}b", "succeeded", "record commit output 200", "done"], {}),  # (it never cooled)
 ]
 
 
 @pytest.mark.parametrize("name,options,scripts,transcript,cooling", CASES, ids=[c[0] for c in CASES])
 def test_request_machine(name, options, scripts, transcript, cooling):
-    world = World(**options)
+    options = dict(options)
+    world = World(creds=options.pop("_creds", ("a", "b")), **options)
     assert drive(world, scripts) == transcript
     assert world.cooling() == cooling
 
@@ -276,7 +291,7 @@ def test_a_committed_streams_live_rest_records_what_it_made():
     while not m.attempt.over:  # held until the first output
         held += len(events[0])
         commands = m.attempt.send(Chunk(events.pop(0)))
-    assert [show(c) for c in commands] == [f"commit {held}b", "record commit output 200"]
+    assert [show(c) for c in commands] == [f"commit {held}b", "succeeded", "record commit output 200"]
     m.attempt.live(b"".join(events))
     m.attempt.live(None)
     assert world.provenance.owner([RESPONSE + turn.rid]) == "a"
@@ -292,7 +307,7 @@ RECOVERY = RecoveryPolicy(enabled=True, attempts=2, heartbeat=15.0, backoff_init
 def test_recovery_buffers_the_whole_stream_then_commits():
     world = World(recovery=RECOVERY)
     assert drive(world, [stream(answer())]) == [
-        "try 1 a", "heartbeat 15", f"commit {len(answer())}b ended", "record commit output 200", "done"]
+        "try 1 a", "heartbeat 15", f"commit {len(answer())}b ended", "succeeded", "record commit output 200", "done"]
     assert world.slots.used == 0
 
 
@@ -303,7 +318,7 @@ def test_recovery_retries_a_stream_that_failed_and_delivers_it_when_retries_run_
         "try 1 a", "heartbeat 15", "record recover server_error 200", "wait 0.125",
         "try 1 a", "heartbeat 15", "record recover server_error 200", "wait 0.125",
         "try 1 a", "heartbeat 15", "record recover server_error 200",
-        f"give up (server_error): commit {len(body)}b ended, record commit output 200"]
+        f"give up (server_error): commit {len(body)}b ended, succeeded, record commit output 200"]
     assert world.slots.used == 0
 
 
@@ -332,7 +347,7 @@ def test_recovery_over_its_buffer_streams_the_rest_live():
     turn = Turn("a", 2)
     head, big = b"".join(turn.handshake() + turn.answer()[:3]), b"data: " + b"x" * 70_000 + b"\n\n"
     assert drive(world, [[Head(200, SSE, True), Chunk(head), Chunk(big)]]) == [
-        "try 1 a", f"commit {len(head) + len(big)}b", "record commit output 200", "done"]
+        "try 1 a", f"commit {len(head) + len(big)}b", "succeeded", "record commit output 200", "done"]
     assert "recovery: response over 65536 bytes; streaming the rest live" in world.told
 
 
@@ -342,7 +357,7 @@ def test_recovery_with_no_data_for_response_timeout_retries():
     head = b"".join(Turn("a", 2).handshake() + Turn("a", 2).answer()[:3])
     out = drive(world, [[Head(200, SSE, True), Chunk(head), 30, Tick()], stream(answer())])
     assert out == ["try 1 a", "record recover transport_error 200", "cancel", "wait 0.125", "try 1 a",
-                   f"commit {len(answer())}b ended", "record commit output 200", "done"]
+                   f"commit {len(answer())}b ended", "succeeded", "record commit output 200", "done"]
 
 
 def test_recovery_with_every_slot_taken_streams_live():
@@ -363,7 +378,7 @@ def test_the_client_gone_while_buffering_gives_its_slot_back():
 def test_the_clients_own_401_is_its_answer_and_it_is_never_lent_the_pool():
     world = World(creds=("a",), use_client=True)
     out = drive(world, [whole(401, error_body({"message": "bad key"}))])
-    assert out == ["try 1 client", "read whole", "respond", "record deliver auth_rejected 401", "done"]
+    assert out == ["try 1 client", "read whole", "respond", "succeeded", "record deliver auth_rejected 401", "done"]
     assert world.feedback.rejected_keys is None or CLIENT.fingerprint in world.feedback.rejected_keys
 
 
@@ -407,3 +422,50 @@ def test_a_turn_refused_on_the_clients_own_key_is_its_answer_and_takes_nothing_o
     assert own.is_client
     assert settle_turn(world.scope(), own, ws_rejection("auth_rejected", 401), [], True, lambda: True) == EXHAUSTED
     assert world.health.state(own.key).status == "ready"
+
+
+def test_recovery_exhausted_on_a_408_cools_nothing():
+    world = World(recovery=RecoveryPolicy(enabled=True, attempts=1, heartbeat=0.0, backoff_initial=0.25,
+                                          backoff_max=0.25))
+    out = drive(world, [whole(408, b"")] * 2)
+    assert out[-1] == "give up (HTTP 408): respond"
+    assert world.cooling() == {}
+
+
+def test_recovery_exhausted_on_a_503_the_rules_class_as_an_overload_cools_as_one():
+    """The same answer teaches the pool the same thing with recovery on as off: a JSON 503 that
+    names no rejection is an overload by its status (rules/default.yaml)."""
+    world = World(recovery=RecoveryPolicy(enabled=True, attempts=1, heartbeat=0.0, backoff_initial=0.25,
+                                          backoff_max=0.25))
+    body = error_body({"type": "server_error", "message": "Service Unavailable"})
+    assert drive(world, [whole(503, body)] * 2)[-1] == "give up (HTTP 503): respond"
+    without = World()
+    drive(without, [whole(503, body), stream(answer("b"))])
+    assert world.cooling() == {"a": without.cooling()["a"]}
+
+
+def test_a_stream_that_ends_empty_just_past_the_window_still_moves():
+    world = World(bootstrap_timeout=2.0)
+    out = drive(world, [[Head(200, SSE, True), Chunk(HELLO), 3, End()], stream(answer("b"))])
+    assert out[:3] == ["try 1 a", "record failover closed_before_output 200", "cancel"]
+
+
+def test_the_head_deadlines_run_from_the_attempts_start():
+    world = World(connect_timeout=5.0)
+    m = world.machine()
+    assert isinstance(m.next(), Try)
+    world.clock.now += 10  # building the attempt's way took long
+    m.attempt.start()
+    assert m.attempt.deadline == world.clock.now + 5.0
+
+
+def test_abandon_gives_a_recovery_slot_back():
+    world = World(recovery=RECOVERY)
+    m = world.machine()
+    m.next()
+    m.attempt.send(Head(200, SSE, True))
+    m.attempt.send(Chunk(b"".join(Turn("a", 2).handshake() + Turn("a", 2).answer()[:3])))
+    assert world.slots.used == 1
+    m.attempt.abandon()
+    m.attempt.abandon()
+    assert world.slots.used == 0

@@ -9,6 +9,7 @@ import json
 import time
 from types import SimpleNamespace
 
+import pytest
 from fake_upstream import Turn
 from mitmproxy import http
 from mitmproxy.test import tflow
@@ -253,3 +254,70 @@ def test_an_attempts_request_copy_is_what_request_copy_makes_and_shares_nothing_
     assert (req.url, req.content, req.headers["authorization"]) == ("http://address:22/path", b'{"stream":true}',
                                                                     "Bearer sk-test")
 
+
+
+# -- what the driver does around the machine's commands (an adversarial review's findings) ---------
+
+RECOVERY_POOL = POOL + """recovery:
+  enabled: true
+  attempts: 1
+  heartbeat: 0
+  backoff: {initial: 10ms, max: 10ms}
+"""
+
+
+def test_a_recovery_slot_goes_back_when_the_driver_raises_while_buffering(tmp_path, monkeypatch):
+    chunks = sse_answer("client")
+    script = [("head", 200, SSE), ("chunks", chunks[:9])]  # output, and the stream never ends
+    run, _, shared = make_run(tmp_path, monkeypatch, [script], RECOVERY_POOL)
+    real_next = ScriptedAttempt.next
+
+    async def exploding(self, timeout):
+        item = await real_next(self, min(timeout or 0.05, 0.05))
+        if item is None:
+            raise RuntimeError("a bug while buffering")
+        return item
+
+    monkeypatch.setattr(ScriptedAttempt, "next", exploding)
+    with pytest.raises(RuntimeError):
+        asyncio.run(asyncio.wait_for(run.run(), 10))
+    assert shared.recovery_slots.used == 0, "a slot lost is lost for the whole process"
+
+
+def test_a_client_gone_before_its_first_output_is_recorded_so_and_homes_no_session(tmp_path, monkeypatch):
+    run, _, shared = make_run(tmp_path, monkeypatch, [stream(sse_answer("client"))])
+
+    async def cancelled(timeout=0.05):
+        raise asyncio.CancelledError()
+
+    monkeypatch.setattr(run.client, "first_output", cancelled)
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(asyncio.wait_for(run.run(), 10))
+    assert [(e.verdict, e.reason) for e in run.log.history] == [("cancelled", "client_gone")]
+    assert shared.affinity.get(run.session) is None, "nothing was served: no session's new home"
+
+
+def test_the_connect_deadline_runs_from_the_attempts_start(tmp_path, monkeypatch):
+    """Building the attempt's way (a SOCKS bridge starting, say) is not the upstream's time to connect."""
+    from codex_failover.mitm import attempt_maker
+
+    pool = POOL.replace("  bootstrap_timeout: 5s", "  bootstrap_timeout: 5s\n  connect_timeout: 1s")
+    run, engine, _ = make_run(tmp_path, monkeypatch, [stream(sse_answer("client"))], pool)
+
+    class SlowToConnect(ScriptedAttempt):
+        def start(self, via=None) -> None:  # its head comes 0.5 s after it started
+            asyncio.get_running_loop().call_later(0.5, ScriptedAttempt.start, self, via)
+
+    def attempt(client_flow, request, label, n):
+        engine.made.append(SlowToConnect(client_flow, request, label, n, engine.scripts[len(engine.made)]))
+        return engine.made[-1]
+
+    engine.attempt = attempt
+
+    async def slow_via(self, ep):
+        await asyncio.sleep(0.7)
+
+    monkeypatch.setattr(attempt_maker.AttemptMaker, "via", slow_via)
+    status, _ = asyncio.run(answer_of(run))
+    assert status == 200
+    assert [(e.verdict, e.reason) for e in run.log.history] == [("commit", "output")]

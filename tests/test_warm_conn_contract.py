@@ -26,10 +26,10 @@ from mitmproxy.proxy import commands, events
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.test import taddons
 
-from codex_failover.core.warm_book import Slot
+from codex_failover.core.warm_book import Slot, WarmKey
 from codex_failover.mitm.addon import FailoverAddon
 from codex_failover.mitm.attempt import PLACEHOLDER, Attempt
-from codex_failover.mitm.warm_conn import WarmConnection, WarmKey, _Submit
+from codex_failover.mitm.warm_conn import WarmConnection, _Submit
 
 KEY = WarmKey("http", "upstream.test", 80, None, "work")
 SECRET = "Bearer sk-test-contract-secret"

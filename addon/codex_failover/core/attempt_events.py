@@ -91,6 +91,12 @@ class Respond:
 
 
 @dataclass(frozen=True)
+class Succeeded:
+    """The attempt served: tell the machine (`AttemptMachine.succeeded`), once the client's first
+    output is out."""
+
+
+@dataclass(frozen=True)
 class Heartbeat:
     seconds: float
 
@@ -105,7 +111,7 @@ class Record:
     ok: bool = False
 
 
-Command = Union[ReadWhole, Cancel, Commit, Respond, Heartbeat, Record]
+Command = Union[ReadWhole, Cancel, Commit, Respond, Succeeded, Heartbeat, Record]
 
 
 @dataclass

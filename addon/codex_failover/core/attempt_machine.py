@@ -5,7 +5,7 @@ commands out (`ReadWhole`, `Cancel`, `Commit`, `Respond`, `Heartbeat`, `Record`)
 
 It decides everything about one attempt that the shell used to: the deadlines of the head
 (connect_timeout, response_timeout), the SSE hold (bootstrap classifier, framing), whether a
-rejection cools its credential (`failover_loop.cools`, and nothing else), recovery's buffering
+rejection cools its credential (`outcomes.cools`, and nothing else), recovery's buffering
 (docs/recovery.md), a whole answer's verdict (taxonomy), and what the pool and provenance learn.
 The shell reads bytes by `deadline` (its clock, injected here as `clock`), feeds them in, and carries
 out the commands in order. No mitmproxy, no asyncio; docs/architecture.md#the-request-machine.
@@ -32,6 +32,7 @@ from .attempt_events import (
     Record,
     Respond,
     Scope,
+    Succeeded,
     Tick,
     Whole,
 )
@@ -82,10 +83,10 @@ class AttemptMachine:
     verdict: Decision | None = None  # the classifier's, once it decided
 
     def __post_init__(self) -> None:
-        policy, now = self.scope.pool.policy, self.scope.clock()
-        self._answer_by = now + policy.response_timeout  # each deadline holds on its own
-        self._connect_by: float | None = min(now + policy.connect_timeout, self._answer_by)
-        self._deadline: float | None = self._connect_by
+        self._answer_by = 0.0
+        self._connect_by: float | None = None
+        self._deadline: float | None = None
+        self.start()  # (again by the shell, once the attempt left)
         self.view = StreamView(self.scope.pool.recovery.enabled, self._usage)  # frames the stream once
         self._clf: BootstrapClassifier | None = None
         self._slot = False
@@ -109,6 +110,23 @@ class AttemptMachine:
         if self.phase == BUFFER:
             return self._buffer(event)
         return self._whole(event)
+
+    def start(self) -> None:
+        """The attempt left (the shell started it): its connect and response deadlines run from now."""
+        policy, now = self.scope.pool.policy, self.scope.clock()
+        self._answer_by = now + policy.response_timeout  # each deadline holds on its own
+        self._connect_by = min(now + policy.connect_timeout, self._answer_by)
+        self._deadline = self._connect_by
+
+    def succeeded(self) -> None:
+        """Carried out for `Succeeded`: the credential is well and the session's home (pool_feedback)."""
+        self.scope.feedback.succeeded(self.cand.key, self.scope.session)
+
+    def abandon(self) -> None:
+        """The shell gave up on the attempt (a bug, a cancel): its recovery slot goes back. Idempotent."""
+        self._give_back()
+        if self.phase != OVER:
+            self.phase, self._deadline = OVER, None
 
     def client_gone(self) -> list[Command]:
         """The client left: the attempt is cancelled and recorded so."""
@@ -243,7 +261,8 @@ class AttemptMachine:
         verdict = classify_response(status, content, self.scope.rules)
         recovery = self.scope.pool.recovery
         if recovery.enabled and status in RECOVERABLE_STATUS and not names_a_rejection(self.scope.rules, verdict.error):
-            self._rejection = Rejection(verdict.reason, status, dict(verdict.error or {}), retry_after=self.retry_after)
+            if verdict.verdict == Verdict.FAILOVER:  # (a 408 is the client's: nothing to learn)
+                self._rejection = Rejection(verdict.reason, status, dict(verdict.error or {}), retry_after=self.retry_after)
             return self._over_transient(f"HTTP {status}", [Record(Verdict.RECOVER, f"status_{status}", status)], RESPOND_IT)
         own = own_refusal(verdict.reason, self.cand)
         if verdict.verdict == Verdict.FAILOVER and not own:
@@ -253,9 +272,8 @@ class AttemptMachine:
             self._made(artifacts_of_compact(content))
         if own:
             self.scope.feedback.client_refused(self.scope.client_auth)
-        self.scope.feedback.succeeded(self.cand.key, self.scope.session)
         self._over(SERVED)
-        return [Respond(), Record(Verdict.DELIVER, verdict.reason, status, ok=True)]
+        return [Respond(), Succeeded(), Record(Verdict.DELIVER, verdict.reason, status, ok=True)]
 
     # -- endings -------------------------------------------------------------------------------
 
@@ -270,10 +288,9 @@ class AttemptMachine:
         self._made(self.view.made.take())
         if commit.ended:
             self._made(self.view.made.close())
-        self.scope.feedback.succeeded(self.cand.key, self.scope.session)
         decision = self.verdict
         assert decision is not None
-        return [commit, Record(decision.verdict, decision.reason, self.status, ok=True)]
+        return [commit, Succeeded(), Record(decision.verdict, decision.reason, self.status, ok=True)]
 
     def _reject(self, rejection: Rejection) -> list[Command]:
         learn(self.scope, self.cand, rejection)
@@ -290,7 +307,8 @@ class AttemptMachine:
     def give_up(self, final: object) -> list[Command]:
         """Recovery's retries ran out on this (the last) attempt: its own answer, as `final` (the
         Transient's) says, or nothing (the shell answers with recovery_exhausted). A whole answer
-        teaches the pool what any such answer does (`learn`: a bare 5xx cools nothing)."""
+        teaches the pool what the same answer does without recovery (`learn`): a bare 5xx and a
+        408 nothing, a 503 the rules class as an overload what an overload does."""
         if final == RESPOND_IT:
             if self._rejection is not None:
                 learn(self.scope, self.cand, self._rejection)

@@ -76,6 +76,7 @@ from .vocabulary import (
     CLOSED_BEFORE_OUTPUT,
     HOST_NETWORK,
     INCOMPLETE_RESPONSE,
+    NOT_PROCESSED,
     OVERLOADED,
     PRE_DISPATCH,
     RESPONSE_TIMEOUT,
@@ -87,7 +88,7 @@ from .vocabulary import (
 )
 
 # Rejections worth retrying on the same credential when it is the only one (with backoff).
-RETRY_SAME = frozenset({OVERLOADED, SLOW_DOWN, SERVER_ERROR_RETRYABLE, CLOSED_BEFORE_OUTPUT, UPSTREAM_5XX})
+RETRY_SAME = frozenset({OVERLOADED, SLOW_DOWN, SERVER_ERROR_RETRYABLE, CLOSED_BEFORE_OUTPUT, UPSTREAM_5XX, NOT_PROCESSED})
 SAME_CREDENTIAL_BACKOFF = (0.5, 1.0, 2.0, 4.0)
 # The request may have reached upstream: never replayed elsewhere (docs/architecture.md#replay-safety).
 MAY_HAVE_BEEN_SENT = frozenset({AMBIGUOUS, RESPONSE_TIMEOUT, INCOMPLETE_RESPONSE})

@@ -16,6 +16,7 @@ from .vocabulary import (
     AUTH_REJECTED,
     HANDSHAKE_FAILED,
     HOST_NETWORK,
+    NOT_PROCESSED,
     PRE_DISPATCH,
     ROUTE_DOWN,
     TLS_FAILED,
@@ -23,7 +24,8 @@ from .vocabulary import (
 )
 
 # Failures that say nothing about the credential: they never cool it.
-NOT_THE_CREDENTIAL = frozenset({UPGRADE_REFUSED, HANDSHAKE_FAILED, PRE_DISPATCH, HOST_NETWORK, TLS_FAILED, ROUTE_DOWN})
+NOT_THE_CREDENTIAL = frozenset({UPGRADE_REFUSED, HANDSHAKE_FAILED, PRE_DISPATCH, HOST_NETWORK, TLS_FAILED, ROUTE_DOWN,
+                                NOT_PROCESSED})
 
 # Why a Wait.
 BACKOFF = "backoff before retrying the only credential"

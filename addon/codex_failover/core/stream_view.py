@@ -11,7 +11,9 @@ from .framer import FramerError
 from .provenance import SseArtifacts
 from .recovery import TerminalTracker, recoverable_stream_end
 from .usage import Window, from_event
-from .vocabulary import FRAMING_ERROR
+from .vocabulary import FRAMING_ERROR, HOLDING, Verdict
+
+HOLD_DECISION = Decision(Verdict.HOLD, HOLDING)
 
 
 class StreamView:
@@ -23,7 +25,9 @@ class StreamView:
     def classify(self, clf: BootstrapClassifier, data: bytes | None) -> Decision:
         """Classify the events `data` completes (None: the stream's end) until a decision; the
         ending tracker sees all of them (a chunk may hold the deciding event and the end)."""
-        decision, tracker = clf.tick(), self.tracker
+        # At the end, no tick first: a stream that closed with nothing is closed_before_output,
+        # even just past the time budget (clf.end decides it).
+        decision, tracker = (clf.tick() if data is not None else HOLD_DECISION), self.tracker
         try:
             events = self.made.frame(data)
         except FramerError:

@@ -6,7 +6,7 @@ Only a failure proven to happen before any request byte left may be replayed els
 
 from __future__ import annotations
 
-from .vocabulary import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH, TLS_FAILED
+from .vocabulary import AMBIGUOUS, HOST_NETWORK, NOT_PROCESSED, PRE_DISPATCH, TLS_FAILED
 
 # What each class means: core/vocabulary.py.
 _PRE_DISPATCH = ("connect call failed", "connection refused", "errno 111", "connect timeout", "timed out connecting",
@@ -20,6 +20,8 @@ def classify_connection_error(message: str, response_started: bool) -> str:
     if response_started:
         return AMBIGUOUS
     text = message.lower()
+    if "never processed this stream" in text:  # an HTTP/2 GOAWAY's word (mitm/warm_conn.py)
+        return NOT_PROCESSED
     if any(s in text for s in _HOST_NETWORK):
         return HOST_NETWORK
     if any(s in text for s in _TLS):

@@ -60,6 +60,7 @@ AMBIGUOUS = "ambiguous"  # the request may have been sent
 ROUTE_DOWN = "route_down"  # every endpoint of a credential's route failed before dispatch
 RESPONSE_TIMEOUT = "response_timeout"  # the request left; no response head came
 INCOMPLETE_RESPONSE = "incomplete_response"  # the request left; its response never completed
+NOT_PROCESSED = "not_processed"  # HTTP/2: above a GOAWAY's last_stream_id, the server never saw it: may move
 UPGRADE_REFUSED = "upgrade_refused"  # a WebSocket upgrade answered with a non-101 that is no known rejection
 HANDSHAKE_FAILED = "handshake_failed"  # a WebSocket upgrade failed during the handshake
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 DIALLING, OPEN, CLOSED = "dialling", "open", "closed"
 MAX_STREAMS = 100  # HTTP/2 streams per connection (servers commonly allow 100-256)
@@ -29,6 +30,24 @@ MAX_IDLE_PER_KEY = 4
 MAX_IDLE = 32  # idle connections kept in all, whatever the keys
 IDLE_TIMEOUT = 300.0  # seconds; HTTP/2 keepalive PINGs keep a live one open (http2_ping_keepalive)
 
+
+
+class WarmKey(NamedTuple):
+    """What a kept connection can serve: the upstream, the way to it (mitmproxy's `via`) and the
+    credential. Connections are kept per credential: one account's GOAWAY, reset or protocol error
+    touches no other account's streams, and the upstream never sees two accounts multiplexed on one
+    connection (which would link them).
+
+    Whatever the client speaks, the connection offers HTTP/2 (unlike a plain mitmproxy, which
+    mirrors the client's ALPN): on HTTP/1.1 a failover's cancelled attempt closes its connection,
+    and the spare would wait for a handshake; on HTTP/2 it resets one stream (measured in
+    docs/measurements.md, "HTTP/1.1 clients")."""
+
+    scheme: str
+    host: str
+    port: int
+    via: tuple[str, tuple[str, int]] | None
+    account: str = ""  # the credential (health key) it carries: one connection never carries two accounts
 
 @dataclass(eq=False)
 class Slot:

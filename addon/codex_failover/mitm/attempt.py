@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 
 from mitmproxy import flow as mitmflow, http
 
+from ..core.warm_book import WarmKey
 from .secret_guard import arming
-from .warm_conn import WarmConnection, WarmKey, end_unsent, server_at
+from .warm_conn import WarmConnection, end_unsent, server_at
 
 if TYPE_CHECKING:  # the engine makes attempts (engine.py imports this module); an attempt only holds it
     from .engine import WarmConnections

@@ -15,9 +15,9 @@ from ..core.codex_request import COMPACT, swap_credential
 from ..core.planner import Candidate, Plan
 from ..core.replay_safety import PIN_HEADER, removals
 from ..core.routes import Endpoint
+from ..core.warm_book import WarmKey
 from . import bounded_body
 from .attempt import Attempt, copy_request
-from .warm_conn import WarmKey
 
 if TYPE_CHECKING:
     from .request_run import RequestRun

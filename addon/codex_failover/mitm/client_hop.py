@@ -338,11 +338,6 @@ class _HeldHttpLayer(HttpLayer):
         hop.written()
 
 
-def client_can_read(flow: http.HTTPFlow) -> bool:
-    """Is the client of `flow` still there to read an answer?"""
-    return bool(flow.client_conn.state & ConnectionState.CAN_READ)
-
-
 def relay_server(port: int) -> Server:
     """The server connection that sends a flow to the loopback relay (the hop's fallback)."""
     return Server(address=("127.0.0.1", port))

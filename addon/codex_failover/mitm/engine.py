@@ -9,9 +9,9 @@ import time
 
 from mitmproxy import ctx
 
-from ..core.warm_book import CLOSED, OPEN, Dial, Slot, WarmBook
+from ..core.warm_book import CLOSED, OPEN, Dial, Slot, WarmBook, WarmKey
 from .attempt import Attempt
-from .warm_conn import WarmConnection, WarmKey
+from .warm_conn import WarmConnection
 
 REAP_EVERY = 5.0  # seconds between looks for idle connections to close
 
@@ -72,6 +72,7 @@ class WarmConnections:
         conn.on_dialled = self._dialled
         conn.on_over = lambda c, a: self.release(c)
         conn.on_closed = self._closed
+        conn.on_goaway = self._draining
         self.handlers[slot] = conn
         self.endpoints[conn.client.id] = endpoint
         self.dials += 1
@@ -88,6 +89,12 @@ class WarmConnections:
             self.book.opened(conn.slot, conn.multiplexed)
         else:
             self.book.failed(conn.slot)
+
+    def _draining(self, conn: WarmConnection) -> None:
+        """A graceful GOAWAY: out of the book (a new attempt dials anew); closed after its last attempt."""
+        self.book.closed(conn.slot)
+        if not conn.attempts:
+            conn.close()
 
     def _closed(self, conn: WarmConnection) -> None:
         self.book.closed(conn.slot)

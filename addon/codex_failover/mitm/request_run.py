@@ -3,7 +3,7 @@
 Every decision comes from the pure core (failover_loop: which attempt is next, when to wait, when to
 stop; planner, classifier, taxonomy, health). This module does the I/O around them: it starts each
 attempt (attempt.py, over a warm connection), reads its response head, hands a stream to the SSE
-hold (sse_hold.py), and answers the held client (held_client.py). The attempts come from an injected
+hold (core/attempt_machine.py), and answers the held client (held_client.py). The attempts come from an injected
 engine (`Shared.engine`), so the driver runs in-process against a scripted one in tests.
 docs/architecture.md, "The path of a model request".
 """
@@ -33,6 +33,7 @@ from ..core.attempt_events import (
     Record,
     Respond,
     Scope,
+    Succeeded,
     Tick,
     Whole,
 )
@@ -47,12 +48,11 @@ from ..core.request_machine import Done, GiveUp, RequestMachine
 from ..core.routes import Endpoint
 from ..core.run_log import RunLog
 from ..core.story import Skipped
-from ..core.vocabulary import CLIENT_GONE
+from ..core.vocabulary import CLIENT_GONE, Verdict
 from ..shared import Shared
 from . import bounded_body, client_answers, live, secret_guard
 from .attempt import CHUNK, END, ERROR, Attempt, Item, copy_request, hide_secrets
 from .attempt_maker import AttemptMaker
-from .client_hop import client_can_read
 from .held_client import HeldClient, shown_changed
 
 log = logging.getLogger("codex_failover")
@@ -178,18 +178,23 @@ class RequestRun:
         attempt.on_sent = self.dispatched.set
         attempt.endpoint = ep
         self.shared.attempts[attempt.flow.id] = attempt
-        self.current, self.whole = attempt, None
-        attempt.start(await self.maker.via(ep))
-        self.maker.prewarm_next(self.last_plan, cand)
+        self.current, self.whole, self.recorded = attempt, None, False
         state = machine.attempt
         assert state is not None
         try:
+            attempt.start(await self.maker.via(ep))
+            state.start()
+            self.maker.prewarm_next(self.last_plan, cand)
             while not state.over:
                 await self._carry_out(state, state.send(await self._event(state, attempt)))
         except (ClientGone, asyncio.CancelledError):  # the run saw it, or the relay's hop closed
-            await self._carry_out(state, machine.client_gone())
+            gone = machine.client_gone()
+            if not gone and not self.recorded:  # committed, the client left before its first output
+                gone = [Record(Verdict.CANCELLED, CLIENT_GONE, None), Cancel()]
+            await self._carry_out(state, gone)
             raise
         except BaseException:
+            state.abandon()
             await attempt.cancel()
             raise
 
@@ -212,7 +217,10 @@ class RequestRun:
         for command in commands:
             match command:
                 case Record(verdict, reason, status, ok):
+                    self.recorded = True
                     self.log.record(attempt, cand, verdict, reason, status, ok=ok)
+                case Succeeded():
+                    state.succeeded()
                 case Cancel():
                     await attempt.cancel()
                 case ReadWhole():
@@ -273,7 +281,7 @@ class RequestRun:
             self._check_client()
 
     def _check_client(self) -> None:
-        if not client_can_read(self.flow):
+        if not self.flow.client_conn.connected:  # it closed (or half-closed) its connection
             raise ClientGone()
 
 

@@ -11,7 +11,6 @@ from mitmproxy import ctx, tls
 
 from ..core.intercept_scope import ALL, InterceptScope
 from ..net.trust import extend_openssl_context
-from .warm_conn import is_reverse
 
 
 class TlsScope:
@@ -24,7 +23,7 @@ class TlsScope:
         is tunnelled as it is. A user's --allow-hosts decides alone; --ignore-hosts acted earlier."""
         if data.ignore_connection or ctx.options.failover_intercept == ALL or ctx.options.allow_hosts:
             return
-        if is_reverse(data.context.client):
+        if data.context.client.proxy_mode.type_name == "reverse":  # its upstream is fixed
             return  # the operator named the one target
         address = data.context.server.address
         if not self.scope.intercepts(data.client_hello.sni, address[0] if address else None):

@@ -1,23 +1,17 @@
-"""Warm upstream connections: attempts sent over kept connections by mitmproxy's own HTTP layers.
+"""Warm upstream connections: attempts sent over kept connections by mitmproxy's own HTTP layers
+(docs/architecture.md#warm-connections; the mitmproxy facts relied on: docs/mitmproxy-12.3.1-replay-notes.md §9).
 
 A `WarmConnection` is a mitmproxy `ConnectionHandler` that lives as long as its upstream connection.
-Its layer stack is mitmproxy's `HttpLayer` (transparent mode, like client replay) whose "client" is
-`_AttemptSource`: each attempt arrives there as a request on a stream id of its own, so mitmproxy's
-`HttpStream` runs it with every addon hook (the attempt is a complete flow, visible in mitmweb and
-saved with `-w`; a hook may even send it elsewhere, as map_remote does) and then asks the layer for
-a connection. `_KeptHttpLayer.get_connection` answers with the kept connection: HTTP/2 streams side
-by side, HTTP/1.1 one after another (keep-alive), dialled by the first attempt (or ahead of need,
-`prewarm`) through the same layers (TCP, the route endpoint's proxy tunnel, TLS with the addon's
-trust store). Which kept connection an attempt goes to is the book's decision (warm_book.py).
-docs/architecture.md#warm-connections; the mitmproxy 12.3.1 facts relied on are in
-docs/mitmproxy-12.3.1-replay-notes.md §9.
+Its layer stack is mitmproxy's `HttpLayer` whose "client" is `_AttemptSource`: each attempt arrives
+there as a request on a stream of its own, so mitmproxy's `HttpStream` runs it with every addon hook
+(a complete flow, shown in mitmweb, saved with `-w`, sent elsewhere by a hook as map_remote does).
+`_KeptHttpLayer.get_connection` answers with the kept connection: HTTP/2 streams side by side,
+HTTP/1.1 one after another, dialled by the first attempt (or `prewarm`) through the same layers.
 
-Secrets: the attempt's flow holds placeholders (attempt.py). The real header values are put on it
-only while an event is processed by an *upstream connection's* layers (`_KeptHttpLayer`), and the
-commands that processing yields are collected before any of them runs: no hook, no write, no other
-code runs while the values are on the flow. Once the head has been written they are never put on again.
+Secrets: the attempt's flow holds placeholders (attempt.py). The real values are on it only while an
+event is processed by the upstream connection's layers (`_KeptHttpLayer`), whose commands are
+collected before any runs: no hook, write or other code runs meanwhile; never again once the head left.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -26,17 +20,21 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
+import h2.connection
+import h2.errors
+import h2.events
 from mitmproxy import ctx, flow as mitmflow
 from mitmproxy.connection import Client, ConnectionState, Server
 from mitmproxy.proxy import commands, events, layer, server, server_hooks
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import HTTPMode, HttpStream
-from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
+from mitmproxy.proxy.layers.http._http2 import Http2Client
+from mitmproxy.proxy.mode_specs import ProxyMode
 
-from ..core.warm_book import Slot
+from ..core.warm_book import Slot, WarmKey
 from . import hook_chain
 from .quiet_log import replay_level
 
@@ -44,25 +42,6 @@ if TYPE_CHECKING:
     from .attempt import Attempt
 
 log = logging.getLogger("codex_failover")
-
-
-
-class WarmKey(NamedTuple):
-    """What a kept connection can serve: the upstream, the way to it (mitmproxy's `via`) and the
-    credential. Connections are kept per credential: one account's GOAWAY, reset or protocol error
-    touches no other account's streams, and the upstream never sees two accounts multiplexed on one
-    connection (which would link them).
-
-    Whatever the client speaks, the connection offers HTTP/2 (unlike a plain mitmproxy, which
-    mirrors the client's ALPN): on HTTP/1.1 a failover's cancelled attempt closes its connection,
-    and the spare would wait for a handshake; on HTTP/2 it resets one stream (measured in
-    docs/measurements.md, "HTTP/1.1 clients")."""
-
-    scheme: str
-    host: str
-    port: int
-    via: tuple | None
-    account: str = ""  # the credential (health key) it carries: one connection never carries two accounts
 
 
 @dataclass
@@ -117,6 +96,30 @@ class _AttemptSource(layer.Layer):
         yield from ()
 
 
+NEVER_PROCESSED = "HTTP/2 GOAWAY: the server never processed this stream"  # safe to resend (core/transport.py)
+
+
+class _GoawayHttp2Client(Http2Client):
+    """A kept connection's HTTP/2 layer (class swapped in by `_KeptHttpLayer`): mitmproxy closes the
+    connection on any GOAWAY and h2 refuses frames after one. Here streams above last_stream_id fail
+    as never processed; on a graceful GOAWAY the kept streams are read to their end (`goaway`)."""
+
+    warm: "WarmConnection"
+
+    def handle_h2_event(self, event: h2.events.Event) -> layer.CommandGenerator[bool]:
+        if not isinstance(event, h2.events.ConnectionTerminated):
+            return (yield from super().handle_h2_event(event))
+        last = event.last_stream_id or 0
+        for stream_id in [s for s in self.streams if s > last]:
+            yield http_layers.ReceiveHttp(self.ReceiveProtocolError(stream_id, NEVER_PROCESSED, self.ReceiveProtocolError.code))
+            self.streams.pop(stream_id)
+        if event.error_code != h2.errors.ErrorCodes.NO_ERROR or not self.streams:
+            return (yield from super().handle_h2_event(event))
+        self.h2_conn.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN  # frames of kept streams pass
+        self.warm.goaway()
+        return False
+
+
 class _KeptHttpLayer(http_layers.HttpLayer):
     """mitmproxy's HttpLayer with the kept connection as the one it shares, and the secrets armed
     only inside the upstream connection's layers (see the module docstring)."""
@@ -160,6 +163,8 @@ class _KeptHttpLayer(http_layers.HttpLayer):
             yield from super().get_connection(cmd, reuse=False)
 
     def event_to_child(self, child, event: events.Event) -> layer.CommandGenerator[None]:
+        if not self.owner.h2_seen and child is not self.owner.source and not isinstance(child, HttpStream):
+            self._graceful(child)
         if isinstance(child, HttpStream):
             if isinstance(event, http_layers.GetHttpConnectionCompleted):
                 connection, _ = event.reply
@@ -185,6 +190,14 @@ class _KeptHttpLayer(http_layers.HttpLayer):
         yield from produced
 
 
+    def _graceful(self, child) -> None:
+        """The kept connection's HTTP/2 layer, once it exists, takes GOAWAYs stream by stream."""
+        for _ in range(8):  # TLS, an upstream proxy's tunnel, HttpClient, then Http2Client
+            if type(child) is Http2Client:
+                child.__class__, child.warm, self.owner.h2_seen = _GoawayHttp2Client, self.owner, True
+            child = getattr(child, "child_layer", None)
+
+
 class WarmConnection(server.ConnectionHandler):
     """One kept upstream connection, run by mitmproxy's HTTP layers; attempts are sent over it."""
 
@@ -208,7 +221,10 @@ class WarmConnection(server.ConnectionHandler):
         self.ready: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()  # the dial's error, or None
         self._stream_ids = itertools.count(1, 2)
         self._started = False
+        self.h2_seen = False  # its HTTP/2 layer takes GOAWAYs stream by stream (_GoawayHttp2Client)
+        self.draining = False  # a graceful GOAWAY came: the streams it kept go on, no new attempt comes
         self.on_dialled = None  # called with self once the dial ended (either way)
+        self.on_goaway = None  # called with self on a graceful GOAWAY
         self.on_over = None  # called with (self, attempt) when an attempt's final hook ran
         self.on_closed = None  # called with self once the connection is gone
 
@@ -245,6 +261,15 @@ class WarmConnection(server.ConnectionHandler):
     @property
     def multiplexed(self) -> bool:
         return self.kept is not None and self.kept.alpn == b"h2"
+
+    def goaway(self) -> None:
+        """From the layers (synchronous): a graceful GOAWAY; no new attempt goes to this connection."""
+        if not self.draining:
+            self.draining = True
+            self.log("graceful GOAWAY from the upstream: its streams go on, new attempts use a new connection",
+                     logging.DEBUG)
+            if self.on_goaway is not None:
+                self.on_goaway(self)
 
     def close(self, why: str = "closed by codex-failover") -> None:
         """Close the connection (or stop its dial: `why` is then the waiting attempts' error)."""
@@ -373,7 +398,3 @@ def listen_hosts(modes, listen_host: str) -> list[str]:
             hosts[ProxyMode.parse(spec).listen_host(listen_host)] = None
     return list(hosts)
 
-
-def is_reverse(client) -> bool:
-    """Is this client connection a reverse-proxy mode's (its upstream is fixed)?"""
-    return isinstance(client.proxy_mode, ReverseMode)
