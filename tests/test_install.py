@@ -148,7 +148,8 @@ case "$1" in
             venv) mkdir -p "$3/bin" && cp "$0" "$3/bin/python"
                   printf '#!/bin/sh\\necho "mitmdump $*" >> "$FAKE_PY_LOG"\\n' > "$3/bin/mitmdump"
                   chmod +x "$3/bin/mitmdump"; echo venv >> "$FAKE_PY_LOG" ;;
-            *) m="$2"; shift 2; echo "$m $*" >> "$FAKE_PY_LOG" ;;
+            *) m="$2"; shift 2; echo "$m $*" >> "$FAKE_PY_LOG"
+               if [ "$m" = pip ] && [ -n "${FAKE_PIP_FAILS:-}" ]; then exit 1; fi ;;
         esac ;;
 esac
 """
@@ -224,6 +225,16 @@ def test_setup_installs_only_what_is_missing_and_keeps_extras_when_pyproject_cha
         f.write("# changed\n")
     assert installs(project("setup", "none")) == "bench,test"  # reinstalled, extras and all
     assert installs(project("setup")) is None
+
+
+def test_offline_after_a_pyproject_change_setup_keeps_the_venv_it_has(project):
+    """A comment changed in pyproject.toml, and no network (a proxy's own machine may have none):
+    scripts/run still starts the proxy with the .venv it has, saying so in one line."""
+    assert installs(project("setup", "none")) == ""
+    with open(project.root / "pyproject.toml", "a") as f:
+        f.write("# changed\n")
+    calls = project("run", FAKE_PIP_FAILS="1")
+    assert calls[-1].startswith("mitmdump "), calls
 
 
 def test_setup_reads_the_stamp_an_older_setup_wrote(project):

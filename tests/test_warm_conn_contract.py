@@ -18,6 +18,7 @@ Facts (docs/mitmproxy-12.3.1-replay-notes.md §9):
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 from mitmproxy import ctx, http
 from mitmproxy.addons.proxyserver import Proxyserver
@@ -142,4 +143,44 @@ def test_an_attempt_cancelled_while_its_connection_is_dialled_never_gets_it():
         assert [h.flow for h in hooks] == [second.flow], out  # the abandoned one ends with an error
         assert second.flow.error is not None and not second.sent
         assert first.sent
+    run(go())
+
+
+def test_a_goaway_fails_only_the_streams_the_server_never_processed():
+    """mitmproxy's `Http2Client` and h2, as `_GoawayHttp2Client` relies on them: `streams` holds h2's
+    stream ids; a `ResponseProtocolError` yielded from `handle_h2_event` is mapped back to the outer
+    id; h2's connection state machine is `h2_conn.state_machine.state`, which a received GOAWAY sets to
+    CLOSED and which, put back to CLIENT_OPEN, lets the kept streams' frames in."""
+    import h2.connection
+    import h2.errors
+    import h2.events
+    from mitmproxy.proxy.context import Context
+    from mitmproxy.proxy.layers.http._http2 import Http2Client
+
+    from codex_failover.mitm import warm_conn
+
+    async def go():
+        client = Client(peername=("127.0.0.1", 5000), sockname=("127.0.0.1", 8080), state=ConnectionState.OPEN)
+        context = Context(client, ctx.options)
+        context.server = Server(address=("upstream.test", 443))
+        context.server.state = ConnectionState.OPEN
+        layer = Http2Client(context)
+        told = []
+        layer.__class__, layer.warm = warm_conn._GoawayHttp2Client, SimpleNamespace(goaway=lambda: told.append(1))
+        layer.streams = {1: None, 3: None}
+        layer.their_stream_id = {1: 11, 3: 13}
+        layer.h2_conn.state_machine.state = h2.connection.ConnectionState.CLOSED  # as h2 leaves it
+        event = h2.events.ConnectionTerminated()
+        event.error_code, event.last_stream_id = h2.errors.ErrorCodes.NO_ERROR, 1
+        gen = layer.handle_h2_event(event)
+        out = []
+        try:
+            while True:
+                out.append(next(gen))
+        except StopIteration as stop:
+            closed = stop.value
+        failed = [c.event for c in out if isinstance(c, http_layers.ReceiveHttp)]
+        assert [(e.stream_id, e.message) for e in failed] == [(3, warm_conn.NEVER_PROCESSED)]
+        assert closed is False and list(layer.streams) == [1] and told == [1]
+        assert layer.h2_conn.state_machine.state == h2.connection.ConnectionState.CLIENT_OPEN
     run(go())

@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .attempt_events import (
     Broke,
     Cancel,
-    Chunk,
     Command,
     Commit,
-    End,
     Event,
     Head,
     Heartbeat,
@@ -40,6 +38,7 @@ from .classifier import BootstrapClassifier, Decision
 from .codex_request import COMPACT
 from .outcomes import SERVED, Rejected, Rejection, Result, Transient, cools, own_refusal
 from .planner import Candidate
+from .policy import Policy
 from .provenance import artifacts_of_compact
 from .recovery import RECOVERABLE_STATUS
 from .routes import Endpoint
@@ -57,12 +56,37 @@ from .vocabulary import (
     RESPONSE_TIMEOUT,
     TLS_FAILED,
     TRANSPORT,
-    UPSTREAM_BROKEN,
     Verdict,
 )
 
 HEAD, HOLD, BUFFER, WHOLE, OVER = "reading the head", "holding the stream", "buffering", "reading whole", "over"  # phases
 RESPOND_IT, COMMIT_IT = "respond with it", "commit it"  # a Transient's `final`: how its attempt answers at the end
+
+
+@dataclass
+class HeadDeadlines:
+    """When waiting for the response head ends: `connect_timeout` for the connection, then
+    `response_timeout` for the answer, each held on its own from the attempt's start."""
+
+    connect_by: float | None
+    answer_by: float
+
+    @classmethod
+    def starting(cls, policy: Policy, now: float) -> HeadDeadlines:
+        answer_by = now + policy.response_timeout
+        return cls(min(now + policy.connect_timeout, answer_by), answer_by)
+
+    @property
+    def next(self) -> float:
+        return self.connect_by if self.connect_by is not None else self.answer_by
+
+    def passed(self, connected: bool, now: float) -> bool:
+        """The deadline in force passed: is waiting over? Not while a connection that is up still
+        has time to answer (the response deadline is then in force)."""
+        if connected and self.connect_by is not None and now < self.answer_by:
+            self.connect_by = None
+            return False
+        return True
 
 
 @dataclass
@@ -77,14 +101,9 @@ class AttemptMachine:
     reported: bool = False  # the result was told to the failover loop
     status: int = 0
     retry_after: str | None = None
-    received: bytearray = field(default_factory=bytearray)  # held, in order, until committed
-    ended: bool = False
-    error: str | None = None
     verdict: Decision | None = None  # the classifier's, once it decided
 
     def __post_init__(self) -> None:
-        self._answer_by = 0.0
-        self._connect_by: float | None = None
         self._deadline: float | None = None
         self.start()  # (again by the shell, once the attempt left)
         self.view = StreamView(self.scope.pool.recovery.enabled, self._usage)  # frames the stream once
@@ -113,10 +132,8 @@ class AttemptMachine:
 
     def start(self) -> None:
         """The attempt left (the shell started it): its connect and response deadlines run from now."""
-        policy, now = self.scope.pool.policy, self.scope.clock()
-        self._answer_by = now + policy.response_timeout  # each deadline holds on its own
-        self._connect_by = min(now + policy.connect_timeout, self._answer_by)
-        self._deadline = self._connect_by
+        self.head = HeadDeadlines.starting(self.scope.pool.policy, self.scope.clock())
+        self._deadline = self.head.next
 
     def succeeded(self) -> None:
         """Carried out for `Succeeded`: the credential is well and the session's home (pool_feedback)."""
@@ -130,8 +147,7 @@ class AttemptMachine:
 
     def client_gone(self) -> list[Command]:
         """The client left: the attempt is cancelled and recorded so."""
-        self._give_back()
-        self.phase = OVER
+        self.abandon()
         return [Record(Verdict.CANCELLED, CLIENT_GONE, None), Cancel()]
 
     def live(self, data: bytes | None) -> None:
@@ -146,9 +162,8 @@ class AttemptMachine:
             if not event.connected:  # never connected: not one request byte left, so it may move
                 waited = min(policy.connect_timeout, policy.response_timeout)
                 return self._failed_to_connect(f"timed out connecting after {waited:g}s") + [Cancel()]
-            if self._connect_by is not None and self.scope.clock() < self._answer_by:
-                self._connect_by = None
-                self._deadline = self._answer_by
+            if not self.head.passed(True, self.scope.clock()):
+                self._deadline = self.head.next
                 return []
             message = f"no response from upstream within {policy.response_timeout:g}s"
             return self._over_rejected(Rejection(RESPONSE_TIMEOUT, None, {"message": message}),
@@ -187,19 +202,7 @@ class AttemptMachine:
     def _hold(self, event: Event) -> list[Command]:
         clf = self._clf
         assert clf is not None
-        if isinstance(event, Tick):
-            decision = clf.tick()
-        elif isinstance(event, Chunk):
-            self.received += event.data
-            decision = self.view.classify(clf, event.data)
-        elif isinstance(event, End):
-            self.ended = True
-            decision = self.view.classify(clf, None)
-        elif isinstance(event, Broke):  # deliver what came, then the break
-            self.error = event.message
-            decision = clf.fail_open(UPSTREAM_BROKEN)
-        else:
-            raise AssertionError(f"unexpected {event!r} while holding")
+        decision = self.view.hold(clf, event)
         self._deadline = clf.deadline
         if not decision.final:
             return []
@@ -217,31 +220,21 @@ class AttemptMachine:
     # -- recovery: the committed stream kept whole (docs/recovery.md) -----------------------------
 
     def _buffer(self, event: Event) -> list[Command]:
-        idle = self.scope.pool.policy.response_timeout
-        if isinstance(event, Tick):
-            self.error = f"no data for {idle:g}s"
-        elif isinstance(event, Chunk):
-            self.received += event.data
-            self.view.track(event.data)
-        elif isinstance(event, End):
-            self.ended = True
-            self.view.track(None)
-        elif isinstance(event, Broke):
-            self.error = event.message
+        self.view.keep(event, self.scope.pool.policy.response_timeout)
         return self._buffer_check()
 
     def _buffer_check(self) -> list[Command]:
         """A complete (or finally failed) stream is delivered whole; a transient failure asks for a
         retry. Past `max_buffer_bytes`, fail open: what is buffered goes out once, the rest live."""
-        if not self.ended and self.error is None:
-            if len(self.received) > self.scope.pool.recovery.max_buffer_bytes:
+        if not self.view.ended and self.view.error is None:
+            if len(self.view.received) > self.scope.pool.recovery.max_buffer_bytes:
                 self.scope.tell(logging.INFO, f"recovery: response over {self.scope.pool.recovery.max_buffer_bytes} "
                                             f"bytes; streaming the rest live")
                 return self._commit(first=False)
             self._deadline = self.scope.clock() + self.scope.pool.policy.response_timeout
             return []
-        if self.error is not None:
-            return self._over_transient(f"transport error: {self.error}", [Record(Verdict.RECOVER, TRANSPORT, 200), Cancel()],
+        if self.view.error is not None:
+            return self._over_transient(f"transport error: {self.view.error}", [Record(Verdict.RECOVER, TRANSPORT, 200), Cancel()],
                                        None)
         why = self.view.how_it_ended()
         if why is None:
@@ -278,13 +271,13 @@ class AttemptMachine:
     # -- endings -------------------------------------------------------------------------------
 
     def _commit(self, first: bool = True) -> list[Command]:
-        commands = self._commit_bookkeeping(Commit(bytes(self.received), self.ended, self.error, first))
+        commands = self._commit_bookkeeping(Commit(bytes(self.view.received), self.view.ended, self.view.error, first))
         self._over(SERVED)
         return commands
 
     def _commit_bookkeeping(self, commit: Commit) -> list[Command]:
         """What a commit teaches: the held bytes' artifacts (framed as they came), the success."""
-        self.received = bytearray()
+        self.view.received = bytearray()
         self._made(self.view.made.take())
         if commit.ended:
             self._made(self.view.made.close())
@@ -314,7 +307,7 @@ class AttemptMachine:
                 learn(self.scope, self.cand, self._rejection)
             return [Respond()]
         if final == COMMIT_IT:
-            return self._commit_bookkeeping(Commit(bytes(self.received), True, None, False))
+            return self._commit_bookkeeping(Commit(bytes(self.view.received), True, None, False))
         return []
 
     def _over(self, result: Result) -> None:

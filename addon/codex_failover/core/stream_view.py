@@ -6,21 +6,53 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .attempt_events import Broke, Chunk, End, Event, Tick
 from .classifier import BootstrapClassifier, Decision
 from .framer import FramerError
 from .provenance import SseArtifacts
 from .recovery import TerminalTracker, recoverable_stream_end
 from .usage import Window, from_event
-from .vocabulary import FRAMING_ERROR, HOLDING, Verdict
+from .vocabulary import FRAMING_ERROR, HOLDING, UPSTREAM_BROKEN, Verdict
 
 HOLD_DECISION = Decision(Verdict.HOLD, HOLDING)
 
 
 class StreamView:
     def __init__(self, track_ending: bool, usage: Callable[[list[Window]], None]):
+        self.received = bytearray()  # every byte held, in order, until committed
+        self.ended = False  # the whole body arrived
+        self.error: str | None = None  # the upstream broke (what came is still delivered, then the break)
         self.made = SseArtifacts()  # frames the stream, and keeps its artifacts until taken
         self.tracker = TerminalTracker() if track_ending else None
         self._usage = usage
+
+    def hold(self, clf: BootstrapClassifier, event: Event) -> Decision:
+        """While the attempt is held: `event` kept, and what the classifier makes of it."""
+        if isinstance(event, Tick):
+            return clf.tick()
+        if isinstance(event, Chunk):
+            self.received += event.data
+            return self.classify(clf, event.data)
+        if isinstance(event, End):
+            self.ended = True
+            return self.classify(clf, None)
+        if isinstance(event, Broke):  # deliver what came, then the break
+            self.error = event.message
+            return clf.fail_open(UPSTREAM_BROKEN)
+        raise AssertionError(f"unexpected {event!r} while holding")
+
+    def keep(self, event: Event, idle: float) -> None:
+        """Recovery: `event` kept whole; only how the stream ends is looked at (`idle`: the Tick's)."""
+        if isinstance(event, Tick):
+            self.error = f"no data for {idle:g}s"
+        elif isinstance(event, Chunk):
+            self.received += event.data
+            self.track(event.data)
+        elif isinstance(event, End):
+            self.ended = True
+            self.track(None)
+        elif isinstance(event, Broke):
+            self.error = event.message
 
     def classify(self, clf: BootstrapClassifier, data: bytes | None) -> Decision:
         """Classify the events `data` completes (None: the stream's end) until a decision; the

@@ -36,7 +36,7 @@ from ..state_keeper import StateKeeper, close_keeper, open_keeper
 from ..ws.conn import WsConn
 from ..ws.gate import WebsocketGate
 from ..ws.upstream import tls_context
-from . import bounded_body, client_answers, client_hop, quiet_log, secret_guard, warm_conn
+from . import bounded_body, client_answers, client_hop, fallbacks, quiet_log, secret_guard, warm_conn
 from .account_back import AccountBack
 from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
 from .boundary import ClientBoundary, not_own_user
@@ -160,14 +160,12 @@ class FailoverAddon:
         self._serve_metrics()
         self._spawn(self.relay.start())
         self.back.start()
-        for host in self._listen_hosts():
+        for line in fallbacks.in_force():
+            log.warning(line)
+        for host in warm_conn.listen_hosts(ctx.options.mode, ctx.options.listen_host):
             if not is_loopback_host(host):
                 log.warning("codex-failover: listening on %s; the pool and the status page serve %s",
                             host or "every interface", self.clients.describe())
-
-    @staticmethod
-    def _listen_hosts() -> list[str]:
-        return warm_conn.listen_hosts(ctx.options.mode, ctx.options.listen_host)
 
     def done(self) -> None:
         # Before mitmproxy's Save writes the flows still in flight (it comes after scripts).

@@ -31,7 +31,7 @@ from mitmproxy.proxy.layers.http import Http2Server, HttpLayer, HttpStream
 from mitmproxy.proxy.mode_servers import ProxyConnectionHandler
 
 from ..net.relay import UNCLAIMED_TTL, UpstreamBroken
-from . import hook_chain
+from . import fallbacks, hook_chain
 from .attempt import Capture
 from .client_answers import client_response
 
@@ -44,6 +44,7 @@ HOP_TAG = "codex_failover.hop"  # flow.metadata of a client flow answered in pro
 # hands over nothing more until it is under H2_LOW (and the attempt, queueing, pauses its upstream).
 H2_HIGH, H2_LOW, H2_POLL = 1024 * 1024, 256 * 1024, 0.02
 _SEARCH_LIMIT = 256  # layers looked at to find a flow's stream (a client connection has a handful)
+HOP_HOLDS = fallbacks.seam_holds("hop")
 _numbers = itertools.count(1)
 _streaming: set["ClientHop"] = set()  # answers being streamed right now (the status page counts them)
 _by_flow: dict[str, "ClientHop"] = {}  # client flow id -> its hop, until the answer ended
@@ -104,6 +105,8 @@ class ClientHop:
     def attach(cls, flow: http.HTTPFlow, abort: Callable[[], object]) -> "ClientHop | None":
         """Put a stand-in server connection in the client's layers for `flow` (in its request
         hook); None when that cannot be done here (the loopback relay is used instead)."""
+        if not HOP_HOLDS:
+            return None
         try:
             handler = ctx.master.addons.get("proxyserver").connections[flow.client_conn.id]
         except (AttributeError, KeyError):

@@ -32,10 +32,12 @@ from mitmproxy.addonmanager import cut_traceback
 from mitmproxy.hooks import Hook, UpdateHook
 from mitmproxy.version import VERSION
 
+from . import fallbacks
+
 _addon_log = logging.getLogger("mitmproxy.addonmanager")  # where safecall logs an addon's error
 # The dispatch below mirrors this mitmproxy's AddonManager (tests/test_hook_chain.py checks each case
 # against it). On any other release mitmproxy's own dispatch is used: slower, never different.
-MIRRORS = VERSION == "12.3.1"
+MIRRORS = VERSION == "12.3.1" and fallbacks.seam_holds("hooks")
 
 
 def _implements(addon, name: str) -> bool:

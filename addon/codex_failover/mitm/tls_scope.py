@@ -23,7 +23,7 @@ class TlsScope:
         is tunnelled as it is. A user's --allow-hosts decides alone; --ignore-hosts acted earlier."""
         if data.ignore_connection or ctx.options.failover_intercept == ALL or ctx.options.allow_hosts:
             return
-        if data.context.client.proxy_mode.type_name == "reverse":  # its upstream is fixed
+        if getattr(data.context.client.proxy_mode, "type_name", None) == "reverse":  # its upstream is fixed
             return  # the operator named the one target
         address = data.context.server.address
         if not self.scope.intercepts(data.client_hello.sni, address[0] if address else None):

@@ -31,18 +31,20 @@ from mitmproxy.proxy import commands, events, layer, server, server_hooks
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import HTTPMode, HttpStream
-from mitmproxy.proxy.layers.http._http2 import Http2Client
 from mitmproxy.proxy.mode_specs import ProxyMode
 
 from ..core.warm_book import Slot, WarmKey
-from . import hook_chain
+from . import fallbacks, hook_chain
 from .quiet_log import replay_level
+
+try:  # GOAWAYs stream by stream where mitmproxy's HTTP/2 client is as pinned (test_warm_conn_contract.py)
+    from mitmproxy.proxy.layers.http._http2 import Http2Client
+    BY_STREAM = fallbacks.seam_holds("goaway")
+except ImportError:  # another mitmproxy: its own GOAWAY handling
+    Http2Client, BY_STREAM = None, False  # type: ignore[assignment,misc]
 
 if TYPE_CHECKING:
     from .attempt import Attempt
-
-log = logging.getLogger("codex_failover")
-
 
 @dataclass
 class _Dial(events.ConnectionEvent):
@@ -61,9 +63,8 @@ class _Cancel(events.ConnectionEvent):
 
 
 class _AttemptSource(layer.Layer):
-    """The HTTP layer's client: hands attempts over as requests, asks for the connection to be
-    dialled, and ignores the responses (each attempt reads its own through its flow's hooks).
-    It never pauses: several requests may be under way at once."""
+    """The HTTP layer's client: hands attempts over as requests, asks for dials, ignores responses
+    (each attempt reads its own through its flow's hooks); never pauses."""
 
     def __init__(self, context: Context, owner: "WarmConnection"):
         super().__init__(context)
@@ -99,7 +100,7 @@ class _AttemptSource(layer.Layer):
 NEVER_PROCESSED = "HTTP/2 GOAWAY: the server never processed this stream"  # safe to resend (core/transport.py)
 
 
-class _GoawayHttp2Client(Http2Client):
+class _GoawayHttp2Client(Http2Client or object):  # type: ignore[misc]
     """A kept connection's HTTP/2 layer (class swapped in by `_KeptHttpLayer`): mitmproxy closes the
     connection on any GOAWAY and h2 refuses frames after one. Here streams above last_stream_id fail
     as never processed; on a graceful GOAWAY the kept streams are read to their end (`goaway`)."""
@@ -163,7 +164,7 @@ class _KeptHttpLayer(http_layers.HttpLayer):
             yield from super().get_connection(cmd, reuse=False)
 
     def event_to_child(self, child, event: events.Event) -> layer.CommandGenerator[None]:
-        if not self.owner.h2_seen and child is not self.owner.source and not isinstance(child, HttpStream):
+        if not self.owner.h2_seen and BY_STREAM and child is not self.owner.source and not isinstance(child, HttpStream):
             self._graceful(child)
         if isinstance(child, HttpStream):
             if isinstance(event, http_layers.GetHttpConnectionCompleted):
@@ -266,8 +267,7 @@ class WarmConnection(server.ConnectionHandler):
         """From the layers (synchronous): a graceful GOAWAY; no new attempt goes to this connection."""
         if not self.draining:
             self.draining = True
-            self.log("graceful GOAWAY from the upstream: its streams go on, new attempts use a new connection",
-                     logging.DEBUG)
+            self.log("graceful GOAWAY: its streams go on, new attempts dial anew", logging.DEBUG)
             if self.on_goaway is not None:
                 self.on_goaway(self)
 

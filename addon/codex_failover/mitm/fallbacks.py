@@ -1,0 +1,47 @@
+"""Which of the seam's ways to mitmproxy's proxy core are in use, chosen at start.
+
+Each part of the seam that leans on mitmproxy's internals has a fallback on its public API, used on a
+mitmproxy release the contract tests were not run on (tests/test_warm_conn_contract.py,
+tests/test_client_hop.py, tests/test_hook_chain.py), or when forced by `CODEX_FAILOVER_FALLBACK`
+(a comma-separated list of the names below; for tests and for a user who suspects the seam):
+
+  hooks   mitmproxy's own AddonManager dispatches the attempts' and held flows' hooks (hook_chain.py)
+  hop     every held client is answered through the loopback relay, not in its own layers (client_hop.py)
+  goaway  mitmproxy's own HTTP/2 GOAWAY handling: the whole connection closes (warm_conn.py)
+
+The kept connections themselves (warm_conn.py) have none: mitmproxy's public API offers no moment to
+put a credential on an attempt's flow only while its head is written (docs/architecture.md#the-seam).
+"""
+
+from __future__ import annotations
+
+import os
+
+from mitmproxy.version import VERSION
+
+PINNED = "12.3.1"  # the release the contract tests pass on (pyproject.toml pins it)
+NAMES = ("hooks", "hop", "goaway")
+ENV = "CODEX_FAILOVER_FALLBACK"
+WHAT = {"hooks": "mitmproxy's own hook dispatch (slower per request, never different)",
+        "hop": "answers through the loopback relay (one more local connection per request)",
+        "goaway": "mitmproxy's own GOAWAY handling (a GOAWAY cuts every stream of that connection)"}
+
+
+def forced() -> set[str]:
+    return {name.strip() for name in os.environ.get(ENV, "").split(",") if name.strip()}
+
+
+def seam_holds(name: str) -> bool:
+    """Is the seam's way `name` used (not its fallback)?"""
+    return VERSION == PINNED and name not in forced()
+
+
+def in_force() -> list[str]:
+    """One line per fallback in use, and one for a name `CODEX_FAILOVER_FALLBACK` does not know."""
+    why = f"mitmproxy {VERSION} is not {PINNED}, the release the seam was tested on" if VERSION != PINNED \
+        else f"{ENV} asks for it"
+    lines = [f"codex-failover: {name}: {WHAT[name]}; {why}" for name in NAMES if not seam_holds(name)]
+    unknown = sorted(forced() - set(NAMES))
+    if unknown:
+        lines.append(f"codex-failover: {ENV}: unknown name(s) {', '.join(unknown)} (known: {', '.join(NAMES)})")
+    return lines
