@@ -83,6 +83,7 @@ from harness import MITMDUMP, PYTHON, ROOT, make_test_pki, med, pct, pool_yaml
 HOST = "upstream.bench.test"
 CONFIGS = {"plain": "plain mitmdump, streaming", "healthy": "addon, healthy",
            "failover": "addon, own cred overloaded"}
+FAILING = ("failover", "base-failover")  # the cells whose own key is overloaded
 CLIENTS = ("h2", "h1")
 SPARE_KEY = "sk-test-spare-good"
 FAKE_PORT = 9000  # in namespace b (fresh namespaces: every port is free)
@@ -128,6 +129,9 @@ class Sample:
     first_output_seq: int | None = None  # event's sequence number: to find when the fake wrote it
     first_output_wall: float | None = None
     to_spare_ms: float | None = None  # failover: the spare's request arrived at the fake
+    # failover: the fake wrote the rejection -> the spare's request reached the front, less one RTT: the
+    # proxy's own time from the rejection to the spare's request (the front's relay of the rejection in it)
+    reject_to_spare_ms: float | None = None
     new_connection: bool = False  # the client had to (re)connect to the proxy for this request
     setup_ms: float | None = None  # CONNECT + TLS to the proxy, when new_connection
     status: int = 0
@@ -464,7 +468,7 @@ def start_proxy(link: DelayLink, cell: Cell, ca: Path, addon: Path) -> None:
         args += ["--set", "stream_large_bodies=1"]
     else:
         text, pool_env = pool_yaml(f"https://{cell.authority}", [("spare", SPARE_KEY)], overload_cooldown="1s")
-        if cell.config == "failover":  # this checkout's addon only (a baseline may predate the section)
+        if cell.config in FAILING:  # (a baseline from before the overload section gets no failover cell)
             text += OVERLOAD_REST
         (cell.folder / "pool.yaml").write_text(text)
         args += ["-s", str(addon), "--set", f"failover_config={cell.folder / 'pool.yaml'}"]
@@ -492,7 +496,7 @@ def token_for(cell: Cell, rtt: float, i: int) -> str:
     """One key per cell, as a user has one: kept connections are per credential, so the own
     key's connection is warm, as it is for a user whose account starts to fail. (The failover cells'
     pool rests an overloaded key 1 ms: `overload_rest`.) Nothing in it may name another fake scenario."""
-    kind = "overload" if cell.config == "failover" else "good"
+    kind = "overload" if cell.config in FAILING else "good"
     return f"sk-test-{cell.config}-{kind}-{cell.client}-r{rtt:g}"
 
 
@@ -543,11 +547,36 @@ def attach_upstream_times(samples: list[Sample], fake_log: Path) -> None:
     for s in samples:
         if s.session in first:
             s.to_upstream_ms = (first[s.session] - s.sent_at) * 1000
-        if s.config == "failover" and s.session in spare:
+        if s.config in FAILING and s.session in spare:
             s.to_spare_ms = (spare[s.session] - s.sent_at) * 1000
         wrote = written.get((s.response_id, s.first_output_seq))
         if wrote is not None and s.first_output_wall is not None:
             s.output_hop_ms = (s.first_output_wall - wrote) * 1000
+
+
+def attach_reject_to_spare(samples: list[Sample], fake_log: Path, front_log: Path) -> None:
+    """For failovers: when the fake wrote the own key's rejection (its `error` event) and when the
+    spare's request reached the front (the session's second request there)."""
+    if not front_log.exists():
+        return
+    fake = [json.loads(line) for line in fake_log.read_text().splitlines()]
+    errors = sorted((r["ts"], r["credential"]) for r in fake if r.get("event") == "event_sent" and r.get("type") == "error")
+    requests = {}
+    for r in fake:
+        if "event" not in r and r.get("session"):
+            requests.setdefault(r["session"], []).append(r)
+    at_front: dict[str, list[float]] = {}
+    for line in front_log.read_text().splitlines():
+        r = json.loads(line)
+        at_front.setdefault(r.get("session", ""), []).append(r["ts"])
+    for s in samples:
+        own, fronts = requests.get(s.session, []), sorted(at_front.get(s.session, []))
+        if s.config not in FAILING or len(own) < 2 or len(fronts) < 2:
+            continue
+        start, cred = own[0]["ts"], own[0]["credential"]
+        rejected = next((ts for ts, c in errors if c == cred and start <= ts <= own[1]["ts"]), None)
+        if rejected is not None:
+            s.reject_to_spare_ms = (fronts[1] - rejected) * 1000 - s.rtt
 
 
 def front_view(front_log: Path, samples: list[Sample]) -> dict[tuple[float, int], dict]:
@@ -594,7 +623,7 @@ def summarize(samples: list[Sample], counts: dict, front: dict, cells: list[Cell
                    "setup_ms": med([s.setup_ms for s in mine if s.setup_ms is not None]),
                    "errors": [s.error or f"status {s.status}, completed={s.completed}" for s in mine if not s.ok]}
             for name in ("first_byte_ms", "first_output_ms", "first_text_ms", "total_ms", "to_upstream_ms",
-                         "to_spare_ms", "output_hop_ms"):
+                         "to_spare_ms", "reject_to_spare_ms", "output_hop_ms"):
                 v = values(mine, name)
                 row[name] = {"median": med(v), "p95": pct(v, 0.95), "n": len(v)}
             rows.append(row)
@@ -626,14 +655,18 @@ def print_tables(rows: list[dict], busy: dict[float, float], configs: dict[str, 
               f"{fmt(r['first_byte_ms'])}  {fmt(r['first_output_ms'])}  {fmt(r['first_text_ms'])}  "
               f"{fmt(r['to_upstream_ms'])}  {fmt(r['output_hop_ms'])}")
     print("\n== per measured request: new upstream TCP connections (SYNs on the link; new connections at the front), "
-          "attempts at the front, new client connections; the HTTP version upstream; failover: sent -> spare ==")
+          "attempts at the front, new client connections; the HTTP version upstream; failover: sent -> spare, "
+          "and the proxy's own time from the rejection to the spare's request (the fake wrote the rejection -> "
+          "the spare's request at the front, less one RTT) ==")
     print(f"{'RTT':>4} {'cli':<3} {'config':<8} {'SYN/req':>8} {'front conns/req':>15} {'attempts/req':>12} "
-          f"{'client conns/req':>16} {'upstream http':>13}  {'to spare':<13}")
+          f"{'client conns/req':>16} {'upstream http':>13}  {'to spare':<13}  {'rejection -> spare':<13}")
     for r in rows:
         spare = fmt(r["to_spare_ms"], delta=False) if r["to_spare_ms"]["n"] else "-"
+        turn = r.get("reject_to_spare_ms") or {"n": 0}
+        turn = fmt(turn, delta=False) if turn["n"] else "-"
         print(f"{r['rtt_ms']:>4g} {r['client']:<3} {r['config']:<8} {r['upstream_syn_per_request']:8.2f} "
               f"{r['front_conns_per_request']:15.2f} {r['attempts_per_request']:12.2f} "
-              f"{r['client_conns_per_request']:16.2f} {','.join(r['front_http']) or '-':>13}  {spare}")
+              f"{r['client_conns_per_request']:16.2f} {','.join(r['front_http']) or '-':>13}  {spare}  {turn}")
     print("\nhost CPUs busy while measuring (every process on the machine): "
           + ", ".join(f"RTT {rtt:g} ms {b * 100:.0f}%" for rtt, b in busy.items()))
 
@@ -644,7 +677,8 @@ def chart(rows: list[dict], rtts: list[float], path: Path, configs: dict[str, st
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"plain": "#7f7f7f", "healthy": "#1f77b4", "failover": "#ff7f0e", "baseline": "#2ca02c"}
+    colors = {"plain": "#7f7f7f", "healthy": "#1f77b4", "failover": "#ff7f0e", "baseline": "#2ca02c",
+              "base-failover": "#d62728"}
     groups = [(rtt, cl) for rtt in rtts for cl in CLIENTS]
     width = 0.8 / len(configs)
     fig, ax = plt.subplots(figsize=(2.4 * len(groups) + 2, 4.6))
@@ -737,6 +771,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="also run this failover.py (healthy) as the `baseline` configuration, interleaved with "
                          "this checkout's: a change measured A/B in one run (`git archive OLD addon rules | tar -x "
                          "-C /tmp/old`, then --baseline /tmp/old/addon/failover.py)")
+    ap.add_argument("--baseline-failover", action="store_true",
+                    help="with --baseline: its failover too (`base-failover`: own cred overloaded), for an A/B of "
+                         "the failover path")
     ap.add_argument("--from-json", type=Path, metavar="FILE", help="measure nothing: report a --json FILE again")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs of every process)")
     return ap.parse_args(argv)
@@ -793,7 +830,10 @@ def run(args: argparse.Namespace) -> dict:
 def configs_of(args: argparse.Namespace) -> dict[str, str]:
     if args.baseline is None:
         return dict(CONFIGS)
-    return {**CONFIGS, "baseline": f"addon at {args.baseline}, healthy"}
+    both = {"baseline": f"addon at {args.baseline}, healthy"}
+    if args.baseline_failover:
+        both["base-failover"] = f"addon at {args.baseline}, own cred overloaded"
+    return {**CONFIGS, **both}
 
 
 def report(doc: dict, png: Path) -> int:
@@ -817,7 +857,7 @@ def measure(link: DelayLink, tmp: Path, rtts: list[float], requests: int, warmup
              enumerate((cl, cfg) for cl in CLIENTS for cfg in configs_of(args))]
     start_upstream(link, tmp, cells, server_pem, args.pace, args.deltas)
     for c in cells:  # all at once: mitmdump takes a second or two to start
-        start_proxy(link, c, ca, args.baseline if c.config == "baseline" else args.addon)
+        start_proxy(link, c, ca, args.baseline if c.config in ("baseline", "base-failover") else args.addon)
     for c in cells:
         wait_listening(link, "a", c.proxy_port, c.proc, f"mitmdump ({c.client}, {c.config})")
     print(f"TLS front (mitmdump reverse) selects ALPN {check_front_h2(link, cells[0].front_port, ca)!r} "
@@ -842,6 +882,7 @@ def measure(link: DelayLink, tmp: Path, rtts: list[float], requests: int, warmup
             print(f"  {len(got)} requests in {time.monotonic() - t:.0f} s, "
                   f"{sum(not s.ok for s in got)} failed", file=sys.stderr, flush=True)
     attach_upstream_times(samples, tmp / "fake.jsonl")
+    attach_reject_to_spare(samples, tmp / "fake.jsonl", tmp / "front.jsonl")
     return cells, samples, counts, front_view(tmp / "front.jsonl", samples), busy
 
 

@@ -659,8 +659,9 @@ class FakeUpstream:
             if self.trace_events:
                 rid = rid or ((m := _RID.search(ev)) and m.group(1).decode())
                 m = _SEQ.search(ev)
+                kind = ev.split(b"\n", 1)[0].removeprefix(b"event: ").decode(errors="replace")
                 self._log({"ts": time.time(), "event": "event_sent", "credential": label, "response": rid,
-                           "seq": int(m.group(1)) if m else None})
+                           "seq": int(m.group(1)) if m else None, "type": kind})
             if self.pace:
                 await asyncio.sleep(self.pace)
 
