@@ -49,6 +49,8 @@ from codex_failover.core.request_machine import (
     Done,
     GiveUp,
     RequestMachine,
+    exhausted_answer,
+    goes_home,
     settle_turn,
 )
 from codex_failover.core.routes import RouteHealth, parse_routes
@@ -469,3 +471,19 @@ def test_abandon_gives_a_recovery_slot_back():
     m.attempt.abandon()
     m.attempt.abandon()
     assert world.slots.used == 0
+
+
+@pytest.mark.parametrize("stays_home,home,current,goes", [
+    (True, "work", "client", True),  # bound to work, on the client's socket: a socket on work first
+    (True, "work", "work", False),  # already home
+    (False, "work", "client", False),  # not bound: sent where it is
+])
+def test_a_bound_turn_goes_home_first(stays_home, home, current, goes):
+    assert goes_home(stays_home, home, current) is goes
+
+
+def test_an_exhausted_turn_is_answered_with_its_own_rejection_while_its_socket_is_open():
+    own, dial = ws_rejection("overloaded", 503), ws_rejection("usage_limit", 429)
+    assert exhausted_answer(own, True, dial) is own
+    assert exhausted_answer(own, False, dial) is dial  # the socket closed: the last failed upgrade's
+    assert exhausted_answer(own, False, None) is own

@@ -103,6 +103,19 @@ class RequestMachine:
 SERVED_TURN, MOVE, RECONNECT, EXHAUSTED = "served", "move", "reconnect", "exhausted"
 
 
+def goes_home(stays_home: bool, home: str, current: str) -> bool:
+    """A turn bound to one account (a compaction item, the pin) that arrived on another account's
+    socket goes to a new socket on `home` (the credential holding its state) before it is sent."""
+    return stays_home and home != current
+
+
+def exhausted_answer(turn_rejection: Rejection, socket_open: bool, last_dial: Rejection | None) -> Rejection:
+    """What a turn nothing else can serve is answered with: its own rejection while its socket is
+    open (the rest of that response follows from there); once it closed, the last rejection the
+    dialer saw (a failed upgrade's, as a status-bearing `error` frame), if any."""
+    return turn_rejection if socket_open or last_dial is None else last_dial
+
+
 def settle_turn(scope: Scope, cand: Candidate, rejection: Rejection | None, windows: list[Window],
                 movable: bool | None, others_ready: Callable[[], bool]) -> str:
     """A gated turn's window closed on `cand`'s socket (rejection None: it serves). What the pool

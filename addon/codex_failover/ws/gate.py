@@ -28,7 +28,7 @@ from ..core.attempt_events import Scope
 from ..core.classifier import Decision
 from ..core.outcomes import Rejection
 from ..core.provenance import artifacts_of_message
-from ..core.request_machine import MOVE, RECONNECT, settle_turn
+from ..core.request_machine import MOVE, RECONNECT, exhausted_answer, goes_home, settle_turn
 from ..core.usage import from_event, from_headers
 from ..core.vocabulary import NO_USABLE_CREDENTIAL, Verdict
 from ..core.ws_turns import Step, Turn, TurnGate
@@ -169,7 +169,7 @@ class GateSession:
                 # rejection could not move (_decided, _exhausted).
                 log.debug("[%s] turn %d on %s%s", self.sid, turn.n, self.up.cand.name,
                           "" if turn.movable else f" (cannot move: {turn.why_pinned})")
-                if turn.stays_home and self.dialer.home_of(turn.bound_to) != self.up.cand.key:
+                if goes_home(turn.stays_home, self.dialer.home_of(turn.bound_to), self.up.cand.key):
                     await self._go_home(turn)
                     continue
                 message = turn.message_for(new_socket=False, foreign=not self.up.cand.is_client)
@@ -315,7 +315,7 @@ class GateSession:
         """Nothing else can serve the turn. If its socket is still open, the client gets the turn's
         rejection as upstream sent it (the rest of that response follows from there); if it closed,
         the last rejection seen (a status-bearing `error` frame for a failed upgrade), then a close."""
-        last = rejection if up.conn.open or self.dialer.last is None else self.dialer.last
+        last = exhausted_answer(rejection, up.conn.open, self.dialer.last)
         turn = self.gate.turn
         pinned = f", and it cannot move ({turn.why_pinned})" if turn is not None and not turn.movable else ""
         self.story.note(f"no other credential can serve turn {turn.n if turn else 0}{pinned}: "
