@@ -62,6 +62,8 @@ CONFIGS = {
     "b": "addon, healthy",
     "c": "addon, 1st cred overloaded",
 }
+FAILING = ("c", "e")  # the configurations whose first credential is overloaded
+BASELINE = {"d": "baseline, healthy", "e": "baseline, 1st cred overloaded"}  # with --baseline
 SPARE_KEY = "sk-test-spare-good"
 OUTPUT_TYPES = {"response.reasoning_summary_text.delta", "response.output_text.delta"}
 STREAM_TIMEOUT = 60.0  # seconds one stream may take at most
@@ -327,7 +329,7 @@ class FakeLog:
 
 def token_for(config: str, run: int, i: int) -> str:
     # Unique per stream (a credential's health is per token); nothing in it may name another scenario.
-    return f"sk-test-{config}-{'overload' if config == 'c' else 'good'}-r{run}s{i}"
+    return f"sk-test-{config}-{'overload' if config in FAILING else 'good'}-r{run}s{i}"
 
 
 async def drive(proxy_port: int, fake_port: int, config: str, run: int, concurrency: int, rounds: int,
@@ -398,7 +400,7 @@ def run_once(pace: Pace, config: str, proxy: ProxyProcess, fake: FakeUpstreamPro
                 res.live_ms.append((arrived - ts) * 1000)
                 if j == 0:
                     res.hop_ms.append((arrived - ts) * 1000)
-        if config == "c":
+        if config in FAILING:
             label = s.token[:64]
             if label in rejected and s.session in spare_req:
                 res.failover_ms.append((spare_req[s.session] - rejected[label]) * 1000)
@@ -487,7 +489,7 @@ def chart(results: list[Result], paces: list[Pace], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     by = {(r.pace, r.concurrency, r.config): r for r in results}
-    colors = {"a": "#7f7f7f", "b": "#1f77b4", "c": "#ff7f0e"}
+    colors = {"a": "#7f7f7f", "b": "#1f77b4", "c": "#ff7f0e", "d": "#2ca02c", "e": "#d62728"}
     panels = [(p, "first_output") for p in paces] + [(p, "throughput") for p in paces if p.name == "fast"]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.3))
     for ax, (pace, what) in zip(axes, panels, strict=False):
@@ -555,7 +557,12 @@ def main() -> int:
     ap.add_argument("--png", type=Path, help="chart path (default docs/bench.png; with --quick a file in the temp dir)")
     ap.add_argument("--json", type=Path, help="also write every measurement to this file")
     ap.add_argument("--body-kib", type=int, default=16, help="size of each request's input text (default 16)")
+    ap.add_argument("--baseline", type=Path, metavar="FAILOVER_PY",
+                    help="also run another checkout's addon (`git archive OLD addon rules | tar -x -C /tmp/old`, then "
+                         "/tmp/old/addon/failover.py) as (d) healthy and (e) overloaded: an A/B in one run")
     args = ap.parse_args()
+    if args.baseline is not None:
+        CONFIGS.update(BASELINE)  # the tables, the chart and the turns take every configuration
     paces = plan(args.quick)
     png = args.png or (Path(tempfile.gettempdir()) / "codex-failover-bench-quick.png" if args.quick
                        else ROOT / "docs" / "bench.png")
@@ -579,7 +586,7 @@ def main() -> int:
                     if cfg == "a":
                         proxies[cfg] = ProxyProcess(d, None, addon=False, extra=["--set", "stream_large_bodies=1"])
                     else:
-                        proxies[cfg] = ProxyProcess(d, text, env)
+                        proxies[cfg] = ProxyProcess(d, text, env, script=args.baseline if cfg in BASELINE else None)
                 for cfg, proxy in proxies.items():
                     warm_up(proxy, fake, cfg, input_text)
                 log = FakeLog(fake.log_path)

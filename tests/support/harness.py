@@ -165,14 +165,14 @@ class FakeUpstreamProcess:
 
 class ProxyProcess:
     def __init__(self, tmp: Path, pool_yaml: str | None, env: dict[str, str] | None = None, extra: list[str] | None = None,
-                 addon: bool = True, program: str = "mitmdump"):
+                 addon: bool = True, program: str = "mitmdump", script: Path | None = None):
         tmp.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.confdir = tmp / "conf"
         args = [str(Path(MITMDUMP).parent / program), "--listen-host", "127.0.0.1", "-p", str(self.port),
                 "--set", f"confdir={self.confdir}"]
         if addon:
-            args += ["-s", str(ROOT / "addon" / "failover.py")]
+            args += ["-s", str(script or ROOT / "addon" / "failover.py")]  # another checkout's, for an A/B
         if pool_yaml is not None:
             pool = tmp / "pool.yaml"
             pool.write_text(pool_yaml)
