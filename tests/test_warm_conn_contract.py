@@ -184,3 +184,24 @@ def test_a_goaway_fails_only_the_streams_the_server_never_processed():
         assert closed is False and list(layer.streams) == [1] and told == [1]
         assert layer.h2_conn.state_machine.state == h2.connection.ConnectionState.CLIENT_OPEN
     run(go())
+
+
+def test_a_busy_http11_connection_is_never_handed_a_second_attempt():
+    """An attempt the book assigned while the connection was being dialled, whose request reaches the
+    layer once the connection is up as HTTP/1.1 and busy with the first: `Http1Client` serves one
+    stream at a time (its `stream_id` is set while busy; a second stream trips its assertion and
+    crashes the connection), so the second attempt dials a connection of its own."""
+    async def go():
+        conn = new_connection(h2=False)
+        first, second = attempt("r1#1"), attempt("r2#1")
+        cmds = hooks_through(conn, submit(conn, first))
+        dial = next(c for c in cmds if isinstance(c, commands.OpenConnection))
+        dial.connection.state = ConnectionState.OPEN
+        dial.connection.timestamp_start = dial.connection.timestamp_tcp_setup = 1.0
+        play(conn, events.OpenConnectionCompleted(dial, None))
+        assert first.sent
+        out = hooks_through(conn, submit(conn, second))
+        opens = [c for c in out if isinstance(c, commands.OpenConnection)]
+        assert len(opens) == 1 and opens[0].connection is not dial.connection, out
+        assert not any(isinstance(c, commands.SendData) and c.connection is dial.connection for c in out)
+    run(go())

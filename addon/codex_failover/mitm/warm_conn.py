@@ -8,9 +8,8 @@ there as a request on a stream of its own, so mitmproxy's `HttpStream` runs it w
 `_KeptHttpLayer.get_connection` answers with the kept connection: HTTP/2 streams side by side,
 HTTP/1.1 one after another, dialled by the first attempt (or `prewarm`) through the same layers.
 
-Secrets: the attempt's flow holds placeholders (attempt.py). The real values are on it only while an
-event is processed by the upstream connection's layers (`_KeptHttpLayer`), whose commands are
-collected before any runs: no hook, write or other code runs meanwhile; never again once the head left.
+Secrets: the attempt's flow holds placeholders (attempt.py), the real values only while the upstream
+connection's layers process an event (`_KeptHttpLayer`, its commands collected first), never once the head left.
 """
 from __future__ import annotations
 
@@ -133,11 +132,12 @@ class _KeptHttpLayer(http_layers.HttpLayer):
         """The kept connection for the kept upstream: wait while it is dialled, use it once up, dial
         it when there is none (or it closed meanwhile). Anything else (a hook sent the attempt
         elsewhere) gets a connection of its own, closed after it."""
-        owner = self.owner
-        if not event.connection_spec_matches(owner.spec):
+        owner, kept = self.owner, self.owner.kept
+        busy = kept is not None and kept.connected and any(  # HTTP/1.1 and in use (the book assigned it mid-dial)
+            isinstance(c, http_layers.Http1Client) and c.stream_id is not None for c in owner.below(self.connections.get(kept)))
+        if busy or not event.connection_spec_matches(owner.spec):
             yield from super().get_connection(event, reuse=False)
             return
-        kept = owner.kept
         if kept is not None and kept in self.waiting_for_establishment:
             self.waiting_for_establishment[kept].append(event)
             return
@@ -193,10 +193,9 @@ class _KeptHttpLayer(http_layers.HttpLayer):
 
     def _graceful(self, child) -> None:
         """The kept connection's HTTP/2 layer, once it exists, takes GOAWAYs stream by stream."""
-        for _ in range(8):  # TLS, an upstream proxy's tunnel, HttpClient, then Http2Client
-            if type(child) is Http2Client:
-                child.__class__, child.warm, self.owner.h2_seen = _GoawayHttp2Client, self.owner, True
-            child = getattr(child, "child_layer", None)
+        for below in self.owner.below(child):  # TLS, an upstream proxy's tunnel, HttpClient, Http2Client
+            if type(below) is Http2Client:
+                below.__class__, below.warm, self.owner.h2_seen = _GoawayHttp2Client, self.owner, True
 
 
 class WarmConnection(server.ConnectionHandler):
@@ -312,17 +311,16 @@ class WarmConnection(server.ConnectionHandler):
     def head_written(self, attempt: "Attempt") -> bool:
         """Has the attempt's request head been written? The HTTP/1 client layer holds the request
         it wrote; the HTTP/2 one has mapped the attempt's stream id to a stream of its own."""
-        todo = [c for c in self.layer.connections.values() if c is not self.source]
-        while todo:
-            current = todo.pop()
-            if current is None:
-                continue
-            if getattr(current, "request", None) is attempt.flow.request:
-                return True
-            if attempt.stream_id in getattr(current, "our_stream_id", ()):
-                return True
-            todo.append(getattr(current, "child_layer", None))
-        return False
+        return any(getattr(c, "request", None) is attempt.flow.request or attempt.stream_id in getattr(c, "our_stream_id", ())
+                   for c in self.below(*(c for c in self.layer.connections.values() if c is not self.source)))
+
+    @staticmethod
+    def below(*tops):
+        """Each layer from `tops` down their `child_layer` chains (TLS, a tunnel, HttpClient, Http1/2Client)."""
+        for current in tops:
+            while current is not None:
+                yield current
+                current = getattr(current, "child_layer", None)
 
     def set_reading(self, on: bool) -> None:
         """Pause or resume reading the upstream socket (backpressure, attempt.py)."""
