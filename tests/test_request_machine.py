@@ -265,12 +265,14 @@ def test_all_cooling_dials_nothing():
     assert drive(world, []) == ["all cooling"]
 
 
-def test_a_served_attempt_homes_the_session_and_restores_its_credential():
-    world = World()
-    world.health.cool("b", 600, "overloaded")
-    world.health.restore("b")
+def test_a_served_attempt_homes_the_session_and_ends_its_overload_streak():
+    world = World(overload=OverloadPolicy(first=60.0, factor=2.0, max=600.0, max_held_out=1.0))
+    world.health.streaks.overloaded("a", world.clock(), world.pool.policy.overload)
     drive(world, [stream(answer())])
     assert world.feedback.affinity.get("session-1") == "a"
+    world.clock.now += 1
+    drive(world, [stream(overloaded()), stream(answer("b"))])
+    assert world.health.state("a").until - world.clock.now == pytest.approx(60.0)  # a first rest, not a second
 
 
 def test_a_compact_answer_keeps_its_artifacts():

@@ -35,7 +35,6 @@ from .attempt_events import (
     Whole,
 )
 from .classifier import BootstrapClassifier, Decision
-from .codex_request import COMPACT
 from .outcomes import SERVED, Rejected, Rejection, Result, Transient, cools, own_refusal
 from .planner import Candidate
 from .policy import Policy
@@ -80,10 +79,10 @@ class HeadDeadlines:
     def next(self) -> float:
         return self.connect_by if self.connect_by is not None else self.answer_by
 
-    def passed(self, connected: bool, now: float) -> bool:
-        """The deadline in force passed: is waiting over? Not while a connection that is up still
-        has time to answer (the response deadline is then in force)."""
-        if connected and self.connect_by is not None and now < self.answer_by:
+    def passed(self, now: float) -> bool:
+        """The deadline in force passed on a connection that is up: is waiting over? Not while it
+        still has time to answer (the response deadline is then in force)."""
+        if self.connect_by is not None and now < self.answer_by:
             self.connect_by = None
             return False
         return True
@@ -162,7 +161,7 @@ class AttemptMachine:
             if not event.connected:  # never connected: not one request byte left, so it may move
                 waited = min(policy.connect_timeout, policy.response_timeout)
                 return self._failed_to_connect(f"timed out connecting after {waited:g}s") + [Cancel()]
-            if not self.head.passed(True, self.scope.clock()):
+            if not self.head.passed(self.scope.clock()):
                 self._deadline = self.head.next
                 return []
             message = f"no response from upstream within {policy.response_timeout:g}s"
@@ -334,10 +333,6 @@ def learn(scope: Scope, cand: Candidate, rejection: Rejection) -> None:
     if cools(cand, rejection):
         scope.feedback.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
                               rejection.retry_after, scope.pool.policy, scope.where)
-
-
-def is_compact(path: str) -> bool:
-    return path.split("?", 1)[0].endswith(COMPACT)
 
 
 def names_a_rejection(rules: Rules, error: Mapping[str, Any] | None) -> bool:

@@ -65,10 +65,6 @@ class RequestMachine:
         self.attempt: AttemptMachine | None = None  # the attempt in flight, or the last one
         self.done = False
 
-    @property
-    def total(self) -> int:
-        return self.loop.total
-
     def next(self) -> RunStep:
         attempt = self.attempt
         if self.done:

@@ -12,9 +12,7 @@ from .framer import FramerError
 from .provenance import SseArtifacts
 from .recovery import TerminalTracker, recoverable_stream_end
 from .usage import Window, from_event
-from .vocabulary import FRAMING_ERROR, HOLDING, UPSTREAM_BROKEN, Verdict
-
-HOLD_DECISION = Decision(Verdict.HOLD, HOLDING)
+from .vocabulary import FRAMING_ERROR, UPSTREAM_BROKEN
 
 
 class StreamView:
@@ -59,7 +57,7 @@ class StreamView:
         ending tracker sees all of them (a chunk may hold the deciding event and the end)."""
         # At the end, no tick first: a stream that closed with nothing is closed_before_output,
         # even just past the time budget (clf.end decides it).
-        decision, tracker = (clf.tick() if data is not None else HOLD_DECISION), self.tracker
+        decision, tracker = (clf.tick() if data is not None else None), self.tracker
         try:
             events = self.made.frame(data)
         except FramerError:
@@ -70,14 +68,14 @@ class StreamView:
                     tracker.unframed()
                 return clf.fail_open(FRAMING_ERROR)
         for event in events:
-            if not decision.final:
+            if decision is None or not decision.final:
                 decision = clf.feed(event)
                 if event.type == "codex.rate_limits" and isinstance(payload := event.payload, dict):
                     self._usage(from_event(payload))  # parsed already by the classifier
             if tracker is not None:
                 tracker.see(event)
-        if data is None and not decision.final:
-            return clf.end()
+        if decision is None or (data is None and not decision.final):
+            return clf.end()  # (decision is None only at the end)
         return decision
 
     def track(self, data: bytes | None) -> None:

@@ -37,8 +37,9 @@ from ..core.attempt_events import (
     Tick,
     Whole,
 )
-from ..core.attempt_machine import AttemptMachine, is_compact
+from ..core.attempt_machine import AttemptMachine
 from ..core.auth import AuthMaterial, auth_from_headers
+from ..core.codex_request import is_compact
 from ..core.failover_loop import FailoverLoop
 from ..core.outcomes import AllCooling, Exhausted, Final, RouteDown, Try, Wait
 from ..core.planner import Candidate, Plan, make_plan

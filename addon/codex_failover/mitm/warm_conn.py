@@ -196,6 +196,8 @@ class _KeptHttpLayer(http_layers.HttpLayer):
         for below in self.owner.below(child):  # TLS, an upstream proxy's tunnel, HttpClient, Http2Client
             if type(below) is Http2Client:
                 below.__class__, below.warm, self.owner.h2_seen = _GoawayHttp2Client, self.owner, True
+        kept = self.owner.kept  # up (TLS done), and not HTTP/2: nothing to look for on its every read
+        self.owner.h2_seen |= kept is not None and kept.connected and kept.tls_established == kept.tls and kept.alpn != b"h2"
 
 
 class WarmConnection(server.ConnectionHandler):
@@ -221,7 +223,7 @@ class WarmConnection(server.ConnectionHandler):
         self.ready: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()  # the dial's error, or None
         self._stream_ids = itertools.count(1, 2)
         self._started = False
-        self.h2_seen = False  # its HTTP/2 layer takes GOAWAYs stream by stream (_GoawayHttp2Client)
+        self.h2_seen = False  # its HTTP/2 layer was found (and swapped: _GoawayHttp2Client), or it is not HTTP/2
         self.draining = False  # a graceful GOAWAY came: the streams it kept go on, no new attempt comes
         self.on_dialled = None  # called with self once the dial ended (either way)
         self.on_goaway = None  # called with self on a graceful GOAWAY
