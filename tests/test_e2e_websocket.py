@@ -5,11 +5,24 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
 import pytest
-from harness import LocalProxies, ProxyProcess, WsClient, WsRejected, free_port, pool_yaml, proxy_status
+from harness import (
+    LocalProxies,
+    MitmwebProcess,
+    ProxyProcess,
+    WsClient,
+    WsRejected,
+    free_port,
+    pool_yaml,
+    proxy_status,
+    wait_until,
+)
+from mitmproxy import io
 
 pytestmark = pytest.mark.e2e
 
@@ -424,3 +437,90 @@ def test_a_turn_bound_to_the_clients_account_fails_with_503_when_that_account_ca
     assert [(e["type"], e["status"], e["error"]["code"]) for e in events] == [("error", 503, "no_usable_credential")]
     assert text_of(follow).startswith(f"Hello from {SPARE}.")
     assert [r["credential"] for r in ws_turns(fake)] == [SPARE]  # the bound turn reached no account
+
+
+REDIRECT = '''from mitmproxy import http
+
+def request(flow: http.HTTPFlow) -> None:  # a user's map_remote-style script, loaded after the addon
+    if flow.request.host == "codex-upstream.invalid":
+        flow.request.host = "127.0.0.1"
+'''
+
+
+def test_another_addon_sending_the_model_host_elsewhere_decides_where_each_socket_goes(fake, tmp_path):
+    """Each upstream socket is a flow every addon's hooks see (ws/leg.py): a script loaded after the
+    addon that redirects the model host sends the gate's own upgrades there too. Before, the gate
+    dialled the name itself, failed to resolve it for every credential and answered 426."""
+    script = tmp_path / "redirect.py"
+    script.write_text(REDIRECT)
+    text, env = pool_yaml(f"http://codex-upstream.invalid:{fake.port}", [("spare", SPARE)], use_client_credential=True)
+    proxy = ProxyProcess(tmp_path / "proxy", text, env, extra=["--set", "failover_websocket=gate", "-s", str(script),
+                                                               "--set", "connection_strategy=lazy"])
+    try:
+        client = WsClient.connect(proxy.port, f"http://codex-upstream.invalid:{fake.port}/v1/responses", HEADERS)
+        assert not isinstance(client, WsRejected), (client, proxy.log())
+        events = turn(client)
+        client.close()
+    finally:
+        proxy.stop()
+    assert text_of(events).startswith("Hello from sk-test-client-0."), events
+    assert [h["credential"] for h in handshakes(fake)] == ["sk-test-client-0"]  # no spare was needed
+    assert "socket on client via direct" in proxy.log() and "upgrade failed" not in proxy.log(), proxy.log()
+
+
+def test_each_socket_is_a_saved_flow_with_its_messages_and_verdict_and_no_secret(fake, start_proxy, tmp_path):
+    """`-w` saves every upstream socket of a gated session as a WebSocket flow: the rejected turn's
+    socket with the create and the rejection it received, marked rejected; the spare's with the turn
+    it served. Neither holds a credential."""
+    saved = tmp_path / "flows.mitm"
+    primary, spare = "sk-proj-PRIMARYSECRET1-overload", "sk-proj-SPARESECRET2"
+    proxy = start_proxy(fake, [("primary", primary), ("spare", spare)],
+                        extra=["--set", "failover_websocket=gate", "-w", str(saved)], use_client_credential=False)
+    client = connect(proxy, fake, {**HEADERS, "authorization": "Bearer sk-proj-CLIENTSECRET3"})
+    events = turn(client)
+    assert events[-1]["type"] == "response.completed", events
+    client.close()
+    wait_until(lambda: proxy_status(proxy.port)["websockets"] == [], 10)
+    os.kill(proxy.proc.pid, signal.SIGINT)
+    proxy.proc.wait(timeout=15)
+    data = saved.read_bytes()
+    for secret in (primary, spare, "sk-proj-CLIENTSECRET3"):
+        assert secret.encode() not in data, f"{secret} leaked"
+    with open(saved, "rb") as fh:
+        legs = [f for f in io.FlowReader(fh).stream() if f.is_replay and f.websocket is not None]
+    assert [f.marked for f in legs] == [":x:", ":white_check_mark:"], [(f.marked, f.comment) for f in legs]
+    rejected, served = legs
+    assert "turn 1: primary via direct: failover (overloaded)" in rejected.comment, rejected.comment
+    assert rejected.request.headers["authorization"] == "<redacted by codex-failover>"
+    sent = [m for m in rejected.websocket.messages if m.from_client]
+    assert json.loads(sent[0].content)["type"] == "response.create"
+    assert any(b"server_is_overloaded" in m.content for m in rejected.websocket.messages if not m.from_client)
+    assert rejected.websocket.close_code == 1000 and rejected.websocket.closed_by_client
+    assert "turn 1: spare via direct: commit (output)" in served.comment, served.comment
+    assert any(b"response.completed" in m.content for m in served.websocket.messages if not m.from_client)
+    assert "Traceback" not in proxy.log()
+
+
+def test_mitmweb_shows_each_socket_of_a_moved_turn_with_its_verdict_and_no_secret(fake, tmp_path):
+    primary, spare = "sk-proj-PRIMARYSECRET1-overload", "sk-proj-SPARESECRET2"
+    text, env = pool_yaml(fake.base, [("primary", primary), ("spare", spare)], use_client_credential=False)
+    web = MitmwebProcess(tmp_path / "web", text, env, extra=["--set", "failover_websocket=gate"])
+    try:
+        client = connect(web, fake, {**HEADERS, "authorization": "Bearer sk-proj-CLIENTSECRET3"})
+        assert turn(client)[-1]["type"] == "response.completed"
+        legs = wait_until(lambda: (lambda ls: ls if len(ls) == 2 and all(f["marked"] for f in ls) else None)(
+            [f for f in web.api("/flows") if f["is_replay"]]), 10, what="two marked sockets")
+        rejected, served = legs
+        assert (rejected["marked"], served["marked"]) == ("❌", "✅"), legs
+        assert "turn 1: primary via direct: failover (overloaded)" in rejected["comment"]
+        assert "turn 1: spare via direct: commit (output)" in served["comment"]
+        assert rejected["websocket"] is not None and served["websocket"] is not None
+        client.close()
+        wait_until(lambda: all(f["websocket"]["close_code"] for f in web.api("/flows") if f["is_replay"]), 10,
+                   what="both sockets ended")
+        dump = web.api("/flows/dump", raw=True)
+        for secret in (primary, spare, "sk-proj-CLIENTSECRET3"):
+            assert secret.encode() not in dump + str(web.api("/flows")).encode(), f"{secret} leaked"
+        assert b"server_is_overloaded" in dump  # the rejection the primary's socket received
+    finally:
+        web.stop()

@@ -8,11 +8,11 @@ import asyncio
 import json
 import ssl
 from collections import deque
-from types import SimpleNamespace
 
 import pytest
 from conftest import Clock
 from mitmproxy.http import Headers
+from mitmproxy.test import tflow
 
 from codex_failover.config import Credential, Policy, PoolConfig
 from codex_failover.core.affinity import Affinity
@@ -26,7 +26,7 @@ from codex_failover.core.vocabulary import AMBIGUOUS, HOST_NETWORK, PRE_DISPATCH
 from codex_failover.net.socks_bridge import SocksBridges
 from codex_failover.rules_file import load_rules
 from codex_failover.shared import Shared
-from codex_failover.ws import dial as ws_dial
+from codex_failover.ws import dial as ws_dial, leg as ws_leg
 from codex_failover.ws.conn import HandshakeRejected
 from codex_failover.ws.upstream import ConnectFailed
 
@@ -54,7 +54,14 @@ class Scripted:
         outcome = self.script[key].pop(0)
         if isinstance(outcome, BaseException):
             raise outcome
-        return outcome
+        return Opened(outcome) if isinstance(outcome, str) else outcome
+
+
+class Opened(str):
+    """A scripted socket that opened (named by its script), with what the dialer reads of one."""
+
+    response_headers: list = []
+    on_end = None
 
 
 def dialer(monkeypatch, script, creds, routes=None, use_client=False, **policy):
@@ -67,9 +74,21 @@ def dialer(monkeypatch, script, creds, routes=None, use_client=False, **policy):
     upstream = Scripted(script)
     upstream.clock = clock
     monkeypatch.setattr(ws_dial, "open_upstream", upstream)
-    request = SimpleNamespace(url="https://api.example/v1/responses",
-                              headers=Headers(authorization="Bearer tok-client", upgrade="websocket"))
-    return ws_dial.Dialer("w1", request, ctx, deque()), upstream
+    flow = tflow.tflow()
+    flow.request.url = "https://api.example/v1/responses"
+    flow.request.headers = Headers(authorization="Bearer tok-client", upgrade="websocket")
+    hooks = []
+
+    async def run(leg_flow, name):  # every addon's hooks on a leg's flow (leg.py), recorded
+        hooks.append((name, leg_flow.request.url, leg_flow.request.headers.get("authorization")))
+
+    async def update(leg_flow):
+        pass
+
+    monkeypatch.setattr(ws_leg, "_run", run)
+    monkeypatch.setattr(ws_leg, "_update", update)
+    upstream.hooks = hooks
+    return ws_dial.Dialer("w1", flow, ctx, deque()), upstream
 
 
 def test_endpoints_then_credentials_in_order_with_the_same_history_lines(monkeypatch):

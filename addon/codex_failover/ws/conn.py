@@ -53,6 +53,7 @@ class WsConn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ws: WSConnection):
         self.reader, self.writer, self.ws = reader, writer, ws
         self.close_code: int | None = None  # set once the connection ended
+        self.on_end = None  # called once it ended: (code, reason, closed by this side)
         self.close_reason = ""
         self.response_headers: list[tuple[bytes, bytes]] = []  # the peer's 101 headers (client side)
         self._events: deque[Event] = deque()
@@ -156,7 +157,7 @@ class WsConn:
                 self._write(self.ws.send(CloseConnection(code=code, reason=reason)))
             except Exception:  # noqa: BLE001 - the socket is going away either way
                 pass
-        self._closed(code, reason)
+        self._closed(code, reason, True)
         self._shutdown()
 
     @property
@@ -190,9 +191,11 @@ class WsConn:
                 return None
         return self._events.popleft()
 
-    def _closed(self, code: int, reason: str) -> None:
+    def _closed(self, code: int, reason: str, by_us: bool = False) -> None:
         if self.close_code is None:
             self.close_code, self.close_reason = code, reason
+            if self.on_end is not None:
+                self.on_end(code, reason, by_us)
 
     def _write(self, data: bytes) -> None:
         if data and not self.writer.is_closing():

@@ -21,10 +21,11 @@ from ..core.pool_wait import Soonest, back_in, soonest, time_fields
 from ..core.replay_safety import PIN_HEADER, assess
 from ..core.routes import Endpoint
 from ..core.taxonomy import classify_response, error_object, exhausted_status
-from ..core.vocabulary import HANDSHAKE_FAILED, UPGRADE_REFUSED, USAGE_LIMIT_REASONS, Verdict
+from ..core.vocabulary import HANDSHAKE_FAILED, PRE_DISPATCH, UPGRADE_REFUSED, USAGE_LIMIT_REASONS, Verdict
 from ..mitm.secret_guard import SECRETS
 from ..shared import Shared
 from .conn import HANDSHAKE_HEADERS, HandshakeRejected, Message, WsConn
+from .leg import Leg
 from .upstream import ConnectFailed, Target, open_upstream
 
 log = logging.getLogger("codex_failover")
@@ -50,15 +51,23 @@ class Upstream:
     conn: WsConn
     cand: Candidate
     route: str  # the endpoint's label, or direct
+    leg: Leg  # its flow (leg.py)
+
+    async def send(self, message: Message) -> None:
+        """A message to the upstream, recorded on its leg's flow."""
+        self.leg.message(*message, from_client=True)
+        await self.conn.send(message)
 
 
 class Dialer:
     """Opens upstream sockets for one client socket; remembers which credentials this turn tried."""
 
-    def __init__(self, sid: str, request, shared: Shared, history: deque[str]):
+    def __init__(self, sid: str, client_flow, shared: Shared, history: deque[str]):
         # `history` is the session's: a plain shared deque, not a callback into the session, so a
         # finished session is freed by reference counting (no cycle to wait for the collector).
         self.sid, self.shared, self.history = sid, shared, history
+        self.client_flow = client_flow
+        request = client_flow.request
         self.url = request.url
         self.headers = request.headers.copy()
         self.client_auth = auth_from_headers(request.headers)
@@ -68,6 +77,7 @@ class Dialer:
         self.last: Rejection | None = None
         self._first: str | None = None  # the credential whose socket this turn started on
         self._loop: FailoverLoop | None = None  # this turn's, from its first dial on
+        self.legs = 0  # upstream sockets tried (each a flow)
 
     def others_ready(self, key: str) -> bool:
         """Would a reconnect find a credential other than `key`?"""
@@ -144,29 +154,54 @@ class Dialer:
             raise
 
     async def _upgrade(self, cand: Candidate, ep: Endpoint | None, label: str) -> Upstream | Rejection:
-        """The upgrade through one endpoint (None: direct): the socket, or why not."""
+        """The upgrade through one endpoint (None: direct): the socket, or why not. Its leg's flow
+        runs every addon's hooks first (leg.py): where they send it is where it goes."""
+        leg = self._leg(cand)
         try:
-            conn = await self._connect(cand, ep)
+            await leg.ask()
+            conn = await self._connect(leg, ep)
         except ConnectFailed as exc:
-            return Rejection(exc.kind, None, {"message": str(exc)})
+            rejection = Rejection(exc.kind, None, {"message": str(exc)})
+            await leg.failed(str(exc), f"upgrade failed ({exc.kind}) via {label}")
+            return rejection
         except HandshakeRejected as exc:
-            return self._upgrade_rejected(exc)
+            rejection = self._upgrade_rejected(exc)
+            await leg.rejected(exc.status, exc.headers, exc.body, f"upgrade rejected ({rejection.reason}) via {label}")
+            return rejection
         except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
-            return Rejection(HANDSHAKE_FAILED, None, {"message": f"{type(exc).__name__}: {exc}"})
-        return Upstream(conn, cand, label)
+            message = f"{type(exc).__name__}: {exc}"
+            await leg.failed(message, f"upgrade failed ({HANDSHAKE_FAILED}) via {label}")
+            return Rejection(HANDSHAKE_FAILED, None, {"message": message})
+        await leg.accepted(conn.response_headers)
+        conn.on_end = leg.end
+        return Upstream(conn, cand, label, leg)
 
-    async def _connect(self, cand: Candidate, ep: Endpoint | None) -> WsConn:
-        policy = self.shared.pool.policy
+    def _leg(self, cand: Candidate) -> Leg:
         headers = self.headers.copy()
         if cand.auth is not None:
             swap_credential(headers, cand.auth, moved=not cand.is_client)
-        fields = [(k.encode(), v.encode()) for k, v in headers.items(multi=True)
-                  if k.lower() not in HANDSHAKE_HEADERS and k.lower() != PIN_HEADER]
+        for name in [k for k in headers if k.lower() in HANDSHAKE_HEADERS or k.lower() == PIN_HEADER]:
+            headers.pop(name, None)
         url = cand.base_url + "/responses" if cand.base_url else self.url
+        self.legs += 1
+        leg = Leg(self.client_flow, url, headers, f"{self.sid}#{self.legs}")
+        leg.flow.comment = f"codex-failover websocket {self.sid}, upstream socket {self.legs}: {cand.name}"
+        return leg
+
+    async def _connect(self, leg: Leg, ep: Endpoint | None) -> WsConn:
+        flow = leg.flow
+        if flow.response is not None:  # an addon answered the upgrade itself
+            raise HandshakeRejected(flow.response.status_code, list(flow.response.headers.fields),
+                                    flow.response.raw_content or b"")
+        if flow.error is not None:
+            raise ConnectFailed(PRE_DISPATCH, f"an addon ended the upgrade: {flow.error.msg}")
+        req = flow.request
+        target = Target(req.scheme in ("https", "wss"), req.host, req.port, req.path or "/")
+        policy = self.shared.pool.policy
         deflate = "permessage-deflate" in self.headers.get("sec-websocket-extensions", "")
         # The upgrade's answer is bounded by connect_timeout too: a silent upstream must reach
         # Codex as a quick 426 (SSE), not after its own handshake timeout and reconnect attempts.
-        return await open_upstream(Target.from_url(url), fields, ep, self.shared.bridges, self.shared.upstream_tls,
+        return await open_upstream(target, leg.wire_headers(), ep, self.shared.bridges, self.shared.upstream_tls,
                                    policy.connect_timeout, policy.connect_timeout, deflate)
 
     def _upgrade_rejected(self, exc: HandshakeRejected) -> Rejection:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from mitmproxy import http
 
+from ..core import story
 from ..core.attempt_events import Scope
 from ..core.classifier import Decision
 from ..core.outcomes import Rejection
@@ -98,7 +99,7 @@ class GateSession:
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # the relay's one-time token
 
     def __post_init__(self) -> None:
-        self.dialer = Dialer(self.sid, self.flow.request, self.shared, self.history)
+        self.dialer = Dialer(self.sid, self.flow, self.shared, self.history)
         self.story = SocketStory(self.sid, self.flow, self.history)
         policy = self.shared.pool.policy
         self.gate = TurnGate(self.shared.rules, policy.bootstrap_timeout, time.monotonic, policy.encrypted_reasoning,
@@ -173,7 +174,7 @@ class GateSession:
                     await self._go_home(turn)
                     continue
                 message = turn.message_for(new_socket=False, foreign=not self.up.cand.is_client)
-            await self.up.conn.send(message)
+            await self.up.send(message)
 
     async def _from_upstream(self) -> None:
         while not self.ended:
@@ -189,6 +190,7 @@ class GateSession:
                 step = self.gate.upstream_closed()
             else:
                 step = self.gate.server_message(*message)
+                up.leg.message(*message, from_client=False)
                 self._watch_usage(up, message)
                 self.shared.provenance.record(artifacts_of_message(message[0]), up.cand.key)
             for out in step.release:
@@ -301,7 +303,7 @@ class GateSession:
         self.moves += 1
         self.gate.reopen()
         self.story.note(note)
-        await new.conn.send(turn.message_for(new_socket=True, foreign=not new.cand.is_client))
+        await new.send(turn.message_for(new_socket=True, foreign=not new.cand.is_client))
 
     async def _flush_backlog(self) -> None:
         """What the client sent while a turn moved, in order (it may grow while we send), to the
@@ -309,7 +311,7 @@ class GateSession:
         while self.backlog:
             message = self.backlog.popleft()
             if self.up.conn.open:
-                await self.up.conn.send(message)
+                await self.up.send(message)
 
     async def _exhausted(self, up: Upstream, rejection: Rejection) -> None:
         """Nothing else can serve the turn. If its socket is still open, the client gets the turn's
@@ -345,7 +347,9 @@ class SocketStory:
 
     def attempt(self, up: Upstream, turn: Turn | None, verdict: str, reason: str) -> None:
         n = turn.n if turn else 0
-        self.history.append(f"turn {n}: {up.cand.name} via {up.route}: {verdict} ({reason})")
+        line = f"turn {n}: {up.cand.name} via {up.route}: {verdict} ({reason})"
+        self.history.append(line)
+        up.leg.judge(story.mark(verdict, reason, verdict in (Verdict.COMMIT, Verdict.DELIVER)), line)
         log.info("[%s] turn %d credential=%s route=%s verdict=%s reason=%s", self.sid, n, up.cand.name,
                  up.route.replace(" ", "="), verdict, reason)
         self._comment()

@@ -1,0 +1,165 @@
+"""Each upstream socket of a gated WebSocket (a leg) as a flow every addon sees, as an HTTP attempt is.
+
+Before the gate dials, the leg's upgrade request (the candidate's credential swapped in) runs
+mitmproxy's `requestheaders` and `request` hooks through every addon: mitmweb's view shows it from
+then on, and an addon that sends model hosts elsewhere (`map_remote`, a user's script, a test
+harness) or changes a header decides where the gate dials and what it sends, as it does for an HTTP
+attempt. An addon that answers the request or kills it is obeyed: its answer is the upgrade's.
+
+Then, as mitmproxy runs a WebSocket flow: `responseheaders` and `response` with the upstream's
+answer (101, or the rejection and its body), `websocket_start`, the messages both ways on
+`flow.websocket`, and `websocket_end` when the socket ends, so `-w` saves the leg. Each turn's
+verdict is the flow's mark and comment. Messages are recorded only (no `websocket_message` hook:
+the gate, not another addon, decides what each turn delivers).
+
+What the flow holds is what mitmweb shows and `-w` saves: the secret headers are placeholders from
+the start, and the real values exist only in the head the gate writes. A text message from the
+upstream is masked (a rejection may echo the key it was sent), and a leg keeps at most KEEP bytes of
+message content: a message past that is recorded by its size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from mitmproxy import ctx, flow as mitmflow, hooks, http, websocket
+
+from ..core import story
+from ..mitm import hook_chain
+from ..mitm.attempt import ATTEMPT_TAG, PLACEHOLDER, copy_request, hide_secrets, secrets_in
+from ..mitm.secret_guard import SECRETS, arming
+from ..mitm.warm_conn import server_at
+
+log = logging.getLogger("codex_failover")
+
+KEEP = 1024 * 1024  # message bytes a leg's flow keeps (the client's flow has every message)
+_OVERHEAD = 64  # what one recorded message counts against KEEP besides its content
+
+
+class Leg:
+    """One upstream socket's flow (see the module's docstring)."""
+
+    def __init__(self, client_flow: http.HTTPFlow, url: str, headers: http.Headers, label: str):
+        request = copy_request(client_flow.request)
+        request.url = url
+        request.headers = headers
+        self.flow = http.HTTPFlow(client_flow.client_conn, server_at((request.host, request.port)))
+        self.flow.request = request
+        self.flow.is_replay = "request"
+        self.flow.metadata[ATTEMPT_TAG] = label
+        self._wire = {name: headers.get_all(name) for name in secrets_in(headers)}
+        arming(v for values in self._wire.values() for v in values)  # masked in any log
+        hide_secrets(request)
+        self._kept = 0
+        self._last: asyncio.Task | None = None  # hooks run one after another, in order
+        self.ended = False
+
+    # -- before the dial ------------------------------------------------------------------
+
+    async def ask(self) -> None:
+        """The request's hooks, through every addon: afterwards `flow.request` is where to dial and
+        what to send (`wire_headers`), unless an addon answered (`flow.response`) or killed it."""
+        await _run(self.flow, "requestheaders")
+        if self.flow.response is None and self.flow.error is None:
+            await _run(self.flow, "request")
+
+    def wire_headers(self) -> list[tuple[bytes, bytes]]:
+        """The head's headers as the hooks left them, each placeholder replaced by its real value."""
+        real = {name: list(values) for name, values in self._wire.items()}
+        out = []
+        for name, value in self.flow.request.headers.fields:
+            key = name.decode("latin-1").lower()
+            if value == PLACEHOLDER.encode() and real.get(key):
+                value = real[key].pop(0).encode("latin-1")
+            out.append((name, value))
+        return out
+
+    # -- the upstream's answer ------------------------------------------------------------
+
+    async def accepted(self, headers: list[tuple[bytes, bytes]]) -> None:
+        self.flow.response = _response(101, headers, b"")
+        self.flow.websocket = websocket.WebSocketData()
+        await _run(self.flow, "responseheaders")
+        await _run(self.flow, "response")
+        await _run(self.flow, "websocket_start")
+
+    async def rejected(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, verdict: str) -> None:
+        self.flow.response = _response(status, headers, SECRETS.mask(body.decode("latin-1")).encode("latin-1"))
+        self.judge(story.REJECTED, verdict)
+        await _run(self.flow, "responseheaders")
+        await _run(self.flow, "response")
+        self.ended = True
+
+    async def failed(self, message: str, verdict: str) -> None:
+        if self.flow.error is None:
+            self.flow.error = mitmflow.Error(SECRETS.mask(message))
+        self.judge(story.NO_CONNECTION, verdict)
+        await _run(self.flow, "error")
+        self.ended = True
+
+    # -- the open socket ------------------------------------------------------------------
+
+    def message(self, content: bytes, is_text: bool, from_client: bool) -> None:
+        """A whole message on this socket, as it went: recorded on the flow (bounded)."""
+        if self.flow.websocket is None or self.ended:
+            return
+        if self._kept + len(content) + _OVERHEAD > KEEP:
+            content, is_text = f"(codex-failover: a message of {len(content)} bytes, not kept: this flow keeps "\
+                               f"{KEEP // 1024} KiB of messages)".encode(), True
+        elif is_text and not from_client:
+            content = SECRETS.mask(content.decode("utf-8", "replace")).encode()
+        self._kept += len(content) + _OVERHEAD
+        kind = websocket.Opcode.TEXT if is_text else websocket.Opcode.BINARY
+        self.flow.websocket.messages.append(websocket.WebSocketMessage(kind, from_client, content, time.time()))
+
+    def judge(self, mark: str, comment: str) -> None:
+        """A verdict on this socket (a turn's, or its upgrade's), shown in mitmweb and saved."""
+        self.flow.marked = mark
+        self.flow.comment = f"{self.flow.comment}\n{comment}" if self.flow.comment else comment
+        self._later(_update(self.flow))
+
+    def end(self, code: int, reason: str, by_client: bool) -> None:
+        """The socket ended (`by_client`: the gate closed it): `websocket_end`, once."""
+        if self.ended or self.flow.websocket is None:
+            return
+        self.ended = True
+        ws = self.flow.websocket
+        ws.close_code, ws.close_reason, ws.closed_by_client, ws.timestamp_end = code, reason, by_client, time.time()
+        self.flow.response.timestamp_end = time.time()
+        self._later(_run(self.flow, "websocket_end"))
+
+    def _later(self, coro) -> None:
+        """Run `coro` after this leg's hooks scheduled before it (from synchronous code)."""
+        before = self._last
+
+        async def after():
+            if before is not None:
+                await asyncio.wait([before])
+            await coro
+
+        self._last = asyncio.get_running_loop().create_task(after())
+
+
+def _response(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> http.Response:
+    now = time.time()
+    return http.Response(b"HTTP/1.1", status, b"", http.Headers(list(headers)), body, None, now, now)
+
+
+async def _run(flow: http.HTTPFlow, name: str) -> None:
+    """Hook `name` on `flow` through every addon, as mitmproxy runs a flow's hooks (and its update)."""
+    master = getattr(ctx, "master", None)  # none outside a running mitmproxy (unit tests)
+    if master is None:
+        return
+    try:
+        await hook_chain.lifecycle(master.addons, hooks.all_hooks[name](flow))
+    except Exception as exc:  # noqa: BLE001 - an addon's failure is logged by the dispatch; this is ours
+        log.error("codex-failover internal error running %s on a WebSocket leg: %r", name, exc)
+
+
+async def _update(flow: http.HTTPFlow) -> None:
+    """mitmweb's view shows the flow as it is now (a verdict): the `update` hook, if any addon listens."""
+    master = getattr(ctx, "master", None)
+    if master is not None and hook_chain.listens(master.addons, "update"):
+        await hook_chain.trigger(master.addons, hooks.all_hooks["update"]([flow]))
