@@ -466,8 +466,9 @@ def test_real_codex_in_mitmweb_shows_the_winner_without_error_and_no_credential(
 
 
 # -- failover_websocket: gate -----------------------------------------------------------------------
-# Both credentials are pooled with the fake as base_url (use_client_credential: false): the gate
-# dials its own upstream sockets, which map_remote does not rewrite.
+# Most cases pool both credentials with the fake as base_url (use_client_credential: false). The
+# client's own credential works too: each upstream socket is a flow through every addon's hooks
+# (ws/leg.py), so the harness's map_remote sends it to the fake as it sends an HTTP attempt.
 
 PRIMARY_KEY = "sk-test-primary-ok"
 GATE = ["--set", "failover_websocket=gate"]
@@ -495,6 +496,39 @@ def test_real_codex_over_the_gated_websocket_moves_an_overloaded_first_turn_to_t
     codex.assert_loopback_only()
     with capsys.disabled():
         print(f"\n[codex-cli] gated WebSocket, first turn moved: codex exec took {codex.took:.2f}s; turns {turns}")
+
+
+def test_real_codex_over_the_gate_on_its_own_overloaded_key_completes_on_the_spare(tmp_path, codex_bin, capsys):
+    """Codex's own credential first, on the socket map_remote sends to the fake (before: the gate
+    dialled api.openai.com itself, could not resolve it and skipped the client's credential)."""
+    codex = run_codex(tmp_path, codex_bin, [("spare", SPARE_KEY)], extra=GATE)
+    context = codex.context
+    codex.assert_completed_with(SPARE_KEY)
+    assert not [r for r in codex.asked if r["method"] == "POST" and r["url"].split("?")[0].endswith("/responses")], context
+    assert not [r for r in codex.records if r["kind"] == "response" and r.get("status") == 426], context
+    turns = _ws_turns(codex.fake)
+    assert [t[:2] for t in turns[:3]] == [(CLIENT_KEY, "warmup"), (CLIENT_KEY, "overload"), (SPARE_KEY, "good")], context
+    assert "upgrade failed" not in codex.proxy_log, context
+    assert "sk-test-" not in codex.proxy_log, context
+    codex.assert_loopback_only()
+    with capsys.disabled():
+        print(f"\n[codex-cli] gated WebSocket on the client's own key: codex exec took {codex.took:.2f}s; turns {turns}")
+
+
+@pytest.mark.parametrize("spare", ["sk-test-spare-overload", "sk-test-spare-usage-limit"])
+def test_real_codex_over_the_gate_with_the_whole_pool_rejecting_ends_as_on_http(tmp_path, codex_bin, capsys, spare):
+    """Every credential overloaded, or at its usage limit, on the gated WebSocket: Codex stops with the
+    same clear message as over HTTP, within the same bound."""
+    codex = run_codex(tmp_path, codex_bin, [("spare", spare)], extra=GATE,
+                      **({} if "overload" in spare else {"use_client_credential": False}))
+    errors = _errors(codex)
+    with capsys.disabled():
+        print(f"\n[codex-cli] gate, whole pool {spare.split('-', 3)[-1]}: codex exec took {codex.took:.2f}s, "
+              f"exit {codex.run.returncode}; errors: {errors}; turns {_ws_turns(codex.fake)}")
+    assert codex.run.returncode != 0, codex.context
+    expected = "at capacity" if "overload" in spare else "try again at"
+    assert errors and expected in errors[-1].lower(), codex.context
+    assert codex.took < 15.0, codex.context
 
 
 def test_real_codex_reconnects_after_a_rejected_later_turn_and_completes_on_the_spare(tmp_path, codex_bin, capsys):

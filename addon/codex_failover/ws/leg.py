@@ -48,6 +48,7 @@ class Leg:
         self.flow = http.HTTPFlow(client_flow.client_conn, server_at((request.host, request.port)))
         self.flow.request = request
         self.flow.is_replay = "request"
+        self.flow.live = True  # until its socket ends: addons such as map_remote act on live flows only
         self.flow.metadata[ATTEMPT_TAG] = label
         self._wire = {name: headers.get_all(name) for name in secrets_in(headers)}
         arming(v for values in self._wire.values() for v in values)  # masked in any log
@@ -64,6 +65,7 @@ class Leg:
         await _run(self.flow, "requestheaders")
         if self.flow.response is None and self.flow.error is None:
             await _run(self.flow, "request")
+        await self.flow.wait_for_resume()  # intercepted (mitmweb's intercept filter): sent once resumed
 
     def wire_headers(self) -> list[tuple[bytes, bytes]]:
         """The head's headers as the hooks left them, each placeholder replaced by its real value."""
@@ -88,16 +90,16 @@ class Leg:
     async def rejected(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, verdict: str) -> None:
         self.flow.response = _response(status, headers, SECRETS.mask(body.decode("latin-1")).encode("latin-1"))
         self.judge(story.REJECTED, verdict)
+        self.ended, self.flow.live = True, False
         await _run(self.flow, "responseheaders")
         await _run(self.flow, "response")
-        self.ended = True
 
     async def failed(self, message: str, verdict: str) -> None:
         if self.flow.error is None:
             self.flow.error = mitmflow.Error(SECRETS.mask(message))
         self.judge(story.NO_CONNECTION, verdict)
+        self.ended, self.flow.live = True, False
         await _run(self.flow, "error")
-        self.ended = True
 
     # -- the open socket ------------------------------------------------------------------
 
@@ -124,7 +126,7 @@ class Leg:
         """The socket ended (`by_client`: the gate closed it): `websocket_end`, once."""
         if self.ended or self.flow.websocket is None:
             return
-        self.ended = True
+        self.ended, self.flow.live = True, False
         ws = self.flow.websocket
         ws.close_code, ws.close_reason, ws.closed_by_client, ws.timestamp_end = code, reason, by_client, time.time()
         self.flow.response.timestamp_end = time.time()
