@@ -36,6 +36,7 @@ Timestamps from different processes are wall-clock (time.time()) on one machine.
 
     scripts/bench [--quick] [--png docs/bench.png] [--json FILE]
     scripts/bench --cost [--sessions N] [--baseline OTHER/addon/failover.py ...]   (scripts/bench_cost.py)
+    scripts/bench --session [--turns 10 30] [--uplink-mbit 10] [--rtt-ms 30]       (scripts/bench_session.py)
 """
 
 from __future__ import annotations
@@ -551,6 +552,10 @@ def main() -> int:
         import bench_cost
 
         return bench_cost.main([a for a in sys.argv[1:] if a != "--cost"])
+    if "--session" in sys.argv[1:]:  # a growing session over HTTP/SSE against the gated WebSocket (scripts/bench_session.py)
+        import bench_session
+
+        return bench_session.main([a for a in sys.argv[1:] if a != "--session"])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n".join(__doc__.splitlines()[2:]))
     ap.add_argument("--quick", action="store_true", help="smoke run: concurrency 1 and 4, few streams (< 60 s)")
