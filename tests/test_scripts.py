@@ -92,3 +92,11 @@ def test_bench_stores_compares_the_three_stores_side_by_side():
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
     assert set(rows) == {"memory", "sqlite", "redis"}
     assert all(r[1] == "4" for r in rows.values())
+
+
+def test_bench_session_uploads_less_on_the_websocket_as_the_session_grows():
+    out = run(ROOT / "scripts" / "bench.py", "--session", "--turns", "2", "4", "--sessions", "1", "--rtt-ms", "0",
+              "--uplink-mbit", "1000", timeout=120)
+    rows = {" ".join(line.split()[:3]): line.split() for line in out.splitlines() if line.startswith(("HTTP", "WebSocket"))}
+    assert set(rows) == {"HTTP/SSE, 2 req", "WebSocket, 2 req", "HTTP/SSE, 4 req", "WebSocket, 4 req"}, out
+    assert 1.0 < float(rows["HTTP/SSE, 2 req"][4]) < float(rows["HTTP/SSE, 4 req"][4]), out  # x the gate's bytes
