@@ -184,9 +184,8 @@ class Dialer:
             headers.pop(name, None)
         url = cand.base_url + "/responses" if cand.base_url else self.url
         self.legs += 1
-        leg = Leg(self.client_flow, url, headers, f"{self.sid}#{self.legs}")
-        leg.flow.comment = f"codex-failover websocket {self.sid}, upstream socket {self.legs}: {cand.name}"
-        return leg
+        return Leg(self.client_flow, url, headers, f"{self.sid}#{self.legs}",
+                   f"codex-failover websocket {self.sid}, upstream socket {self.legs}: {cand.name}")
 
     async def _connect(self, leg: Leg, ep: Endpoint | None) -> WsConn:
         flow = leg.flow

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 
 from mitmproxy import ctx, flow as mitmflow, hooks, http, websocket
 
@@ -35,13 +36,14 @@ from ..mitm.warm_conn import server_at
 log = logging.getLogger("codex_failover")
 
 KEEP = 1024 * 1024  # message bytes a leg's flow keeps (the client's flow has every message)
+LINES = 50  # verdict lines its comment keeps (the last ones)
 _OVERHEAD = 64  # what one recorded message counts against KEEP besides its content
 
 
 class Leg:
     """One upstream socket's flow (see the module's docstring)."""
 
-    def __init__(self, client_flow: http.HTTPFlow, url: str, headers: http.Headers, label: str):
+    def __init__(self, client_flow: http.HTTPFlow, url: str, headers: http.Headers, label: str, title: str = ""):
         request = copy_request(client_flow.request)
         request.url = url
         request.headers = headers
@@ -54,6 +56,11 @@ class Leg:
         arming(v for values in self._wire.values() for v in values)  # masked in any log
         hide_secrets(request)
         self._kept = 0
+        self._over: websocket.WebSocketMessage | None = None  # the note for the messages past KEEP
+        self._skipped = [0, 0]  # messages and bytes past KEEP
+        self._lines: deque[str] = deque(maxlen=LINES)
+        self._said = 0
+        self._title = self.flow.comment = title
         self._last: asyncio.Task | None = None  # hooks run one after another, in order
         self.ended = False
 
@@ -73,9 +80,10 @@ class Leg:
         out = []
         for name, value in self.flow.request.headers.fields:
             key = name.decode("latin-1").lower()
-            if value == PLACEHOLDER.encode() and real.get(key):
-                value = real[key].pop(0).encode("latin-1")
-            out.append((name, value))
+            if value == PLACEHOLDER.encode() and real.get(key):  # one placeholder stands for all of a name's values
+                out += [(name, v.encode("latin-1")) for v in real.pop(key)]
+            else:
+                out.append((name, value))
         return out
 
     # -- the upstream's answer ------------------------------------------------------------
@@ -104,22 +112,35 @@ class Leg:
     # -- the open socket ------------------------------------------------------------------
 
     def message(self, content: bytes, is_text: bool, from_client: bool) -> None:
-        """A whole message on this socket, as it went: recorded on the flow (bounded)."""
-        if self.flow.websocket is None or self.ended:
+        """A whole message on this socket, as it went: recorded on the flow until KEEP bytes are;
+        then one closing note counts the rest."""
+        ws = self.flow.websocket
+        if ws is None or self.ended:
             return
-        if self._kept + len(content) + _OVERHEAD > KEEP:
-            content, is_text = f"(codex-failover: a message of {len(content)} bytes, not kept: this flow keeps "\
-                               f"{KEEP // 1024} KiB of messages)".encode(), True
-        elif is_text and not from_client:
+        if self._over is not None or self._kept + len(content) + _OVERHEAD > KEEP:
+            self._skipped[0] += 1
+            self._skipped[1] += len(content)
+            note = (f"(codex-failover: {self._skipped[0]} more message(s), {self._skipped[1]} bytes, not kept here: "
+                    f"this flow keeps {KEEP // 1024} KiB of messages; the client's flow has them all)").encode()
+            if self._over is None:
+                self._over = websocket.WebSocketMessage(websocket.Opcode.TEXT, from_client, note, time.time())
+                ws.messages.append(self._over)
+            self._over.content = note
+            return
+        if is_text and not from_client:
             content = SECRETS.mask(content.decode("utf-8", "replace")).encode()
         self._kept += len(content) + _OVERHEAD
         kind = websocket.Opcode.TEXT if is_text else websocket.Opcode.BINARY
-        self.flow.websocket.messages.append(websocket.WebSocketMessage(kind, from_client, content, time.time()))
+        ws.messages.append(websocket.WebSocketMessage(kind, from_client, content, time.time()))
 
-    def judge(self, mark: str, comment: str) -> None:
-        """A verdict on this socket (a turn's, or its upgrade's), shown in mitmweb and saved."""
+    def judge(self, mark: str, line: str) -> None:
+        """A verdict on this socket (a turn's, or its upgrade's), shown in mitmweb and saved. The
+        comment is its first line and the last LINES verdicts."""
         self.flow.marked = mark
-        self.flow.comment = f"{self.flow.comment}\n{comment}" if self.flow.comment else comment
+        self._lines.append(line)
+        self._said += 1
+        earlier = self._said - len(self._lines)
+        self.flow.comment = "\n".join([self._title, *([f"({earlier} earlier)"] if earlier else []), *self._lines])
         self._later(_update(self.flow))
 
     def end(self, code: int, reason: str, by_client: bool) -> None:
