@@ -60,3 +60,17 @@ def test_the_comment_keeps_its_title_and_the_last_verdicts():
     lines = leg.flow.comment.splitlines()
     assert lines[0] == "socket 1: spare" and lines[1] == "(70 earlier)"
     assert lines[2].startswith("turn 71:") and lines[-1].startswith("turn 120:") and len(lines) == 52
+
+
+def test_mitmproxy_registers_every_hook_a_leg_runs_by_name():
+    """The mitmproxy fact leg.py relies on: each hook class registers itself in `mitmproxy.hooks.all_hooks`
+    under its name when mitmproxy's layers are imported (as mitmproxy imports them at start), and a
+    flow hook's `args()` is the flow (update's, the list of flows)."""
+    import mitmproxy.proxy.layers  # noqa: F401 - what a running mitmproxy has imported
+    from mitmproxy import hooks
+
+    flow = tflow.tflow()
+    for name in ("requestheaders", "request", "responseheaders", "response", "error", "websocket_start",
+                 "websocket_end"):
+        assert hooks.all_hooks[name](flow).args() == [flow], name
+    assert hooks.all_hooks["update"]([flow]).args() == [[flow]]
