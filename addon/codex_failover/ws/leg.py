@@ -158,8 +158,10 @@ class Leg:
         before = self._last
 
         async def after():
+            nonlocal before
             if before is not None:
                 await asyncio.wait([before])
+                before = None  # no chain of finished tasks on a long socket
             await coro
 
         self._last = asyncio.get_running_loop().create_task(after())
