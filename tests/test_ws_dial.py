@@ -63,6 +63,9 @@ class Opened(str):
     response_headers: list = []
     on_end = None
 
+    def close(self, code=1000, reason=""):
+        pass
+
 
 def dialer(monkeypatch, script, creds, routes=None, use_client=False, **policy):
     clock = Clock()
@@ -79,8 +82,8 @@ def dialer(monkeypatch, script, creds, routes=None, use_client=False, **policy):
     flow.request.headers = Headers(authorization="Bearer tok-client", upgrade="websocket")
     hooks = []
 
-    async def run(leg_flow, name):  # every addon's hooks on a leg's flow (leg.py), recorded
-        hooks.append((name, leg_flow.request.url, leg_flow.request.headers.get("authorization")))
+    async def run(leg_flow, *names):  # every addon's hooks on a leg's flow (leg.py), recorded
+        hooks.extend((name, leg_flow.request.url, leg_flow.request.headers.get("authorization")) for name in names)
 
     async def update(leg_flow):
         pass
@@ -170,3 +173,35 @@ def test_a_dial_the_client_left_releases_the_endpoint_it_probed(monkeypatch):
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(d.open_next())
     assert d.shared.route_health.describe(ep) == "due for a probe (failed 1x: refused)", "not left claimed"
+
+
+def test_a_dial_cancelled_when_the_client_left_ends_its_socket_flow(monkeypatch):
+    """The client left while a socket was being dialled (the session cancels it): the dial's flow
+    ends as killed, with its `error` hook, and is live no more."""
+    d, upstream = dialer(monkeypatch, {}, [cred("a")])
+    legs = []
+
+    async def hang(target, fields, *args):
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(ws_dial, "open_upstream", hang)
+    real_leg = ws_dial.Leg
+
+    def leg(*args, **kwargs):
+        legs.append(real_leg(*args, **kwargs))
+        return legs[-1]
+
+    monkeypatch.setattr(ws_dial, "Leg", leg)
+
+    async def run():
+        task = asyncio.get_running_loop().create_task(d.open_next())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.wait([legs[0]._last])
+
+    asyncio.run(run())
+    flow = legs[0].flow
+    assert flow.error is not None and flow.error.msg == "Connection killed." and not flow.live
+    assert ("error", flow.request.url, "<redacted by codex-failover>") in upstream.hooks

@@ -74,3 +74,84 @@ def test_mitmproxy_registers_every_hook_a_leg_runs_by_name():
                  "websocket_end"):
         assert hooks.all_hooks[name](flow).args() == [flow], name
     assert hooks.all_hooks["update"]([flow]).args() == [[flow]]
+
+
+def test_a_finished_leg_is_freed_without_the_garbage_collector():
+    """No reference cycle holds a leg (and the session dialling it) once it is done: a gated session is
+    freed by reference counting (mitmproxy's type check of a `None` field used to leave one)."""
+    import gc
+    import weakref
+
+    class Marker:
+        pass
+
+    client = tflow.tflow()  # (the test helper itself leaves cycles: made before the count)
+    client.request.url = "https://api.openai.com/v1/responses"
+
+    async def dial():
+        marker = Marker()
+        leg = ws_leg.Leg(client, "https://api.openai.com/v1/responses", Headers(authorization="Bearer sk-proj-CCC"),
+                         "w1#1", "socket 1")
+        await leg.accepted([(b"x-models-etag", b"1")])
+        other = ws_leg.Leg(client, "https://api.openai.com/v1/responses", Headers(), "w1#2", "socket 2")
+        await other.rejected(503, [], b"busy", "upgrade rejected")
+        await other.failed("boom", "upgrade failed")
+        return weakref.ref(marker), weakref.ref(leg)
+
+    gc.disable()
+    try:
+        marker, leg = asyncio.run(dial())
+        assert marker() is None and leg() is None
+    finally:
+        gc.enable()
+
+
+def test_a_secret_header_another_addon_set_goes_to_the_wire_only_and_never_proxy_authorization():
+    leg = make(Headers(authorization="Bearer sk-proj-DDD"))
+    leg.flow.request.headers["authorization"] = "Bearer sk-proj-ADDONSECRET9"  # modify_headers, upstream_auth
+    leg.flow.request.headers["proxy-authorization"] = "Basic cHJveHk6c2VjcmV0"
+    leg._hide_added()
+    assert leg.flow.request.headers["authorization"] == PLACEHOLDER
+    assert "proxy-authorization" not in leg.flow.request.headers
+    assert leg.wire_headers() == [(b"authorization", b"Bearer sk-proj-ADDONSECRET9")]
+
+
+def test_a_secret_header_value_keeps_its_bytes_on_the_wire():
+    leg = make(Headers(cookie="a=caf\u00e9 \u20ac"))
+    assert leg.wire_headers() == [(b"cookie", "a=caf\u00e9 \u20ac".encode())]
+
+
+def test_a_rejection_body_is_shown_decoded_and_masked_and_a_binary_echo_is_masked(monkeypatch):
+    import gzip
+
+    from codex_failover.mitm.secret_guard import SECRETS
+
+    monkeypatch.setattr(SECRETS, "mask", lambda text: text.replace("sk-proj-POOLKEY1234", "sk-***"))
+    leg = make(Headers())
+    body = gzip.compress(b'{"error":"invalid key sk-proj-POOLKEY1234"}')
+    asyncio.run(leg.rejected(401, [(b"content-encoding", b"gzip")], body, "upgrade rejected"))
+    assert leg.flow.response.content == b'{"error":"invalid key sk-***"}'
+    assert "content-encoding" not in leg.flow.response.headers
+    other = make(Headers())
+
+    async def binary():
+        await other.accepted([])
+        other.message(b'{"error":"bad key sk-proj-POOLKEY1234"}', False, False)
+
+    asyncio.run(binary())
+    assert other.flow.websocket.messages[0].content == b'{"error":"bad key sk-***"}'
+
+
+def test_the_bound_holds_for_what_masking_makes_of_a_message(monkeypatch):
+    from codex_failover.mitm.secret_guard import SECRETS
+
+    monkeypatch.setattr(ws_leg, "KEEP", 1000)
+    monkeypatch.setattr(SECRETS, "mask", lambda text: text * 3)  # masking that grows the text
+    leg = make(Headers())
+
+    async def run():
+        await leg.accepted([])
+        leg.message(b"k" * 800, True, False)
+
+    asyncio.run(run())
+    assert sum(len(m.content) for m in leg.flow.websocket.messages) < 1000

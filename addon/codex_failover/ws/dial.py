@@ -46,6 +46,11 @@ def as_frames(rejection: Rejection, first: Soonest | None = None) -> tuple[Messa
     return ((json.dumps(body, separators=(",", ":")).encode(), True),)
 
 
+# What an upgrade may fail with (anything else is a bug or a cancellation, and goes on up).
+_NOT_UPGRADED = (ConnectFailed, HandshakeRejected, OSError, TimeoutError, asyncio.IncompleteReadError,
+                 asyncio.LimitOverrunError, ValueError)
+
+
 @dataclass
 class Upstream:
     conn: WsConn
@@ -156,25 +161,35 @@ class Dialer:
     async def _upgrade(self, cand: Candidate, ep: Endpoint | None, label: str) -> Upstream | Rejection:
         """The upgrade through one endpoint (None: direct): the socket, or why not. Its leg's flow
         runs every addon's hooks first (leg.py): where they send it is where it goes."""
-        leg = self._leg(cand)
+        leg, conn = self._leg(cand), None
         try:
             await leg.ask()
             conn = await self._connect(leg, ep)
-        except ConnectFailed as exc:
-            rejection = Rejection(exc.kind, None, {"message": str(exc)})
-            await leg.failed(str(exc), f"upgrade failed ({exc.kind}) via {label}")
-            return rejection
-        except HandshakeRejected as exc:
-            rejection = self._upgrade_rejected(exc)
-            await leg.rejected(exc.status, exc.headers, exc.body, f"upgrade rejected ({rejection.reason}) via {label}")
-            return rejection
-        except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
-            message = f"{type(exc).__name__}: {exc}"
-            await leg.failed(message, f"upgrade failed ({HANDSHAKE_FAILED}) via {label}")
-            return Rejection(HANDSHAKE_FAILED, None, {"message": message})
-        await leg.accepted(conn.response_headers)
-        conn.on_end = leg.end
+            conn.on_end = leg.end
+            await leg.accepted(conn.response_headers)
+        except BaseException as exc:
+            return await self._not_upgraded(leg, conn, label, exc)
         return Upstream(conn, cand, label, leg)
+
+    async def _not_upgraded(self, leg: Leg, conn: WsConn | None, label: str, exc: BaseException) -> Rejection:
+        """Why an upgrade did not give a socket, on its leg's flow too. A cancelled dial (the client
+        left) closes what it opened and ends its flow, then goes on being cancelled."""
+        if conn is not None:
+            conn.close(1001)
+        if not isinstance(exc, _NOT_UPGRADED):
+            leg.abandoned()
+            raise exc
+        match exc:
+            case ConnectFailed():
+                await leg.failed(str(exc), f"upgrade failed ({exc.kind}) via {label}")
+                return Rejection(exc.kind, None, {"message": str(exc)})
+            case HandshakeRejected():
+                rejection = self._upgrade_rejected(exc)
+                await leg.rejected(exc.status, exc.headers, exc.body, f"upgrade rejected ({rejection.reason}) via {label}")
+                return rejection
+        message = f"{type(exc).__name__}: {exc}"
+        await leg.failed(message, f"upgrade failed ({HANDSHAKE_FAILED}) via {label}")
+        return Rejection(HANDSHAKE_FAILED, None, {"message": message})
 
     def _leg(self, cand: Candidate) -> Leg:
         headers = self.headers.copy()

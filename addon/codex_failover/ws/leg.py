@@ -27,6 +27,7 @@ from collections import deque
 
 from mitmproxy import ctx, flow as mitmflow, hooks, http, websocket
 
+from .. import bounded_decode
 from ..core import story
 from ..mitm import hook_chain
 from ..mitm.attempt import ATTEMPT_TAG, PLACEHOLDER, copy_request, hide_secrets, secrets_in
@@ -72,7 +73,22 @@ class Leg:
         await _run(self.flow, "requestheaders")
         if self.flow.response is None and self.flow.error is None:
             await _run(self.flow, "request")
-        await self.flow.wait_for_resume()  # intercepted (mitmweb's intercept filter): sent once resumed
+        await self.flow.wait_for_resume()  # an addon intercepted it: sent once resumed
+        self._hide_added()
+
+    def _hide_added(self) -> None:
+        """A secret header an addon set (modify_headers, upstream_auth...) goes to the wire only, as
+        the gate's own: masked in logs, a placeholder on the flow. `proxy-authorization` is for a
+        proxy, which the route's own CONNECT carries: never sent to the model host."""
+        headers = self.flow.request.headers
+        headers.pop("proxy-authorization", None)
+        self._wire.pop("proxy-authorization", None)
+        for name in secrets_in(headers):
+            values = headers.get_all(name)
+            if values != [PLACEHOLDER]:
+                self._wire[name] = [v for v in values if v != PLACEHOLDER] or self._wire.get(name, [])
+                arming(self._wire[name])
+        hide_secrets(self.flow.request)
 
     def wire_headers(self) -> list[tuple[bytes, bytes]]:
         """The head's headers as the hooks left them, each placeholder replaced by its real value."""
@@ -81,7 +97,7 @@ class Leg:
         for name, value in self.flow.request.headers.fields:
             key = name.decode("latin-1").lower()
             if value == PLACEHOLDER.encode() and real.get(key):  # one placeholder stands for all of a name's values
-                out += [(name, v.encode("latin-1")) for v in real.pop(key)]
+                out += [(name, v.encode("utf-8", "surrogateescape")) for v in real.pop(key)]  # as Headers stores str
             else:
                 out.append((name, value))
         return out
@@ -91,21 +107,33 @@ class Leg:
     async def accepted(self, headers: list[tuple[bytes, bytes]]) -> None:
         self.flow.response = _response(101, headers, b"")
         self.flow.websocket = websocket.WebSocketData()
-        await _run(self.flow, "responseheaders")
-        await _run(self.flow, "response")
-        await _run(self.flow, "websocket_start")
+        self._later(_run(self.flow, "responseheaders", "response", "websocket_start"))  # before any end
+        await asyncio.wait([self._last])
 
     async def rejected(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, verdict: str) -> None:
-        self.flow.response = _response(status, headers, SECRETS.mask(body.decode("latin-1")).encode("latin-1"))
-        self.judge(story.REJECTED, verdict)
+        response = self.flow.response = _response(status, headers, b"")
+        encoding = response.headers.pop("content-encoding", None)  # shown decoded
+        response.content = _masked_body(body, encoding)
+        self.judge(story.REJECTED, verdict, update=False)
         self.ended, self.flow.live = True, False
         await _run(self.flow, "responseheaders")
         await _run(self.flow, "response")
 
+    def abandoned(self) -> None:
+        """The dial was cancelled (the client left): the flow ends as a killed one, its hooks later."""
+        if self.ended:
+            return
+        if self.flow.websocket is not None:
+            self.end(1001, "codex-failover: the client left", True)
+            return
+        self.flow.error = mitmflow.Error(mitmflow.Error.KILLED_MESSAGE)
+        self.ended, self.flow.live = True, False
+        self._later(_run(self.flow, "error"))
+
     async def failed(self, message: str, verdict: str) -> None:
         if self.flow.error is None:
             self.flow.error = mitmflow.Error(SECRETS.mask(message))
-        self.judge(story.NO_CONNECTION, verdict)
+        self.judge(story.NO_CONNECTION, verdict, update=False)
         self.ended, self.flow.live = True, False
         await _run(self.flow, "error")
 
@@ -117,6 +145,9 @@ class Leg:
         ws = self.flow.websocket
         if ws is None or self.ended:
             return
+        if self._over is None and self._kept + len(content) + _OVERHEAD <= KEEP and not from_client:
+            masked = SECRETS.mask(content.decode("utf-8" if is_text else "latin-1", "replace" if is_text else "strict"))
+            content = masked.encode("utf-8" if is_text else "latin-1")  # a key-shaped word may grow
         if self._over is not None or self._kept + len(content) + _OVERHEAD > KEEP:
             self._skipped[0] += 1
             self._skipped[1] += len(content)
@@ -127,13 +158,11 @@ class Leg:
                 ws.messages.append(self._over)
             self._over.content = note
             return
-        if is_text and not from_client:
-            content = SECRETS.mask(content.decode("utf-8", "replace")).encode()
         self._kept += len(content) + _OVERHEAD
         kind = websocket.Opcode.TEXT if is_text else websocket.Opcode.BINARY
         ws.messages.append(websocket.WebSocketMessage(kind, from_client, content, time.time()))
 
-    def judge(self, mark: str, line: str) -> None:
+    def judge(self, mark: str, line: str, update: bool = True) -> None:
         """A verdict on this socket (a turn's, or its upgrade's), shown in mitmweb and saved. The
         comment is its first line and the last LINES verdicts."""
         self.flow.marked = mark
@@ -141,7 +170,8 @@ class Leg:
         self._said += 1
         earlier = self._said - len(self._lines)
         self.flow.comment = "\n".join([self._title, *([f"({earlier} earlier)"] if earlier else []), *self._lines])
-        self._later(_update(self.flow))
+        if update:  # (else the hooks that follow show it: each is followed by an update)
+            self._later(_update(self.flow))
 
     def end(self, code: int, reason: str, by_client: bool) -> None:
         """The socket ended (`by_client`: the gate closed it): `websocket_end`, once."""
@@ -168,19 +198,32 @@ class Leg:
 
 
 def _response(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> http.Response:
+    """A response as the upstream gave it. (Its trailers are given and then taken away: mitmproxy's
+    type check of `None` raises and catches a TypeError whose traceback would keep the caller's
+    frames, and with them a finished session, until the garbage collector runs.)"""
     now = time.time()
-    return http.Response(b"HTTP/1.1", status, b"", http.Headers(list(headers)), body, None, now, now)
+    response = http.Response(b"HTTP/1.1", status, b"", http.Headers(list(headers)), body, http.Headers(), now, now)
+    response.data.trailers = None
+    return response
 
 
-async def _run(flow: http.HTTPFlow, name: str) -> None:
-    """Hook `name` on `flow` through every addon, as mitmproxy runs a flow's hooks (and its update)."""
+def _masked_body(body: bytes, encoding: str | None) -> bytes:
+    """A rejection's body as mitmweb shows it, decoded (bounded), with a key it echoes masked."""
+    decoded = bounded_decode.decode(body, encoding, 4 * len(body) + 65536)
+    text = decoded.content if decoded.content is not None else b"(codex-failover: the body decodes past its bound)"
+    return SECRETS.mask(text.decode("latin-1")).encode("latin-1")
+
+
+async def _run(flow: http.HTTPFlow, *names: str) -> None:
+    """Hooks `names` on `flow` in turn through every addon, as mitmproxy runs a flow's hooks (and its update)."""
     master = getattr(ctx, "master", None)  # none outside a running mitmproxy (unit tests)
     if master is None:
         return
-    try:
-        await hook_chain.lifecycle(master.addons, hooks.all_hooks[name](flow))
-    except Exception as exc:  # noqa: BLE001 - an addon's failure is logged by the dispatch; this is ours
-        log.error("codex-failover internal error running %s on a WebSocket leg: %r", name, exc)
+    for name in names:
+        try:
+            await hook_chain.lifecycle(master.addons, hooks.all_hooks[name](flow))
+        except Exception as exc:  # noqa: BLE001 - an addon's failure is logged by the dispatch; this is ours
+            log.error("codex-failover internal error running %s on a WebSocket leg: %r", name, exc)
 
 
 async def _update(flow: http.HTTPFlow) -> None:
