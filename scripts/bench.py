@@ -92,8 +92,8 @@ class Pace:
 
 def plan(quick: bool) -> list[Pace]:
     if quick:
-        return [Pace("realistic", 0.025, 16, [(1, 2, 2), (4, 2, 1)], True, True),
-                Pace("fast", 0.0, 100, [(1, 4, 1), (4, 2, 1)], False, False)]
+        return [Pace("realistic", 0.025, 16, [(1, 2, 1), (4, 1, 1)], True, True),
+                Pace("fast", 0.0, 100, [(1, 2, 1), (4, 1, 1)], False, False)]
     return [Pace("realistic", 0.025, 16, [(1, 4, 6), (16, 2, 2), (64, 2, 2)], True, True),
             Pace("fast", 0.0, 200, [(1, 8, 4), (16, 2, 4), (64, 1, 4)], False, False)]
 
