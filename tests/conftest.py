@@ -52,16 +52,16 @@ def fake(tmp_path):
 
 @pytest.fixture
 def start_proxy(tmp_path):
-    """`start_proxy(fake, creds, routes=None, extra=(), **policy)`: a real mitmdump with the addon,
+    """`start_proxy(fake, creds, routes=None, extra=(), env_extra=None, **policy)`: a real mitmdump with the addon,
     its pool the API-key credentials `creds` ((name, key[, route]), served by `fake`), `routes`
     and policy overrides; stopped (by PID) after the test."""
     from harness import ProxyProcess, pool_yaml
 
     procs = []
 
-    def start(fake, creds, routes=None, extra=(), **policy):
+    def start(fake, creds, routes=None, extra=(), env_extra=None, **policy):
         text, env = pool_yaml(fake.base, creds, routes, **policy)
-        proxy = ProxyProcess(tmp_path / f"proxy{len(procs)}", text, env, extra=list(extra))
+        proxy = ProxyProcess(tmp_path / f"proxy{len(procs)}", text, {**env, **(env_extra or {})}, extra=list(extra))
         procs.append(proxy)
         return proxy
 

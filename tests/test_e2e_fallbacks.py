@@ -33,6 +33,6 @@ def test_an_unknown_fallback_name_is_one_clear_line(fake, tmp_path):
     proxy = ProxyProcess(tmp_path, text, {**env, "CODEX_FAILOVER_FALLBACK": "hop,engine"})
     try:
         assert post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-good").status == 200
-        assert "CODEX_FAILOVER_FALLBACK: unknown name(s) engine (known: hooks, hop, goaway)" in proxy.log()
+        assert "CODEX_FAILOVER_FALLBACK: unknown name(s) engine (known: hooks, hop, goaway, wsleg)" in proxy.log()
     finally:
         proxy.stop()

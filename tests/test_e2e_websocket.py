@@ -37,10 +37,15 @@ HEADERS = {"authorization": "Bearer sk-test-client-0", "openai-beta": "responses
 @pytest.fixture
 def gated(start_proxy):
     """A proxy with failover_websocket=gate; the pool's own credentials serve unless told otherwise."""
-    def start(fake, creds, routes=None, **policy):
+    def start(fake, creds, routes=None, env_extra=None, **policy):
         policy.setdefault("use_client_credential", False)
-        return start_proxy(fake, creds, routes, extra=["--set", "failover_websocket=gate"], **policy)
+        return start_proxy(fake, creds, routes, extra=["--set", "failover_websocket=gate"], env_extra=env_extra, **policy)
     return start
+
+
+# The upstream sockets on mitmproxy's layers (ws/layer_socket.py), and on the fallback's own stack
+# (CODEX_FAILOVER_FALLBACK=wsleg, ws/upstream.py) for the cases each path decides differently.
+BOTH_STACKS = pytest.mark.parametrize("stack", [None, {"CODEX_FAILOVER_FALLBACK": "wsleg"}], ids=["layers", "own"])
 
 
 def connect(proxy, fake, headers=HEADERS) -> WsClient:
@@ -66,8 +71,9 @@ def text_of(events) -> str:
     return "".join(e.get("delta", "") for e in events if e["type"] == "response.output_text.delta")
 
 
-def test_first_turn_overload_moves_to_the_spare_and_the_client_sees_only_the_spare(fake, gated):
-    proxy = gated(fake, [("primary", "sk-test-overload-1"), ("spare", SPARE)])
+@BOTH_STACKS
+def test_first_turn_overload_moves_to_the_spare_and_the_client_sees_only_the_spare(fake, gated, stack):
+    proxy = gated(fake, [("primary", "sk-test-overload-1"), ("spare", SPARE)], env_extra=stack)
     client = connect(proxy, fake)
     events = turn(client)
     assert [e["type"] for e in events][:2] == ["response.created", "response.in_progress"]
@@ -83,8 +89,9 @@ def test_first_turn_overload_moves_to_the_spare_and_the_client_sees_only_the_spa
     assert ws_turns(fake)[2]["scenario"] == "good"  # its previous_response_id was found on the spare's socket
 
 
-def test_later_turn_overload_closes_the_client_and_the_reconnect_is_served_by_a_healthy_credential(fake, gated):
-    proxy = gated(fake, [("primary", PRIMARY), ("spare", SPARE)])
+@BOTH_STACKS
+def test_later_turn_overload_closes_the_client_and_the_reconnect_is_served_by_a_healthy_credential(fake, gated, stack):
+    proxy = gated(fake, [("primary", PRIMARY), ("spare", SPARE)], env_extra=stack)
     client = connect(proxy, fake)
     first = turn(client)
     assert text_of(first).startswith(f"Hello from {PRIMARY}.")
@@ -257,10 +264,11 @@ def proxies():
     local.close()
 
 
-def test_a_moved_turn_goes_through_the_spares_route_and_proxy_credentials_reach_only_that_proxy(fake, proxies, gated):
+@BOTH_STACKS
+def test_a_moved_turn_goes_through_the_spares_route_and_proxy_credentials_reach_only_that_proxy(fake, proxies, gated, stack):
     a = proxies.http_proxy("a")
     socks = proxies.socks5("socks", users={"alice": "s3cret"})
-    proxy = gated(fake, [("primary", "sk-test-overload-1", "ra"), ("spare", SPARE, "rs")],
+    proxy = gated(fake, [("primary", "sk-test-overload-1", "ra"), ("spare", SPARE, "rs")], env_extra=stack,
                   routes={"ra": [f"http://bob:pa%3Ass@127.0.0.1:{a}"], "rs": [f"socks5://alice:s3cret@127.0.0.1:{socks}"]})
     client = connect(proxy, fake)
     assert text_of(turn(client)).startswith(f"Hello from {SPARE}.")

@@ -11,6 +11,7 @@ import json
 import ssl
 from types import SimpleNamespace
 
+import pytest
 from fake_upstream import OVERLOADED, Turn, ws_text
 from mitmproxy import http
 
@@ -27,6 +28,13 @@ from codex_failover.net.socks_bridge import SocksBridges
 from codex_failover.rules_file import load_rules
 from codex_failover.shared import Shared
 from codex_failover.ws import dial as ws_dial, gate as ws_gate
+
+
+@pytest.fixture(autouse=True)
+def _own_dial(monkeypatch):
+    """Sessions over the fallback's own sockets (`open_upstream` and the client's, scripted here).
+    The same session on mitmproxy's layers: tests/test_e2e_websocket.py and the real CLI's tests."""
+    monkeypatch.setenv("CODEX_FAILOVER_FALLBACK", "wsleg")
 
 RULES = load_rules()
 CLIENT = AuthMaterial(APIKEY, "tok-client")

@@ -30,6 +30,14 @@ from codex_failover.ws import dial as ws_dial, leg as ws_leg
 from codex_failover.ws.conn import HandshakeRejected
 from codex_failover.ws.upstream import ConnectFailed
 
+
+@pytest.fixture(autouse=True)
+def _own_dial(monkeypatch):
+    """The dialer's order, history and outcomes, over the fallback's own dial (`open_upstream`,
+    scripted here). The same decisions on mitmproxy's layers: tests/test_ws_layer_socket.py and the
+    end-to-end tests."""
+    monkeypatch.setenv("CODEX_FAILOVER_FALLBACK", "wsleg")
+
 OVERLOADED = json.dumps({"error": {"type": "service_unavailable_error", "code": "server_is_overloaded",
                                    "message": "busy"}}).encode()
 ROUTES = {"corp": ["http://p0:3128", "http://p1:3128"]}
@@ -199,7 +207,7 @@ def test_a_dial_cancelled_when_the_client_left_ends_its_socket_flow(monkeypatch)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.wait([legs[0]._last])
+        await asyncio.wait([legs[0].record._last])
 
     asyncio.run(run())
     flow = legs[0].flow

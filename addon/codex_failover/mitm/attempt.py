@@ -20,11 +20,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mitmproxy import flow as mitmflow, http
+from mitmproxy import flow as mitmflow, hooks, http
 
 from ..core.warm_book import WarmKey
+from .hook_chain import run_hook
 from .secret_guard import arming
-from .warm_conn import WarmConnection, end_unsent, server_at
+from .warm_conn import WarmConnection, server_at
 
 if TYPE_CHECKING:  # the engine makes attempts (engine.py imports this module); an attempt only holds it
     from .engine import WarmConnections
@@ -76,6 +77,15 @@ def copy_request(request: http.Request) -> http.Request:
     if request.data.trailers is not None:
         new.data.trailers = request.data.trailers.copy()
     return new
+
+
+async def end_unsent(flow: http.HTTPFlow, message: str) -> None:
+    """The hooks mitmproxy runs for a request whose connection failed, in its order: for an attempt
+    cancelled before it was handed to a connection (not one byte of it left)."""
+    await run_hook(hooks.all_hooks["requestheaders"](flow))
+    await run_hook(hooks.all_hooks["request"](flow))
+    flow.error = mitmflow.Error(message)
+    await run_hook(hooks.all_hooks["error"](flow))
 
 
 class Capture:

@@ -23,6 +23,15 @@ if TYPE_CHECKING:
     from .request_run import RequestRun
 
 
+async def via_of(ep: Endpoint | None, bridges):
+    """mitmproxy's per-connection upstream proxy for `ep` (SOCKS goes through a local bridge)."""
+    if ep is None:
+        return None
+    if ep.is_socks:
+        return ("http", await bridges.address(ep))
+    return (ep.scheme, (ep.host, ep.port))
+
+
 class AttemptMaker:
     """The attempts of one request (see the module's docstring)."""
 
@@ -65,12 +74,7 @@ class AttemptMaker:
         return self.bodies[key]
 
     async def via(self, ep: Endpoint | None):
-        """mitmproxy's per-connection upstream proxy for `ep` (SOCKS goes through a local bridge)."""
-        if ep is None:
-            return None
-        if ep.is_socks:
-            return ("http", await self.shared.bridges.address(ep))
-        return (ep.scheme, (ep.host, ep.port))
+        return await via_of(ep, self.shared.bridges)
 
     def prewarm_next(self, plan: Plan | None, current: Candidate) -> None:
         """Dial the connection the next candidate (by the plan) would use, if none is open or

@@ -52,6 +52,14 @@ class WarmConnections:
             conn = self._new(dial.slot, key, endpoint, dial_timeout)
             asyncio.get_running_loop().create_task(conn.dial())
 
+    def own_connection(self, key: WarmKey, endpoint=None) -> WarmConnection:
+        """A connection outside the book, for one WebSocket upgrade: its socket's, closed with it."""
+        conn = WarmConnection(key, Slot(key, 0), ctx.options, endpoint)
+        self.endpoints[conn.client.id] = endpoint  # its route's proxy credentials (http_connect_upstream)
+        conn.on_closed = lambda c: self.endpoints.pop(c.client.id, None)
+        self.dials += 1
+        return conn
+
     def release(self, conn: WarmConnection) -> None:
         self.book.released(conn.slot)
         if conn.slot.state == CLOSED and not conn.attempts:

@@ -8,6 +8,8 @@ tests/test_client_hop.py, tests/test_hook_chain.py), or when forced by `CODEX_FA
   hooks   mitmproxy's own AddonManager dispatches the attempts' and held flows' hooks (hook_chain.py)
   hop     every held client is answered through the loopback relay, not in its own layers (client_hop.py)
   goaway  mitmproxy's own HTTP/2 GOAWAY handling: the whole connection closes (warm_conn.py)
+  wsleg   the gated WebSocket's upstream sockets on the gate's own asyncio, TLS and wsproto stack
+          (ws/upstream.py), not on mitmproxy's layers (ws/layer_socket.py)
 
 The kept connections themselves (warm_conn.py) have none: mitmproxy's public API offers no moment to
 put a credential on an attempt's flow only while its head is written (docs/architecture.md#the-seam).
@@ -20,11 +22,13 @@ import os
 from mitmproxy.version import VERSION
 
 PINNED = "12.3.1"  # the release the contract tests pass on (pyproject.toml pins it)
-NAMES = ("hooks", "hop", "goaway")
+NAMES = ("hooks", "hop", "goaway", "wsleg")
 ENV = "CODEX_FAILOVER_FALLBACK"
 WHAT = {"hooks": "mitmproxy's own hook dispatch (slower per request, never different)",
         "hop": "answers through the loopback relay (one more local connection per request)",
-        "goaway": "mitmproxy's own GOAWAY handling (a GOAWAY cuts every stream of that connection)"}
+        "goaway": "mitmproxy's own GOAWAY handling (a GOAWAY cuts every stream of that connection)",
+        "wsleg": "the gated WebSocket dials its upstream sockets itself (routes and other addons' hooks apply, "
+                 "mitmproxy's upstream modes and its WebSocket layer do not)"}
 
 
 def forced() -> set[str]:

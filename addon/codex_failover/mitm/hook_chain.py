@@ -27,7 +27,7 @@ import logging
 import sys
 import types
 
-from mitmproxy import exceptions, flow as mitmflow
+from mitmproxy import ctx, exceptions, flow as mitmflow
 from mitmproxy.addonmanager import cut_traceback
 from mitmproxy.hooks import Hook, UpdateHook
 from mitmproxy.version import VERSION
@@ -131,3 +131,8 @@ async def client_handle_hook(self, hook) -> None:
         await lifecycle(self.master.addons, hook, args)
         if isinstance(data, mitmflow.Flow):
             await data.wait_for_resume()
+
+
+async def run_hook(hook: Hook) -> None:
+    """An attempt flow's hook, as mitmproxy runs a flow's hooks, at a lower CPU cost (as above)."""
+    await lifecycle(ctx.master.addons, hook)

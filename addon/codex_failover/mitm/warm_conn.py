@@ -1,15 +1,13 @@
 """Warm upstream connections: attempts sent over kept connections by mitmproxy's own HTTP layers
 (docs/architecture.md#warm-connections; the mitmproxy facts relied on: docs/mitmproxy-12.3.1-replay-notes.md §9).
 
-A `WarmConnection` is a mitmproxy `ConnectionHandler` that lives as long as its upstream connection.
-Its layer stack is mitmproxy's `HttpLayer` whose "client" is `_AttemptSource`: each attempt arrives
-there as a request on a stream of its own, so mitmproxy's `HttpStream` runs it with every addon hook
-(a complete flow, shown in mitmweb, saved with `-w`, sent elsewhere by a hook as map_remote does).
-`_KeptHttpLayer.get_connection` answers with the kept connection: HTTP/2 streams side by side,
-HTTP/1.1 one after another, dialled by the first attempt (or `prewarm`) through the same layers.
-
-Secrets: the attempt's flow holds placeholders (attempt.py), the real values only while the upstream
-connection's layers process an event (`_KeptHttpLayer`, its commands collected first), never once the head left.
+A `WarmConnection` is a mitmproxy `ConnectionHandler` living as long as its upstream connection, its
+layers mitmproxy's `HttpLayer` with `_AttemptSource` as "client": each attempt is a request on a stream
+of its own, run by mitmproxy's `HttpStream` with every addon hook (a complete flow: mitmweb, `-w`,
+map_remote). `_KeptHttpLayer.get_connection` answers with the kept connection (HTTP/2 streams side by
+side, HTTP/1.1 one after another). A WebSocket upgrade's attempt has a connection of its own and goes on
+as mitmproxy's WebSocket layer (ws/layer_socket.py). Secrets: the flow holds placeholders (attempt.py),
+the real values only while the upstream connection's layers process an event, never once the head left.
 """
 from __future__ import annotations
 
@@ -30,10 +28,13 @@ from mitmproxy.proxy import commands, events, layer, server, server_hooks
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import HTTPMode, HttpStream
+from mitmproxy.proxy.layers.websocket import WebsocketEndHook
 from mitmproxy.proxy.mode_specs import ProxyMode
 
 from ..core.warm_book import Slot, WarmKey
-from . import fallbacks, hook_chain
+from . import fallbacks
+from .hook_chain import run_hook
+from .http11 import as_http11
 from .quiet_log import replay_level
 
 try:  # GOAWAYs stream by stream where mitmproxy's HTTP/2 client is as pinned (test_warm_conn_contract.py)
@@ -45,7 +46,6 @@ except ImportError:  # another mitmproxy: its own GOAWAY handling
 if TYPE_CHECKING:
     from .attempt import Attempt
 
-@dataclass
 class _Dial(events.ConnectionEvent):
     pass
 
@@ -56,14 +56,16 @@ class _Submit(events.ConnectionEvent):
 
 
 @dataclass
-class _Cancel(events.ConnectionEvent):
+class _ToStream(events.ConnectionEvent):
     stream_id: int
-    message: str
+    message: str = ""
+    data: bytes | None = None  # not a cancel: frames of an upgraded stream's client side (`feed`)
 
 
 class _AttemptSource(layer.Layer):
     """The HTTP layer's client: hands attempts over as requests, asks for dials, ignores responses
-    (each attempt reads its own through its flow's hooks); never pauses."""
+    (each attempt reads its own through its flow's hooks); never pauses. After a WebSocket upgrade
+    it is the socket's client side: the frames go both ways as the stream's data (`feed`)."""
 
     def __init__(self, context: Context, owner: "WarmConnection"):
         super().__init__(context)
@@ -77,9 +79,13 @@ class _AttemptSource(layer.Layer):
             pass  # a prewarm's dial: the layer told the owner already (register_connection)
         elif isinstance(event, _Submit):
             yield from self._submit(event.attempt)
-        elif isinstance(event, _Cancel):
+        elif isinstance(event, _ToStream) and event.data is not None:
+            yield http_layers.ReceiveHttp(http_layers.RequestData(event.stream_id, event.data))
+        elif isinstance(event, _ToStream):
             error = http_layers.RequestProtocolError(event.stream_id, event.message, http_layers.ErrorCode.CANCEL)
             yield http_layers.ReceiveHttp(error)
+        elif isinstance(event, http_layers.ResponseData) and event.stream_id in self.owner.sockets:
+            self.owner.sockets[event.stream_id].from_layers(event.data)  # its frames for the client side
 
     def _submit(self, attempt: "Attempt") -> layer.CommandGenerator[None]:
         """As mitmproxy's replay MockServer does: the whole request, on the attempt's stream."""
@@ -129,13 +135,12 @@ class _KeptHttpLayer(http_layers.HttpLayer):
         self.owner = owner
 
     def get_connection(self, event, *, reuse: bool = True) -> layer.CommandGenerator[None]:
-        """The kept connection for the kept upstream: wait while it is dialled, use it once up, dial
-        it when there is none (or it closed meanwhile). Anything else (a hook sent the attempt
-        elsewhere) gets a connection of its own, closed after it."""
+        """The kept connection for the kept upstream: waited for while dialled, used once up, dialled if
+        none (or closed). Anything else (a hook sent it elsewhere) gets one of its own, closed after it."""
         owner, kept = self.owner, self.owner.kept
         busy = kept is not None and kept.connected and any(  # HTTP/1.1 and in use (the book assigned it mid-dial)
             isinstance(c, http_layers.Http1Client) and c.stream_id is not None for c in owner.below(self.connections.get(kept)))
-        if busy or not event.connection_spec_matches(owner.spec):
+        if (busy or not event.connection_spec_matches(owner.spec)) and not (owner.sockets and kept is None):
             yield from super().get_connection(event, reuse=False)
             return
         if kept is not None and kept in self.waiting_for_establishment:
@@ -150,9 +155,8 @@ class _KeptHttpLayer(http_layers.HttpLayer):
         owner.kept = next((c for c in self.connections if c not in known), None)
 
     def register_connection(self, command) -> layer.CommandGenerator[None]:
-        """The kept connection is up (or failed): every waiting attempt gets it, except that on an
-        HTTP/1.1 connection only the first does and the others dial their own (mitmproxy's own rule
-        for HTTP/2 clients, here for attempts)."""
+        """The kept connection is up (or failed): every waiting attempt gets it, but on HTTP/1.1 only the
+        first does and the others dial their own (mitmproxy's own rule for HTTP/2 clients)."""
         waiting = self.waiting_for_establishment.get(command.connection, [])
         own = []
         if command.connection is self.owner.kept and not command.err and command.connection.alpn != b"h2":
@@ -164,6 +168,9 @@ class _KeptHttpLayer(http_layers.HttpLayer):
             yield from super().get_connection(cmd, reuse=False)
 
     def event_to_child(self, child, event: events.Event) -> layer.CommandGenerator[None]:
+        if self.owner.sockets and isinstance(event, events.DataReceived) and event.connection is self.owner.kept:
+            for socket in self.owner.sockets.values():  # a WebSocket counts what it reads (its bound)
+                socket.received(len(event.data))
         if not self.owner.h2_seen and BY_STREAM and child is not self.owner.source and not isinstance(child, HttpStream):
             self._graceful(child)
         if isinstance(child, HttpStream):
@@ -219,6 +226,7 @@ class WarmConnection(server.ConnectionHandler):
         self.source = _AttemptSource(context.fork(), self)
         self.layer.connections[client] = self.source
         self.attempts: dict[int, Attempt] = {}  # stream id -> attempt under way
+        self.sockets: dict[int, Attempt] = {}  # stream id -> a WebSocket upgrade's attempt (ws/layer_socket.py)
         self.kept: Server | None = None  # the kept connection, from its dial on
         self.ready: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()  # the dial's error, or None
         self._stream_ids = itertools.count(1, 2)
@@ -229,8 +237,6 @@ class WarmConnection(server.ConnectionHandler):
         self.on_goaway = None  # called with self on a graceful GOAWAY
         self.on_over = None  # called with (self, attempt) when an attempt's final hook ran
         self.on_closed = None  # called with self once the connection is gone
-
-    # -- lifecycle ------------------------------------------------------------------------
 
     async def _start(self) -> None:
         if not self._started:
@@ -287,21 +293,36 @@ class WarmConnection(server.ConnectionHandler):
         if callback is not None:
             callback(self)
 
-    # -- attempts -------------------------------------------------------------------------
-
-    async def submit(self, attempt: "Attempt") -> None:
+    async def submit(self, attempt: "Attempt", socket: bool = False) -> None:
+        """Send an attempt; a WebSocket upgrade's (`socket`) is told each hook, read and frame."""
         await self._start()
         attempt.stream_id = next(self._stream_ids)
         self.attempts[attempt.stream_id] = attempt
+        if socket:
+            self.client.alpn_offers = [b"http/1.1"]  # the upgrade is HTTP/1.1's
+            self.sockets[attempt.stream_id] = attempt
         await self.server_event(_Submit(self.client, attempt))
 
+    async def feed(self, attempt: "Attempt", data: bytes) -> None:
+        """Frames from the client side of an upgraded attempt's socket, into the layers, then written
+        out (mitmproxy's own backpressure: `drain_writers` after each read)."""
+        await self.server_event(_ToStream(self.client, attempt.stream_id, data=data))
+        await self.drain_writers()
+
+    def server_extensions(self, attempt: "Attempt") -> list | None:
+        """The (wsproto) extensions an upgraded stream's WebSocket layer reads the server with, or None."""
+        stream = self.layer.streams.get(attempt.stream_id)
+        server_ws = getattr(getattr(stream, "child_layer", None), "server_ws", None)
+        extensions = getattr(getattr(server_ws, "_proto", None), "extensions", None)
+        return extensions if isinstance(extensions, list) else None
+
     async def cancel(self, attempt: "Attempt", message: str) -> None:
-        """Stop one attempt: HTTP/2 resets its stream, HTTP/1.1 closes the connection. One still
-        waiting for its connection never gets it (`abandoned`): not one byte of it leaves."""
+        """Stop one attempt (HTTP/2: its stream reset; HTTP/1.1: the connection closed); one that waits
+        for its connection never gets it (`abandoned`): not one byte of it leaves."""
         if attempt.stream_id not in self.attempts:
             return
         attempt.abandoned = not attempt.sent
-        await self.server_event(_Cancel(self.client, attempt.stream_id, message))
+        await self.server_event(_ToStream(self.client, attempt.stream_id, message))
 
     def abandoned(self, stream_id: int) -> bool:
         attempt = self.attempts.get(stream_id)
@@ -311,8 +332,7 @@ class WarmConnection(server.ConnectionHandler):
         return [a for a in self.attempts.values() if not a.sent] if self.attempts else []
 
     def head_written(self, attempt: "Attempt") -> bool:
-        """Has the attempt's request head been written? The HTTP/1 client layer holds the request
-        it wrote; the HTTP/2 one has mapped the attempt's stream id to a stream of its own."""
+        """Was its head written? (The HTTP/1 client layer holds it; the HTTP/2 one mapped its stream id.)"""
         return any(getattr(c, "request", None) is attempt.flow.request or attempt.stream_id in getattr(c, "our_stream_id", ())
                    for c in self.below(*(c for c in self.layer.connections.values() if c is not self.source)))
 
@@ -331,15 +351,19 @@ class WarmConnection(server.ConnectionHandler):
         if transport is not None and not transport.is_closing():
             transport.resume_reading() if on else transport.pause_reading()
 
-    # -- mitmproxy's ConnectionHandler ------------------------------------------------------
-
     async def handle_hook(self, hook: commands.StartHook) -> None:
         (data,) = hook.args()
+        socket = next((s for s in self.sockets.values() if s.flow is data), None) if self.sockets else None
+        if socket is not None:
+            socket.hooked(hook.name, before=True)
         await run_hook(hook)
         if isinstance(data, mitmflow.Flow):
             await data.wait_for_resume()
-        if isinstance(hook, (http_layers.HttpResponseHook, http_layers.HttpErrorHook)):
-            self._over(data)
+        if socket is not None:
+            socket.hooked(hook.name, before=False)
+        if isinstance(hook, (http_layers.HttpResponseHook, http_layers.HttpErrorHook, WebsocketEndHook)):
+            if not (isinstance(hook, http_layers.HttpResponseHook) and data.websocket is not None):
+                self._over(data)  # (an upgrade that was accepted goes on as its socket)
         elif isinstance(hook, server_hooks.ServerDisconnectedHook) and data.server is self.kept:
             self._gone()
 
@@ -347,6 +371,7 @@ class WarmConnection(server.ConnectionHandler):
         for sid, attempt in list(self.attempts.items()):
             if attempt.flow is flow:
                 del self.attempts[sid]
+                self.sockets.pop(sid, None)
                 own = self.transports.get(flow.server_conn) if flow.server_conn is not self.kept else None
                 if own is not None and own.handler is not None:
                     own.handler.cancel("closed by codex-failover")  # a connection of its own (see get_connection)
@@ -363,32 +388,6 @@ def server_at(address: tuple[str, int]):
     """A server connection object for `address` (an attempt flow's, before it is sent)."""
     return Server(address=address)
 
-
-async def end_unsent(flow, message: str) -> None:
-    """The hooks mitmproxy runs for a request whose connection failed, in its order: for an attempt
-    cancelled before it was handed to a connection (not one byte of it left)."""
-    await run_hook(http_layers.HttpRequestHeadersHook(flow))
-    await run_hook(http_layers.HttpRequestHook(flow))
-    flow.error = mitmflow.Error(message)
-    await run_hook(http_layers.HttpErrorHook(flow))
-
-
-async def run_hook(hook) -> None:
-    """An attempt flow's hook, as mitmproxy runs a flow's hooks, at a lower CPU cost (hook_chain.py)."""
-    await hook_chain.lifecycle(ctx.master.addons, hook)
-
-
-def as_http11(request) -> None:
-    """An HTTP/2 client's request, to go out as HTTP/1.1 (as mitmproxy's Http1Client converts it,
-    but here for good: an HTTP/2.0 request on an HTTP/1 connection would close it after the answer)."""
-    if request.is_http2 or request.is_http3:
-        request.http_version = "HTTP/1.1"
-        if "host" not in request.headers and request.authority:
-            request.headers.insert(0, "Host", request.authority)
-        request.authority = ""
-
-
-# -- the proxy's modes, as the shell reads them ----------------------------------------------
 
 def listen_hosts(modes, listen_host: str) -> list[str]:
     """The hosts mitmproxy listens on for its `mode` specs (unparseable ones skipped), in order."""

@@ -11,6 +11,9 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 
+from mitmproxy import http
+
+from ..core import story
 from ..core.affinity import affinity_key, session_of
 from ..core.auth import auth_from_headers
 from ..core.codex_request import swap_credential
@@ -22,9 +25,12 @@ from ..core.replay_safety import PIN_HEADER, assess
 from ..core.routes import Endpoint
 from ..core.taxonomy import classify_response, error_object, exhausted_status
 from ..core.vocabulary import HANDSHAKE_FAILED, PRE_DISPATCH, UPGRADE_REFUSED, USAGE_LIMIT_REASONS, Verdict
+from ..mitm import fallbacks
+from ..mitm.attempt_maker import via_of
 from ..mitm.secret_guard import SECRETS
 from ..shared import Shared
 from .conn import HANDSHAKE_HEADERS, HandshakeRejected, Message, WsConn
+from .layer_socket import LayerSocket
 from .leg import Leg
 from .upstream import ConnectFailed, Target, open_upstream
 
@@ -49,6 +55,12 @@ def as_frames(rejection: Rejection, first: Soonest | None = None) -> tuple[Messa
 # What an upgrade may fail with (anything else is a bug or a cancellation, and goes on up).
 _NOT_UPGRADED = (ConnectFailed, HandshakeRejected, OSError, TimeoutError, asyncio.IncompleteReadError,
                  asyncio.LimitOverrunError, ValueError)
+
+
+# The upgrade's own headers, sent on by mitmproxy's layers as the client sent them (the key, the
+# version, the extensions it offered: mitmproxy negotiates the upstream's answer on both sides).
+_UPGRADE_HEADERS = {b"host", b"connection", b"upgrade", b"sec-websocket-key", b"sec-websocket-version",
+                    b"sec-websocket-extensions", b"sec-websocket-protocol"}
 
 
 @dataclass
@@ -159,8 +171,43 @@ class Dialer:
             raise
 
     async def _upgrade(self, cand: Candidate, ep: Endpoint | None, label: str) -> Upstream | Rejection:
-        """The upgrade through one endpoint (None: direct): the socket, or why not. Its leg's flow
-        runs every addon's hooks first (leg.py): where they send it is where it goes."""
+        """The upgrade through one endpoint (None: direct): the socket, or why not. It is an attempt
+        on mitmproxy's layers (layer_socket.py), or with the fallback the gate's own (leg.py); either
+        way every addon's hooks see it first, and where they send it is where it goes."""
+        if not fallbacks.seam_holds("wsleg"):
+            return await self._upgrade_own(cand, ep, label)
+        url, headers, label_n, title = self._leg_request(cand)
+        sock = LayerSocket(self.client_flow, url, headers, label_n, title, self.shared.engine)
+        sock.account, sock.endpoint = cand.key, ep
+        sock.verdict = lambda exc: self._verdict(exc, label)
+        try:
+            sock.start(await via_of(ep, self.shared.bridges))
+            await sock.opened(self.shared.pool.policy.connect_timeout)
+        except BaseException as exc:
+            if not isinstance(exc, _NOT_UPGRADED):
+                await asyncio.shield(sock.stop())
+                raise
+            return self._rejection_of(exc)
+        return Upstream(sock, cand, label, sock)  # type: ignore[arg-type]
+
+    def _verdict(self, exc: BaseException, label: str) -> tuple[str, str]:
+        """A failed upgrade's mark and line on its flow."""
+        if isinstance(exc, HandshakeRejected):
+            return story.REJECTED, f"upgrade rejected ({self._rejection_of(exc).reason}) via {label}"
+        kind = exc.kind if isinstance(exc, ConnectFailed) else HANDSHAKE_FAILED
+        return story.NO_CONNECTION, f"upgrade failed ({kind}) via {label}"
+
+    def _rejection_of(self, exc: BaseException) -> Rejection:
+        match exc:
+            case ConnectFailed():
+                return Rejection(exc.kind, None, {"message": str(exc)})
+            case HandshakeRejected():
+                return self._upgrade_rejected(exc)
+        message = f"{type(exc).__name__}: {exc}"
+        return Rejection(HANDSHAKE_FAILED, None, {"message": message})
+
+    async def _upgrade_own(self, cand: Candidate, ep: Endpoint | None, label: str) -> Upstream | Rejection:
+        """The fallback: the gate dials, speaks TLS and WebSocket itself (upstream.py, conn.py)."""
         leg, conn = self._leg(cand), None
         try:
             await leg.ask()
@@ -191,16 +238,25 @@ class Dialer:
         await leg.failed(message, f"upgrade failed ({HANDSHAKE_FAILED}) via {label}")
         return Rejection(HANDSHAKE_FAILED, None, {"message": message})
 
-    def _leg(self, cand: Candidate) -> Leg:
+    def _leg_request(self, cand: Candidate) -> tuple[str, http.Headers, str, str]:
+        """The upgrade's URL and headers for `cand` (its credential swapped in), its label and title."""
         headers = self.headers.copy()
         if cand.auth is not None:
             swap_credential(headers, cand.auth, moved=not cand.is_client)
         for name in [k for k in headers if k.lower() in HANDSHAKE_HEADERS or k.lower() == PIN_HEADER]:
             headers.pop(name, None)
+        if fallbacks.seam_holds("wsleg"):  # mitmproxy's layers send the upgrade's own headers (wsproto makes its own)
+            for name, value in self.headers.fields:
+                if name.lower() in _UPGRADE_HEADERS:
+                    headers.add(name.decode("latin-1"), value.decode("latin-1"))
         url = cand.base_url + "/responses" if cand.base_url else self.url
         self.legs += 1
-        return Leg(self.client_flow, url, headers, f"{self.sid}#{self.legs}",
-                   f"codex-failover websocket {self.sid}, upstream socket {self.legs}: {cand.name}")
+        return (url, headers, f"{self.sid}#{self.legs}",
+                f"codex-failover websocket {self.sid}, upstream socket {self.legs}: {cand.name}")
+
+    def _leg(self, cand: Candidate) -> Leg:
+        url, headers, label, title = self._leg_request(cand)
+        return Leg(self.client_flow, url, headers, label, title)
 
     async def _connect(self, leg: Leg, ep: Endpoint | None) -> WsConn:
         flow = leg.flow

@@ -41,8 +41,76 @@ LINES = 50  # verdict lines its comment keeps (the last ones)
 _OVERHEAD = 64  # what one recorded message counts against KEEP besides its content
 
 
+class FlowRecord:
+    """What a leg's flow shows of its socket: the messages (bounded, an upstream's masked) and the
+    verdicts (mark and comment). Also the order its hooks run in (`later`)."""
+
+    def __init__(self, flow: http.HTTPFlow, title: str):
+        self.flow = flow
+        self._kept = 0
+        self._over: websocket.WebSocketMessage | None = None  # the note for the messages past KEEP
+        self._skipped = [0, 0]  # messages and bytes past KEEP
+        self._lines: deque[str] = deque(maxlen=LINES)
+        self._said = 0
+        self._title = flow.comment = title
+        self._last: asyncio.Task | None = None  # hooks run one after another, in order
+
+    def message(self, content: bytes, is_text: bool, from_client: bool, masked: bool = False) -> None:
+        """A whole message on this socket, as it went: recorded on the flow until KEEP bytes are;
+        then one closing note counts the rest."""
+        ws = self.flow.websocket
+        if ws is None:
+            return
+        if self._over is None and self._kept + len(content) + _OVERHEAD <= KEEP and not from_client and not masked:
+            content = mask(content, is_text)  # a key-shaped word may grow
+        if self._over is not None or self._kept + len(content) + _OVERHEAD > KEEP:
+            self._skipped[0] += 1
+            self._skipped[1] += len(content)
+            note = (f"(codex-failover: {self._skipped[0]} more message(s), {self._skipped[1]} bytes, not kept here: "
+                    f"this flow keeps {KEEP // 1024} KiB of messages; the client's flow has them all)").encode()
+            if self._over is None:
+                self._over = websocket.WebSocketMessage(websocket.Opcode.TEXT, from_client, note, time.time())
+                ws.messages.append(self._over)
+            self._over.content = note
+            return
+        self._kept += len(content) + _OVERHEAD
+        kind = websocket.Opcode.TEXT if is_text else websocket.Opcode.BINARY
+        ws.messages.append(websocket.WebSocketMessage(kind, from_client, content, time.time()))
+
+    def judge(self, mark: str, line: str, update: bool = True) -> None:
+        """A verdict on this socket (a turn's, or its upgrade's), shown in mitmweb and saved. The
+        comment is its first line and the last LINES verdicts."""
+        self.flow.marked = mark
+        self._lines.append(line)
+        self._said += 1
+        earlier = self._said - len(self._lines)
+        self.flow.comment = "\n".join([self._title, *([f"({earlier} earlier)"] if earlier else []), *self._lines])
+        if update:  # (else the hooks that follow show it: each is followed by an update)
+            self.later(_update(self.flow))
+
+    def later(self, coro) -> None:
+        """Run `coro` after this leg's hooks scheduled before it (from synchronous code)."""
+        before = self._last
+
+        async def after():
+            nonlocal before
+            if before is not None:
+                await asyncio.wait([before])
+                before = None  # no chain of finished tasks on a long socket
+            await coro
+
+        self._last = asyncio.get_running_loop().create_task(after())
+
+
+def mask(content: bytes, is_text: bool) -> bytes:
+    """A message as a flow shows it: any key it echoes masked."""
+    encoding = "utf-8" if is_text else "latin-1"
+    return SECRETS.mask(content.decode(encoding, "replace" if is_text else "strict")).encode(encoding)
+
+
 class Leg:
-    """One upstream socket's flow (see the module's docstring)."""
+    """One upstream socket's flow, its hooks run by the gate itself (see the module's docstring):
+    the fallback to ws/layer_socket.py, where mitmproxy's layers run them."""
 
     def __init__(self, client_flow: http.HTTPFlow, url: str, headers: http.Headers, label: str, title: str = ""):
         request = copy_request(client_flow.request)
@@ -56,13 +124,8 @@ class Leg:
         self._wire = {name: headers.get_all(name) for name in secrets_in(headers)}
         arming(v for values in self._wire.values() for v in values)  # masked in any log
         hide_secrets(request)
-        self._kept = 0
-        self._over: websocket.WebSocketMessage | None = None  # the note for the messages past KEEP
-        self._skipped = [0, 0]  # messages and bytes past KEEP
-        self._lines: deque[str] = deque(maxlen=LINES)
-        self._said = 0
-        self._title = self.flow.comment = title
-        self._last: asyncio.Task | None = None  # hooks run one after another, in order
+        self.record = FlowRecord(self.flow, title)
+        self._later = self.record.later
         self.ended = False
 
     # -- before the dial ------------------------------------------------------------------
@@ -108,7 +171,7 @@ class Leg:
         self.flow.response = _response(101, headers, b"")
         self.flow.websocket = websocket.WebSocketData()
         self._later(_run(self.flow, "responseheaders", "response", "websocket_start"))  # before any end
-        await asyncio.wait([self._last])
+        await asyncio.wait([self.record._last])
 
     async def rejected(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, verdict: str) -> None:
         response = self.flow.response = _response(status, headers, b"")
@@ -140,38 +203,11 @@ class Leg:
     # -- the open socket ------------------------------------------------------------------
 
     def message(self, content: bytes, is_text: bool, from_client: bool) -> None:
-        """A whole message on this socket, as it went: recorded on the flow until KEEP bytes are;
-        then one closing note counts the rest."""
-        ws = self.flow.websocket
-        if ws is None or self.ended:
-            return
-        if self._over is None and self._kept + len(content) + _OVERHEAD <= KEEP and not from_client:
-            masked = SECRETS.mask(content.decode("utf-8" if is_text else "latin-1", "replace" if is_text else "strict"))
-            content = masked.encode("utf-8" if is_text else "latin-1")  # a key-shaped word may grow
-        if self._over is not None or self._kept + len(content) + _OVERHEAD > KEEP:
-            self._skipped[0] += 1
-            self._skipped[1] += len(content)
-            note = (f"(codex-failover: {self._skipped[0]} more message(s), {self._skipped[1]} bytes, not kept here: "
-                    f"this flow keeps {KEEP // 1024} KiB of messages; the client's flow has them all)").encode()
-            if self._over is None:
-                self._over = websocket.WebSocketMessage(websocket.Opcode.TEXT, from_client, note, time.time())
-                ws.messages.append(self._over)
-            self._over.content = note
-            return
-        self._kept += len(content) + _OVERHEAD
-        kind = websocket.Opcode.TEXT if is_text else websocket.Opcode.BINARY
-        ws.messages.append(websocket.WebSocketMessage(kind, from_client, content, time.time()))
+        if not self.ended:
+            self.record.message(content, is_text, from_client)
 
     def judge(self, mark: str, line: str, update: bool = True) -> None:
-        """A verdict on this socket (a turn's, or its upgrade's), shown in mitmweb and saved. The
-        comment is its first line and the last LINES verdicts."""
-        self.flow.marked = mark
-        self._lines.append(line)
-        self._said += 1
-        earlier = self._said - len(self._lines)
-        self.flow.comment = "\n".join([self._title, *([f"({earlier} earlier)"] if earlier else []), *self._lines])
-        if update:  # (else the hooks that follow show it: each is followed by an update)
-            self._later(_update(self.flow))
+        self.record.judge(mark, line, update)
 
     def end(self, code: int, reason: str, by_client: bool) -> None:
         """The socket ended (`by_client`: the gate closed it): `websocket_end`, once."""
@@ -182,19 +218,6 @@ class Leg:
         ws.close_code, ws.close_reason, ws.closed_by_client, ws.timestamp_end = code, reason, by_client, time.time()
         self.flow.response.timestamp_end = time.time()
         self._later(_run(self.flow, "websocket_end"))
-
-    def _later(self, coro) -> None:
-        """Run `coro` after this leg's hooks scheduled before it (from synchronous code)."""
-        before = self._last
-
-        async def after():
-            nonlocal before
-            if before is not None:
-                await asyncio.wait([before])
-                before = None  # no chain of finished tasks on a long socket
-            await coro
-
-        self._last = asyncio.get_running_loop().create_task(after())
 
 
 def _response(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> http.Response:

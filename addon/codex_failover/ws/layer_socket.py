@@ -1,0 +1,326 @@
+"""A gated WebSocket's upstream socket on mitmproxy's own layers, as an HTTP attempt is sent.
+
+The upgrade is an attempt (mitm/attempt.py) on a connection of its own (mitm/warm_conn.py): mitmproxy's
+`HttpStream` runs it with every addon's hooks and dials it (the credential's route, mitmproxy's
+upstream TLS options, map_remote and the like apply), and once the upstream accepts, mitmproxy's
+WebSocket layer runs the socket, so every addon sees its messages and mitmweb and `-w` show it.
+
+The gate is the socket's client side, with the interface of ws/conn.WsConn (which stays as the
+fallback, `CODEX_FAILOVER_FALLBACK=wsleg`):
+- what the gate sends goes into the layer as a wsproto client's frames (`send`);
+- what the upstream sends is taken in the `websocket_message` hook and dropped there, so nothing
+  goes on to the client side; pings reach it as frames (`from_layers`) and are answered;
+- `close` sends a close frame from the client side, and mitmproxy closes both.
+
+Bounded: the bytes read since the upstream's last whole message are counted (`received`), and a
+compressed socket inflates through BoundedDeflate, so a message past `failover_max_body` closes the
+socket with 1009. What mitmweb shows is masked before other addons see it; the flow keeps KEEP bytes
+of messages (leg.FlowRecord). Past QUEUE_HIGH bytes not yet taken, reading the upstream pauses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from mitmproxy import flow as mitmflow, http
+from wsproto import ConnectionType
+from wsproto.connection import Connection
+from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
+from wsproto.extensions import PerMessageDeflate
+from wsproto.utilities import split_comma_header
+
+from ..core.transport import classify_connection_error
+from ..core.ws_turns import Message
+from ..mitm.attempt import PLACEHOLDER, QUEUE_HIGH, QUEUE_LOW, Attempt, copy_request, end_unsent, secrets_in
+from ..mitm.secret_guard import arming
+from .bounded_deflate import BoundedDeflate
+from .conn import MESSAGE_TOO_BIG, HandshakeRejected, WsConn
+from .leg import FlowRecord, _masked_body, mask
+from .upstream import ConnectFailed
+
+log = logging.getLogger("codex_failover")
+
+REJECTION_BODY = 65536  # of a refused upgrade's body, kept to classify and show
+CLOSE_GRACE = 5.0  # after our close frame, the connection is closed if mitmproxy has not yet
+
+
+class LayerSocket(Attempt):
+    """One upstream socket of a gated session (see the module's docstring)."""
+
+    def __init__(self, client_flow: http.HTTPFlow, url: str, headers: http.Headers, label: str, title: str, engine):
+        request = copy_request(client_flow.request)
+        request.url = url
+        request.headers = headers
+        super().__init__(client_flow, request, label, 0, engine)
+        self.flow.live = True  # addons such as map_remote act on live flows only
+        self.record = FlowRecord(self.flow, title)
+        self.verdict = None  # called with the failure at a failed upgrade's final hook: (mark, line)
+        self.failure: BaseException | None = None
+        self.response_headers: list[tuple[bytes, bytes]] = []
+        self.close_code: int | None = None
+        self.close_reason = ""
+        self.on_end = None  # as WsConn's
+        self.upgraded = asyncio.Event()  # websocket_start ran
+        self.sent_or_over = asyncio.Event()
+        self.on_sent = self.sent_or_over.set
+        self.inbox: asyncio.Queue[Message | None] = asyncio.Queue()
+        self._client: Connection | None = None  # the client side's frames (wsproto)
+        self._writing = asyncio.Lock()  # frames go in in the order they were made
+        self._unread = 0  # bytes read since the upstream's last whole message
+        self._body = bytearray()  # a refused upgrade's
+        self._raw: tuple[bytes, bytes] | None = None  # the message being hooked: as it came, as others see it
+
+    # -- the gate's side (WsConn's interface) ------------------------------------------------
+
+    async def opened(self, connect_timeout: float) -> None:
+        """Wait for the upgrade: return once the socket is open, or raise as ws/upstream.open_upstream
+        does (ConnectFailed before the head left, HandshakeRejected, ConnectionError or TimeoutError)."""
+        for phase in ("connect", "answer"):
+            waiting = self.sent_or_over if phase == "connect" else self.upgraded
+            try:
+                await asyncio.wait_for(_either(waiting, self.over), connect_timeout)
+            except TimeoutError:
+                self.failure = (ConnectFailed("pre_dispatch", f"timed out connecting after {connect_timeout:g}s")
+                                if phase == "connect" else TimeoutError("no answer to the WebSocket upgrade"))
+                await self.stop()
+                raise self.failure from None
+            if self.upgraded.is_set():
+                return
+            if self.over.is_set():
+                self.abort()
+                raise self.failure or self._failed()
+
+    async def recv(self) -> Message | None:
+        item = await self.inbox.get()
+        if item is None:
+            self.inbox.put_nowait(None)  # every later read sees the end too
+            return None
+        self.queued -= len(item[0])
+        if self._paused and self.queued <= QUEUE_LOW:
+            self._set_reading(True)
+        return item
+
+    async def send(self, message: Message) -> None:
+        content, is_text = message
+        if not self.open or self._client is None:
+            return
+        data = content.decode("utf-8", "replace") if is_text else content
+        await self._write(self._client.send(TextMessage(data=data) if is_text else BytesMessage(data=data)))
+
+    def close(self, code: int = 1000, reason: str = "") -> None:
+        """Close the socket (a close frame from the client side; mitmproxy closes both). Never raises."""
+        was_open = self.open
+        self._closed(code, reason, True)
+        if not was_open or self._client is None:
+            self.abort()
+            return
+        try:
+            frame = self._client.send(CloseConnection(code=code, reason=reason))
+        except Exception:  # noqa: BLE001 - a code the protocol does not send: the connection goes
+            self.abort()
+            return
+        asyncio.get_running_loop().create_task(self._write(frame))
+        asyncio.get_running_loop().call_later(CLOSE_GRACE, self.abort)
+
+    async def stop(self) -> None:
+        """Stop an upgrade under way: its connection closed (a dial in progress too), its flow ended."""
+        self.abort()
+        await self.cancel(timeout=1.0)
+
+    def abort(self) -> None:
+        """Close the connection now (no close handshake); idempotent."""
+        if self.conn is not None:
+            self.conn.close("closed by codex-failover")
+
+    @property
+    def open(self) -> bool:
+        return self.close_code is None
+
+    def message(self, content: bytes, is_text: bool, from_client: bool) -> None:
+        """(As ws/leg.Leg's; here its messages are recorded from the hooks.)"""
+
+    def judge(self, mark: str, line: str, update: bool = True) -> None:
+        self.record.judge(mark, line, update)
+
+    # -- from the connection's layers (synchronous) -------------------------------------------
+
+    async def _send(self, key) -> None:
+        if self._abandon.is_set():  # cancelled before it started: not one byte left
+            await end_unsent(self.flow, mitmflow.Error.KILLED_MESSAGE)
+            self.over.set()
+            return
+        self.conn = self.warm.own_connection(key, self.endpoint)
+        await self.conn.submit(self, socket=True)
+        await self.over.wait()
+        self.sent_or_over.set()
+
+    def hooked(self, name: str, before: bool) -> None:
+        """Each hook of the flow, before and after every addon ran it."""
+        response = self.flow.response
+        if before:
+            if name == "websocket_message":
+                self._mask_for_others()
+            elif name in ("response", "error") and not (response is not None and self.flow.websocket is not None):
+                self._final()
+            return
+        if name == "request":
+            self._hide_added()
+        elif name == "responseheaders" and response is not None and response.status_code != 101:
+            response.stream = self._collect
+        elif name == "websocket_start":
+            self._start_socket()
+        elif name == "websocket_message":
+            self._took_message()
+        elif name == "websocket_end":
+            ws = self.flow.websocket
+            self._closed(ws.close_code or 1006, ws.close_reason or "", bool(ws.closed_by_client))
+            self.flow.live = False
+            self.inbox.put_nowait(None)
+
+    def received(self, n: int) -> None:
+        self._unread += n
+        if self._unread > WsConn.max_message + 65536 and self.open:  # one read past the largest message
+            self.close(MESSAGE_TOO_BIG, "message too big")
+
+    def from_layers(self, data: bytes) -> None:
+        """Frames mitmproxy sends the client side: its pings are answered; the rest is the end."""
+        if self._client is None:
+            return
+        try:
+            self._client.receive_data(data)
+            events = list(self._client.events())
+        except Exception:  # noqa: BLE001 - nothing but control frames is expected here
+            return
+        for event in events:
+            if isinstance(event, Ping) and self.open:
+                asyncio.get_running_loop().create_task(self._write(self._client.send(event.response())))
+
+    # -- internals -------------------------------------------------------------------------
+
+    async def _write(self, data: bytes) -> None:
+        async with self._writing:
+            if self.conn is not None and data:
+                await self.conn.feed(self, data)
+
+    def _hide_added(self) -> None:
+        """A secret header an addon set (modify_headers, upstream_auth...) goes to the wire only, as
+        the credential's own; `proxy-authorization` is for a proxy, never for the model host."""
+        headers = self.flow.request.headers
+        headers.pop("proxy-authorization", None)
+        self._wire.pop("proxy-authorization", None)
+        for name in secrets_in(headers):
+            values = headers.get_all(name)
+            if values != [PLACEHOLDER]:
+                self._wire[name] = [v for v in values if v != PLACEHOLDER] or self._wire.get(name, [])
+                arming(self._wire[name])
+        self._redacted = False
+        self.redact()
+
+    def _collect(self, chunk: bytes) -> bytes:
+        """A refused upgrade's body (a stream callable): the first REJECTION_BODY bytes are kept."""
+        if len(self._body) < REJECTION_BODY:
+            self._body += chunk[: REJECTION_BODY - len(self._body)]
+        return b""
+
+    def _final(self) -> None:
+        """A failed upgrade's last hook: what it got on the flow, its verdict before any addon saves it."""
+        response = self.flow.response
+        if response is not None and response.stream:
+            encoding = response.headers.pop("content-encoding", None)  # shown decoded
+            response.stream = False
+            response.content = _masked_body(bytes(self._body), encoding)
+        self.failure = self._failed()
+        if self.verdict is not None:
+            mark, line = self.verdict(self.failure)
+            self.record.judge(mark, line, update=False)
+        self.redact()
+        self.flow.live = False
+
+    def _failed(self) -> BaseException:
+        response = self.flow.response
+        if response is not None and response.status_code != 101:
+            return HandshakeRejected(response.status_code, list(response.headers.fields), bytes(self._body))
+        message = self.flow.error.msg if self.flow.error is not None else "upstream closed during the WebSocket handshake"
+        if self.abandoned or message == mitmflow.Error.KILLED_MESSAGE:
+            return ConnectFailed("pre_dispatch", message)
+        if not self.sent:
+            return ConnectFailed(classify_connection_error(message, response_started=False), message)
+        return ConnectionError(message)
+
+    def _start_socket(self) -> None:
+        """The upgrade was accepted: the client side's frames, and the upstream's inflate bounded."""
+        self.redact()
+        self.response_headers = list(self.flow.response.headers.fields)
+        ours = _deflate_as_accepted(self.flow.response.headers.get("sec-websocket-extensions", ""))
+        self._client = Connection(ConnectionType.CLIENT, ours)
+        theirs = self.conn.server_extensions(self) if self.conn is not None else None
+        _bound_inflate(theirs or [])
+        if ours and theirs is None:
+            log.warning("codex-failover: the upstream WebSocket's inflate could not be bounded (mitmproxy's layers "
+                        "are not as tested); a message past failover_max_body is still closed with 1009")
+        self.upgraded.set()
+
+    def _mask_for_others(self) -> None:
+        """Before other addons see an upstream message (mitmweb's view among them): masked."""
+        message = self.flow.websocket.messages[-1]
+        self._raw = None
+        if not message.from_client:
+            masked = mask(message.content, message.is_text)
+            self._raw = (message.content, masked)
+            message.content = masked
+
+    def _took_message(self) -> None:
+        """After every addon saw it: an upstream message goes to the gate (as another addon left it),
+        and no further; each is recorded on the flow within its bound."""
+        ws = self.flow.websocket
+        message = ws.messages.pop()
+        if not message.from_client:
+            self._unread = 0
+            if not message.dropped:  # as it came, unless an addon changed it
+                content = self._raw[0] if self._raw is not None and message.content is self._raw[1] else message.content
+                self.inbox.put_nowait((content, message.is_text))
+                self.queued += len(content)
+                if self.queued > QUEUE_HIGH:
+                    self._set_reading(False)
+            message.drop()
+        self._raw = None
+        self.record.message(message.content, message.is_text, message.from_client, masked=True)
+
+    def _closed(self, code: int, reason: str, by_us: bool) -> None:
+        if self.close_code is None:
+            self.close_code, self.close_reason = code, reason
+            if self.flow.response is not None and self.flow.response.timestamp_end is None:
+                self.flow.response.timestamp_end = time.time()
+            if self.on_end is not None:
+                self.on_end(code, reason, by_us)
+
+
+def _deflate_as_accepted(accepted: str) -> list:
+    """The client side's permessage-deflate, as the upstream's 101 accepted it (as mitmproxy does)."""
+    ours = []
+    for ext in split_comma_header(accepted.encode("ascii", "replace")):
+        if ext.split(";", 1)[0].strip() == PerMessageDeflate.name:
+            ours.append(PerMessageDeflate())
+            ours[-1].finalize(ext)
+    return ours
+
+
+def _bound_inflate(extensions: list) -> None:
+    """Each plain permessage-deflate in `extensions` replaced by a BoundedDeflate in the same state."""
+    for i, ext in enumerate(extensions):
+        if type(ext) is PerMessageDeflate:
+            bounded = BoundedDeflate(WsConn.max_message)
+            bounded.__dict__.update({k: v for k, v in vars(ext).items() if k not in ("max_message", "_taken")})
+            extensions[i] = bounded
+
+
+async def _either(a: asyncio.Event, b: asyncio.Event) -> None:
+    tasks = {asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())}
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
