@@ -249,14 +249,21 @@ class Scenario(AdversarialRuns):
         self.check_upstream(self._ws_turns() - before)
 
     def run_websocket_concurrent(self) -> None:
+        """`clients` sockets at once, one turn each; `batches` times (the proxy's RSS after each)."""
         tokens = self.mixed_tokens()
-        n = len(tokens)
-        with concurrent.futures.ThreadPoolExecutor(n) as pool:
-            outcomes = list(pool.map(self.ws_turn, tokens))
-        ok = sum(1 for status, events in outcomes if status == 101 and self.ws_kind(events) == "complete")
-        self.observed.append(f"{ok}/{n} complete")
-        if ok != n:
-            self.problems.append(f"only {ok} of {n} clients got a complete turn")
+        n, after = len(tokens), []
+        base = rss_mb(self.proxy.proc.pid)
+        for _ in range(int(self.spec.get("batches", 1))):
+            with concurrent.futures.ThreadPoolExecutor(n) as pool:
+                outcomes = list(pool.map(self.ws_turn, tokens))
+            ok = sum(1 for status, events in outcomes if status == 101 and self.ws_kind(events) == "complete")
+            self.observed.append(f"{ok}/{n} complete")
+            if ok != n:
+                self.problems.append(f"only {ok} of {n} clients got a complete turn")
+            time.sleep(0.5)  # the sockets' ends
+            after.append(rss_mb(self.proxy.proc.pid) - base)
+        if len(after) > 1:
+            self.observed.append("RSS after each batch: " + ", ".join(f"+{mb:.1f}" for mb in after) + " MB")
 
     def _ws_turns(self) -> int:
         return sum(1 for r in self.fake.requests() if r.get("event") == "ws_turn")

@@ -233,6 +233,10 @@ class CodexRun:
         assert all(host == "127.0.0.1" for host, _ in connects), connects
 
 
+# The HTTP path (SSE) as Codex takes it when the proxy answers its upgrade 426.
+DOWNGRADE = ["--set", "failover_websocket=downgrade"]
+
+
 def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] = (), prepare=None,
               output: tuple[str, ...] = ("--json",), pool_file=None, auth_json: dict | None = None,
               codex_args: tuple[str, ...] = (), client_key: str = CLIENT_KEY, shell: list[str] | None = None,
@@ -310,7 +314,7 @@ def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] 
 
 def test_real_codex_turn_completes_with_the_spare_when_its_own_key_is_overloaded(tmp_path, codex_bin, capsys,
                                                                                record_property):
-    codex = run_codex(tmp_path, codex_bin, [("spare", SPARE_KEY)])
+    codex = run_codex(tmp_path, codex_bin, [("spare", SPARE_KEY)], extra=DOWNGRADE)
     record_property("codex_exec_seconds", round(codex.took, 2))
     asked, records, context = codex.asked, codex.records, codex.context
     with capsys.disabled():
@@ -378,10 +382,11 @@ def _lines_per_model_request(codex: CodexRun) -> tuple[float, int, list[str]]:
 @pytest.mark.parametrize("websocket", ["downgrade", "gate"])
 def test_real_codex_session_logs_a_few_lines_per_model_request(tmp_path, codex_bin, capsys, websocket):
     if websocket == "gate":  # the gate dials its own sockets: both credentials pooled, on the fake
-        codex = run_codex(tmp_path, codex_bin, [("primary", HEALTHY_KEY), ("spare", SPARE_KEY)], extra=GATE,
+        codex = run_codex(tmp_path, codex_bin, [("primary", HEALTHY_KEY), ("spare", SPARE_KEY)],
                           prepare=lambda fake: _tool_session(fake, websocket=True), use_client_credential=False)
     else:
-        codex = run_codex(tmp_path, codex_bin, [("spare", SPARE_KEY)], prepare=_tool_session, client_key=HEALTHY_KEY)
+        codex = run_codex(tmp_path, codex_bin, [("spare", SPARE_KEY)], prepare=_tool_session, client_key=HEALTHY_KEY,
+                          extra=DOWNGRADE)
     assert codex.run.returncode == 0, codex.context
     assert [e for e in codex.events if e.get("type") == "turn.completed"], codex.context
     if websocket == "gate":  # on the socket: count turns (the fake's ws_turn records), warm-ups left out
@@ -451,7 +456,7 @@ def test_real_codex_in_mitmweb_shows_the_winner_without_error_and_no_credential(
     """The spare's upstream writes its JSON with spaces and keeps the stream open after its last
     event, so Codex's reset at response.completed cancels the winner: it still shows no error. Every
     flow to a model host (127.0.0.1 here: the pool's base_url) is free of the key once finished."""
-    codex = run_codex(tmp_path, codex_bin, [("spare", "sk-test-spare-spaced")], proxy_class=_Mitmweb)
+    codex = run_codex(tmp_path, codex_bin, [("spare", "sk-test-spare-spaced")], proxy_class=_Mitmweb, extra=DOWNGRADE)
     codex.assert_completed_with("sk-test-spare-spaced")
     flows, context = _Mitmweb.flows, codex.context
     winner = next(f for f in flows if f.get("marked") == "✅")
@@ -465,13 +470,13 @@ def test_real_codex_in_mitmweb_shows_the_winner_without_error_and_no_credential(
         print(f"\n[codex-cli] mitmweb with the real Codex: {_Mitmweb.shot}")
 
 
-# -- failover_websocket: gate -----------------------------------------------------------------------
-# Most cases pool both credentials with the fake as base_url (use_client_credential: false). The
-# client's own credential works too: each upstream socket is a flow through every addon's hooks
-# (ws/leg.py), so the harness's map_remote sends it to the fake as it sends an HTTP attempt.
+# -- failover_websocket: gate, the default ----------------------------------------------------------
+# Codex keeps its WebSocket (the proxy on its defaults). Most cases pool both credentials with the fake
+# as base_url (use_client_credential: false). The client's own credential works too: each upstream
+# socket is an attempt on mitmproxy's layers (ws/layer_socket.py), so the harness's map_remote sends it
+# to the fake as it sends an HTTP attempt.
 
 PRIMARY_KEY = "sk-test-primary-ok"
-GATE = ["--set", "failover_websocket=gate"]
 
 
 def _ws_turns(fake) -> list[tuple]:
@@ -479,19 +484,24 @@ def _ws_turns(fake) -> list[tuple]:
             for r in fake.requests() if r.get("event") == "ws_turn"]
 
 
-def test_real_codex_over_the_gated_websocket_moves_an_overloaded_first_turn_to_the_spare(tmp_path, codex_bin, capsys):
-    codex = run_codex(tmp_path, codex_bin, [("primary", "sk-test-overload-1"), ("spare", SPARE_KEY)], extra=GATE,
-                      use_client_credential=False)
+@pytest.mark.parametrize("primary", ["sk-test-overload-1", "sk-test-overload-503"], ids=["in-stream", "synchronous-503"])
+def test_real_codex_over_the_gated_websocket_moves_an_overloaded_first_turn_to_the_spare(tmp_path, codex_bin, capsys,
+                                                                                        primary):
+    codex = run_codex(tmp_path, codex_bin, [("primary", primary), ("spare", SPARE_KEY)], use_client_credential=False)
     context = codex.context
     codex.assert_completed_with(SPARE_KEY)
     # Codex stayed on the WebSocket: no POST to /responses, no 426.
     assert not [r for r in codex.asked if r["method"] == "POST" and r["url"].split("?")[0].endswith("/responses")], context
     assert not [r for r in codex.records if r["kind"] == "response" and r.get("status") == 426], context
-    # The warm-up on the primary, the real turn overloaded there, then moved (full request) to the spare.
     turns = _ws_turns(codex.fake)
-    assert turns[:3] == [("sk-test-overload-1", "warmup", 1, False), ("sk-test-overload-1", "overload", 1, True),
-                         (SPARE_KEY, "good", 2, False)], context
-    assert "moved to spare" in codex.proxy_log, context
+    if primary.endswith("503"):  # the primary's upgrade answered 503: the socket opened on the spare at once
+        assert [r["credential"] for r in codex.fake.requests() if r.get("websocket")] == [primary, SPARE_KEY], context
+        assert turns[:2] == [(SPARE_KEY, "warmup", 2, False), (SPARE_KEY, "good", 2, True)], context
+        assert "upgrade failed (overloaded HTTP 503)" in codex.proxy_log, context
+    else:  # the warm-up on the primary, the real turn overloaded there, then moved (full request) to the spare
+        assert turns[:3] == [(primary, "warmup", 1, False), (primary, "overload", 1, True),
+                             (SPARE_KEY, "good", 2, False)], context
+        assert "moved to spare" in codex.proxy_log, context
     assert "sk-test-" not in codex.proxy_log, context
     codex.assert_loopback_only()
     with capsys.disabled():
@@ -501,7 +511,7 @@ def test_real_codex_over_the_gated_websocket_moves_an_overloaded_first_turn_to_t
 def test_real_codex_over_the_gate_on_its_own_overloaded_key_completes_on_the_spare(tmp_path, codex_bin, capsys):
     """Codex's own credential first, on the socket map_remote sends to the fake (before: the gate
     dialled api.openai.com itself, could not resolve it and skipped the client's credential)."""
-    codex = run_codex(tmp_path, codex_bin, [("spare", SPARE_KEY)], extra=GATE)
+    codex = run_codex(tmp_path, codex_bin, [("spare", SPARE_KEY)])
     context = codex.context
     codex.assert_completed_with(SPARE_KEY)
     assert not [r for r in codex.asked if r["method"] == "POST" and r["url"].split("?")[0].endswith("/responses")], context
@@ -519,7 +529,7 @@ def test_real_codex_over_the_gate_on_its_own_overloaded_key_completes_on_the_spa
 def test_real_codex_over_the_gate_with_the_whole_pool_rejecting_ends_as_on_http(tmp_path, codex_bin, capsys, spare):
     """Every credential overloaded, or at its usage limit, on the gated WebSocket: Codex stops with the
     same clear message as over HTTP, within the same bound."""
-    codex = run_codex(tmp_path, codex_bin, [("spare", spare)], extra=GATE,
+    codex = run_codex(tmp_path, codex_bin, [("spare", spare)],
                       **({} if "overload" in spare else {"use_client_credential": False}))
     errors = _errors(codex)
     with capsys.disabled():
@@ -536,7 +546,7 @@ def test_real_codex_reconnects_after_a_rejected_later_turn_and_completes_on_the_
         for scenario in ("warmup", "toolcall", "overload"):
             fake.overload_next(PRIMARY_KEY, 1, scenario)
 
-    codex = run_codex(tmp_path, codex_bin, [("primary", PRIMARY_KEY), ("spare", SPARE_KEY)], extra=GATE,
+    codex = run_codex(tmp_path, codex_bin, [("primary", PRIMARY_KEY), ("spare", SPARE_KEY)],
                       prepare=prepare, use_client_credential=False)
     context = codex.context
     codex.assert_completed_with(SPARE_KEY)
@@ -591,19 +601,23 @@ def _work_pool(fake, tmp_path):
     return (f"credentials:\n  - name: work\n    auth_file: {path}\n    base_url: {fake.base}/backend-api/codex\n", {})
 
 
+@pytest.mark.parametrize("websocket", ["gate", "downgrade"])
 def test_real_codex_chatgpt_session_compacts_after_a_failover_and_completes_on_the_account_that_holds_it(
-        tmp_path, codex_bin, capsys):
+        tmp_path, codex_bin, capsys, websocket):
     """The own account is at its usage limit: the turn fails over to `work`, which calls a tool;
     Codex then compacts mid-turn (remote_compaction_v2 on 0.171), and the request after the
     compaction carries work's compaction item: it must go to work (the fake refuses another
     account's encrypted content with 400), and the session ends with the answer, exit 0."""
     codex = run_codex(tmp_path, codex_bin, [], pool_file=_work_pool, auth_json=chatgpt_auth(OWN_ACCOUNT),
-                      codex_args=("-c", "model_auto_compact_token_limit=100"))
+                      codex_args=("-c", "model_auto_compact_token_limit=100"),
+                      extra=["--set", f"failover_websocket={websocket}"])
     context = codex.context
+    requests = codex.fake.model_requests() if websocket == "downgrade" else [  # on the socket: its turns
+        r for r in codex.fake.requests() if r.get("event") == "ws_turn" and r.get("generate") is not False]
     served = [(r["credential"], r["scenario"], r.get("compaction_trigger"), r.get("compaction"), r.get("foreign_encrypted"))
-              for r in codex.fake.model_requests()]
+              for r in requests]
     with capsys.disabled():
-        print(f"\n[codex-cli] chatgpt session: exit {codex.run.returncode} in {codex.took:.1f}s; model requests: {served}")
+        print(f"\n[codex-cli] chatgpt session ({websocket}): exit {codex.run.returncode} in {codex.took:.1f}s; model requests: {served}")
     assert codex.run.returncode == 0, context
     messages = [e["item"].get("text", "") for e in codex.events
                 if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "agent_message"]
@@ -615,7 +629,10 @@ def test_real_codex_chatgpt_session_compacts_after_a_failover_and_completes_on_t
     assert all(cred == WORK_ACCOUNT for cred, *_ in after), served
     assert any(r[3] for r in after[1:]), f"no request carried the compaction item: {served}"
     assert not any(r[4] for r in served), f"another account's encrypted content was sent: {served}"
-    assert "made by credential work" in codex.proxy_log, context
+    if websocket == "downgrade":  # each POST is placed anew: by the compaction item's maker
+        assert "made by credential work" in codex.proxy_log, context
+    else:  # the socket stays on work's credential, the compaction turn and the one after it too
+        assert "verdict=commit" in codex.proxy_log and "moved" not in codex.proxy_log, context
     codex.assert_loopback_only()
 
 
@@ -630,7 +647,7 @@ def test_real_codex_with_the_whole_pool_overloaded_stops_with_a_clear_message_wi
     """Every credential overloaded (resting 15 s or more, the first of an overload streak): the answer
     has no Retry-After (nothing is back within max_retry_after), so Codex stops after its quick re-sends
     with "Selected model is at capacity" in seconds, not minutes (docs/decisions.md#answers-that-tell-the-time)."""
-    codex = run_codex(tmp_path, codex_bin, [("spare", "sk-test-spare-overload")])
+    codex = run_codex(tmp_path, codex_bin, [("spare", "sk-test-spare-overload")], extra=DOWNGRADE)
     errors = _errors(codex)
     with capsys.disabled():
         print(f"\n[codex-cli] whole pool overloaded: codex exec took {codex.took:.2f}s, exit {codex.run.returncode}, "
@@ -642,7 +659,7 @@ def test_real_codex_with_the_whole_pool_overloaded_stops_with_a_clear_message_wi
 
 def test_real_codex_with_the_whole_pool_at_its_usage_limit_prints_when_to_try_again(tmp_path, codex_bin, capsys):
     codex = run_codex(tmp_path, codex_bin, [("spare", "sk-test-spare-usage-limit")],
-                      use_client_credential=False)
+                      use_client_credential=False, extra=DOWNGRADE)
     errors = _errors(codex)
     with capsys.disabled():
         print(f"\n[codex-cli] whole pool at its usage limit: codex exec took {codex.took:.2f}s; errors: {errors}")

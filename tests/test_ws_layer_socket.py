@@ -178,12 +178,18 @@ def test_a_compressed_upstream_inflates_through_the_bound_and_a_bomb_closes_with
 
     async def go():
         conn, sock, server, seen, _ = await upgraded(DEFLATE)
-        extensions = conn.server_extensions(sock)
+        extensions = conn.extensions(sock, "server")
         assert extensions is not None and [type(e) for e in extensions] == [BoundedDeflate]
+        assert conn.extensions(sock, "client") == [] and sock._client._proto.extensions == []  # the inside hop
         upstream = Connection(ConnectionType.SERVER, [deflated()])
         fine = upstream.send(TextMessage("x" * 1000))
         await drive(conn, play(conn, events.DataReceived(server, fine)), seen)
         assert await sock.recv() == (b"x" * 1000, True)
+        frames = sock._client.send(TextMessage("z" * 5000))
+        cmds = await drive(conn, play(conn, _ToStream(conn.client, sock.stream_id, data=frames)), seen)
+        sent = sent_to(server, cmds)
+        assert len(sent) < 500  # compressed towards the upstream
+        assert "".join(e.data for e in upstream_reads(sent, deflate=True) if isinstance(e, Message)) == "z" * 5000
         bomb = upstream.send(TextMessage("y" * (4 * 1024 * 1024)))  # 4 MiB that deflates to a few KiB
         assert len(bomb) < 64 * 1024
         cmds = await drive(conn, play(conn, events.DataReceived(server, bomb)), seen)

@@ -16,10 +16,10 @@ WEBSOCKET_MODES = ("downgrade", "gate", "passthrough")
 def add_options(loader) -> None:
     loader.add_option("failover_config", str, "", "codex-failover pool file (YAML): spare credentials and policy.")
     loader.add_option("failover_rules", str, "", "codex-failover rules file (YAML); default: rules/default.yaml.")
-    loader.add_option("failover_websocket", str, "downgrade",
-                      "Codex WebSocket upgrades on model endpoints: downgrade (answer 426, Codex uses SSE), "
-                      "gate (keep the WebSocket; hold and classify every turn, move rejected first turns) "
-                      "or passthrough (untouched, unprotected).")
+    loader.add_option("failover_websocket", str, "gate",
+                      "Codex WebSocket upgrades on model endpoints: gate (keep Codex's WebSocket; hold and "
+                      "classify every turn and fail over as on HTTP), downgrade (answer 426, Codex uses SSE, "
+                      "re-sending the whole history each request) or passthrough (untouched, unprotected).")
     loader.add_option("failover_intercept", str, "models",
                       "Which HTTPS connections are decrypted: models (only the Codex hosts and the pool's "
                       "base URLs; everything else is tunnelled untouched) or all (mitmproxy's usual behaviour).")

@@ -73,7 +73,7 @@ SCENARIOS = {
               "stream stays open --stall seconds before it ends",
     "toolcall-again": "as toolcall, also on a request that already carries a tool's output (a session of many calls)",
     "linger": "a normal answer through response.completed, then the stream stays open --stall seconds before it ends",
-    "toolcall": "a call to an unknown tool (Codex answers it with a follow-up request); on HTTP, a request that "
+    "toolcall": "a call to an unknown tool (Codex answers it with a follow-up request); a request or turn that "
                 "already carries a tool's output (or a compaction of it) gets a normal answer, and the call reports 500 input tokens "
                 "(so a low model_auto_compact_token_limit compacts mid-turn)",
     "held-many": "WebSocket turns: 61 holdable messages, then the deltas, all in one burst",
@@ -756,15 +756,19 @@ class WsSession:
         listed = items if isinstance(items, list) else []
         if scenario not in SYNC and foreign_encrypted(listed, label):
             scenario = "foreign-content"
+        if scenario == "toolcall" and any(isinstance(i, dict) and i.get("type") in ("function_call_output", "compaction")
+                                          for i in listed):
+            scenario = "good"  # the call was made (as on HTTP)
         metadata = create.get("client_metadata") if isinstance(create.get("client_metadata"), dict) else {}
-        fake._log({"ts": time.time(), "event": "ws_turn", "credential": label, "scenario": scenario, "turn": self.turns,
+        trigger = bool(listed) and isinstance(listed[-1], dict) and listed[-1].get("type") == "compaction_trigger"
+        fake._log({"ts": time.time(), "event": "ws_turn", "compaction_trigger": trigger,
+                   "foreign_encrypted": scenario == "foreign-content", "credential": label, "scenario": scenario, "turn": self.turns,
                    "turn_state_in_body": metadata.get("x-codex-turn-state"),
                    "previous_response_id": prev, "input_items": len(items) if isinstance(items, list) else 0,
                    "encrypted_reasoning": sum(1 for i in items or [] if isinstance(i, dict) and i.get("type") == "reasoning"
                                               and i.get("encrypted_content")) if isinstance(items, list) else 0,
                    "compaction": any(isinstance(i, dict) and i.get("type") == "compaction" for i in items or []),
                    "generate": create.get("generate"), "socket": self.id})
-        trigger = bool(listed) and isinstance(listed[-1], dict) and listed[-1].get("type") == "compaction_trigger"
         turn = Turn(label, fake.deltas, ws_text, compact=trigger,
                     encrypted="reasoning.encrypted_content" in (create.get("include") or []))
         self.issued.add(turn.rid)
@@ -799,10 +803,12 @@ class WsSession:
             msgs = turn.handshake() + [turn.failed("server_error", "Selected model is at capacity. Please try a different model.")]
         elif scenario == "slow-down":
             msgs = turn.handshake() + [turn.failed("slow_down", "Please slow down.")]
-        elif scenario in ("toolcall", "toolcall-again"):
+        elif scenario in ("toolcall", "toolcall-again") and not trigger:
             call = {"id": "fc_1", "type": "function_call", "status": "completed", "call_id": f"call_{turn.rid[-8:]}",
                     "name": "fake_unknown_tool", "arguments": "{}"}
-            msgs = turn.handshake() + [turn.ev("response.output_item.done", output_index=0, item=call), turn.completed([call])]
+            done = turn.ev("response.completed", response={"id": turn.rid, "object": "response", "status": "completed",
+                                                           "output": [call], "usage": usage(500, 20)})
+            msgs = turn.handshake() + [turn.ev("response.output_item.done", output_index=0, item=call), done]
         elif scenario == "held-many":  # 60 holdable messages (over the 48-message budget), then output: one burst
             item = {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
                     "content": [{"type": "output_text", "text": "held", "annotations": []}]}

@@ -309,11 +309,12 @@ class WarmConnection(server.ConnectionHandler):
         await self.server_event(_ToStream(self.client, attempt.stream_id, data=data))
         await self.drain_writers()
 
-    def server_extensions(self, attempt: "Attempt") -> list | None:
-        """The (wsproto) extensions an upgraded stream's WebSocket layer reads the server with, or None."""
+    def extensions(self, attempt: "Attempt", side: str) -> list | None:
+        """The (wsproto) extensions an upgraded stream's WebSocket layer speaks to its `side` ("client"
+        or "server") with, the list itself, or None if not found."""
         stream = self.layer.streams.get(attempt.stream_id)
-        server_ws = getattr(getattr(stream, "child_layer", None), "server_ws", None)
-        extensions = getattr(getattr(server_ws, "_proto", None), "extensions", None)
+        ws = getattr(getattr(stream, "child_layer", None), f"{side}_ws", None)
+        extensions = getattr(getattr(ws, "_proto", None), "extensions", None)
         return extensions if isinstance(extensions, list) else None
 
     async def cancel(self, attempt: "Attempt", message: str) -> None:

@@ -254,12 +254,16 @@ class LayerSocket(Attempt):
         self.redact()
         self.response_headers = list(self.flow.response.headers.fields)
         ours = _deflate_as_accepted(self.flow.response.headers.get("sec-websocket-extensions", ""))
-        self._client = Connection(ConnectionType.CLIENT, ours)
-        theirs = self.conn.server_extensions(self) if self.conn is not None else None
+        theirs = self.conn.extensions(self, "server") if self.conn is not None else None
         _bound_inflate(theirs or [])
-        if ours and theirs is None:
+        inside = self.conn.extensions(self, "client") if self.conn is not None else None
+        if inside is not None:  # the hop inside the process: no compression (no zlib state, no double work)
+            inside.clear()
+            ours = []
+        elif ours and theirs is None:
             log.warning("codex-failover: the upstream WebSocket's inflate could not be bounded (mitmproxy's layers "
                         "are not as tested); a message past failover_max_body is still closed with 1009")
+        self._client = Connection(ConnectionType.CLIENT, ours)
         self.upgraded.set()
 
     def _mask_for_others(self) -> None:
