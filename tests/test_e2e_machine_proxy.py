@@ -290,7 +290,9 @@ def test_log_is_quiet_by_default_and_verbose_brings_mitmproxy_lines_back(fake, t
 def _log_lines_for(proxy: ProxyProcess, act, expected: int) -> list[str]:
     """The proxy's log lines written while `act()` ran and after it: until `expected` lines are
     there (at most 5 s: a busy machine logs the disconnects late), then 0.5 s more for any extra."""
-    time.sleep(0.3)  # start-up lines first
+    deadline = time.monotonic() + 5  # start-up lines first: the last one says who may use the pool
+    while "codex-failover: local clients:" not in proxy.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
     before = len(proxy.log())
     act()
     def lines() -> list[str]:

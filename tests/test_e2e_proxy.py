@@ -223,13 +223,22 @@ def test_non_codex_traffic_untouched(fake, start_proxy):
     assert "attempt 1/" not in proxy.log()
 
 
-def test_websocket_upgrade_gets_426(fake, start_proxy):
-    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")])
-    reply = request(proxy.port, "GET", url(fake), headers={
-        "upgrade": "websocket", "connection": "Upgrade", "sec-websocket-version": "13",
-        "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==", "authorization": "Bearer sk-test-client-good"})
-    assert reply.status == 426
-    assert fake.requests() == []
+@pytest.mark.parametrize("mode", ["downgrade", None])
+def test_websocket_upgrade_gets_426_with_downgrade_and_101_on_the_defaults(fake, start_proxy, mode):
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")],
+                        extra=["--set", f"failover_websocket={mode}"] if mode else ())
+    if mode == "downgrade":
+        reply = request(proxy.port, "GET", url(fake), headers={
+            "upgrade": "websocket", "connection": "Upgrade", "sec-websocket-version": "13",
+            "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==", "authorization": "Bearer sk-test-client-good"})
+        assert reply.status == 426
+        assert fake.requests() == []
+        return
+    from harness import WsClient, WsRejected  # the gate: the client's own credential's socket accepted
+    client = WsClient.connect(proxy.port, url(fake), {"authorization": "Bearer sk-test-client-good"})
+    assert not isinstance(client, WsRejected), client
+    client.close()
+    assert [r["credential"] for r in fake.requests() if r.get("websocket")] == ["sk-test-client-good"]
 
 
 def test_https_through_connect_with_the_proxy_ca(tmp_path):

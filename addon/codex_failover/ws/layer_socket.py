@@ -33,11 +33,10 @@ from wsproto.utilities import split_comma_header
 
 from ..core.transport import classify_connection_error
 from ..core.ws_turns import Message
-from ..mitm.attempt import PLACEHOLDER, QUEUE_HIGH, QUEUE_LOW, Attempt, copy_request, end_unsent, secrets_in
-from ..mitm.secret_guard import arming
+from ..mitm.attempt import QUEUE_HIGH, QUEUE_LOW, Attempt, copy_request, end_unsent
 from .bounded_deflate import BoundedDeflate
 from .conn import MESSAGE_TOO_BIG, HandshakeRejected, WsConn
-from .leg import FlowRecord, _masked_body, mask
+from .leg import FlowRecord, _masked_body, hide_added, mask
 from .upstream import ConnectFailed
 
 log = logging.getLogger("codex_failover")
@@ -70,6 +69,7 @@ class LayerSocket(Attempt):
         self._writing = asyncio.Lock()  # frames go in in the order they were made
         self._unread = 0  # bytes read since the upstream's last whole message
         self._body = bytearray()  # a refused upgrade's
+        self._grace: asyncio.TimerHandle | None = None  # closes the connection if the close handshake hangs
         self._raw: tuple[bytes, bytes] | None = None  # the message being hooked: as it came, as others see it
 
     # -- the gate's side (WsConn's interface) ------------------------------------------------
@@ -122,7 +122,7 @@ class LayerSocket(Attempt):
             self.abort()
             return
         asyncio.get_running_loop().create_task(self._write(frame))
-        asyncio.get_running_loop().call_later(CLOSE_GRACE, self.abort)
+        self._grace = asyncio.get_running_loop().call_later(CLOSE_GRACE, self.abort)  # cancelled at the end
 
     async def stop(self) -> None:
         """Stop an upgrade under way: its connection closed (a dial in progress too), its flow ended."""
@@ -153,8 +153,13 @@ class LayerSocket(Attempt):
             return
         self.conn = self.warm.own_connection(key, self.endpoint)
         await self.conn.submit(self, socket=True)
-        await self.over.wait()
-        self.sent_or_over.set()
+        try:
+            await self.over.wait()
+        finally:
+            self.sent_or_over.set()
+            if self._grace is not None:  # (its handle would keep this socket, and its layers, 5 s longer)
+                self._grace.cancel()
+                self._grace = None
 
     def hooked(self, name: str, before: bool) -> None:
         """Each hook of the flow, before and after every addon ran it."""
@@ -166,7 +171,7 @@ class LayerSocket(Attempt):
                 self._final()
             return
         if name == "request":
-            self._hide_added()
+            hide_added(self.flow.request, self._wire)  # the flow as redacted, the wire's values kept
         elif name == "responseheaders" and response is not None and response.status_code != 101:
             response.stream = self._collect
         elif name == "websocket_start":
@@ -178,6 +183,9 @@ class LayerSocket(Attempt):
             self._closed(ws.close_code or 1006, ws.close_reason or "", bool(ws.closed_by_client))
             self.flow.live = False
             self.inbox.put_nowait(None)
+            # Its zlib state (some 300 KB) goes now: mitmproxy's layers wait in reference cycles
+            # for the next full collection (docs/architecture.md#memory).
+            (self.conn.extensions(self, "server") or []).clear() if self.conn is not None else None
 
     def received(self, n: int) -> None:
         self._unread += n
@@ -203,20 +211,6 @@ class LayerSocket(Attempt):
         async with self._writing:
             if self.conn is not None and data:
                 await self.conn.feed(self, data)
-
-    def _hide_added(self) -> None:
-        """A secret header an addon set (modify_headers, upstream_auth...) goes to the wire only, as
-        the credential's own; `proxy-authorization` is for a proxy, never for the model host."""
-        headers = self.flow.request.headers
-        headers.pop("proxy-authorization", None)
-        self._wire.pop("proxy-authorization", None)
-        for name in secrets_in(headers):
-            values = headers.get_all(name)
-            if values != [PLACEHOLDER]:
-                self._wire[name] = [v for v in values if v != PLACEHOLDER] or self._wire.get(name, [])
-                arming(self._wire[name])
-        self._redacted = False
-        self.redact()
 
     def _collect(self, chunk: bytes) -> bytes:
         """A refused upgrade's body (a stream callable): the first REJECTION_BODY bytes are kept."""

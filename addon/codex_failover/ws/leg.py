@@ -102,6 +102,22 @@ class FlowRecord:
         self._last = asyncio.get_running_loop().create_task(after())
 
 
+def hide_added(request: http.Request, wire: dict[str, list[str]]) -> None:
+    """After the request hooks: a secret header an addon set (modify_headers, upstream_auth...) goes
+    to the wire only (`wire`), as the credential's own: masked in logs, a placeholder on the flow.
+    `proxy-authorization` is for a proxy, which the route's own CONNECT carries: never sent to the
+    model host."""
+    headers = request.headers
+    headers.pop("proxy-authorization", None)
+    wire.pop("proxy-authorization", None)
+    for name in secrets_in(headers):
+        values = headers.get_all(name)
+        if values != [PLACEHOLDER]:
+            wire[name] = [v for v in values if v != PLACEHOLDER] or wire.get(name, [])
+            arming(wire[name])
+    hide_secrets(request)
+
+
 def mask(content: bytes, is_text: bool) -> bytes:
     """A message as a flow shows it: any key it echoes masked."""
     encoding = "utf-8" if is_text else "latin-1"
@@ -140,18 +156,7 @@ class Leg:
         self._hide_added()
 
     def _hide_added(self) -> None:
-        """A secret header an addon set (modify_headers, upstream_auth...) goes to the wire only, as
-        the gate's own: masked in logs, a placeholder on the flow. `proxy-authorization` is for a
-        proxy, which the route's own CONNECT carries: never sent to the model host."""
-        headers = self.flow.request.headers
-        headers.pop("proxy-authorization", None)
-        self._wire.pop("proxy-authorization", None)
-        for name in secrets_in(headers):
-            values = headers.get_all(name)
-            if values != [PLACEHOLDER]:
-                self._wire[name] = [v for v in values if v != PLACEHOLDER] or self._wire.get(name, [])
-                arming(self._wire[name])
-        hide_secrets(self.flow.request)
+        hide_added(self.flow.request, self._wire)
 
     def wire_headers(self) -> list[tuple[bytes, bytes]]:
         """The head's headers as the hooks left them, each placeholder replaced by its real value."""
