@@ -144,13 +144,13 @@ def test_the_gates_frames_reach_the_upstream_whole_and_a_ping_is_answered():
     async def go():
         conn, sock, server, seen, _ = await upgraded()
         text = "ünïcödé " * 2000  # > 4,000 bytes of multi-byte text: mitmproxy's injection would split it
-        frames = sock._client.send(TextMessage(text))
+        frames = sock._client.ws.send(TextMessage(text))
         cmds = await drive(conn, play(conn, _ToStream(conn.client, sock.stream_id, data=frames)), seen)
         got = [e for e in upstream_reads(sent_to(server, cmds)) if isinstance(e, Message)]
         assert "".join(e.data for e in got) == text
         upstream = Connection(ConnectionType.SERVER)
         fed: list[bytes] = []
-        sock._write = lambda data: fed.append(data) or asyncio.sleep(0)  # what the socket feeds back
+        sock._client._feed = lambda data: fed.append(data) or asyncio.sleep(0)  # what the socket feeds back
         await drive(conn, play(conn, events.DataReceived(server, upstream.send(Ping(b"p1")))), seen)
         await asyncio.sleep(0)
         assert fed, "the ping reached the client side and was answered"
@@ -162,7 +162,7 @@ def test_the_gates_frames_reach_the_upstream_whole_and_a_ping_is_answered():
 def test_a_close_from_the_gate_closes_both_sides_and_ends_the_flow():
     async def go():
         conn, sock, server, seen, _ = await upgraded()
-        frame = sock._client.send(CloseConnection(1000, "codex-failover: moved"))
+        frame = sock._client.ws.send(CloseConnection(1000, "codex-failover: moved"))
         cmds = await drive(conn, play(conn, _ToStream(conn.client, sock.stream_id, data=frame)), seen)
         closes = [e for e in upstream_reads(sent_to(server, cmds)) if isinstance(e, CloseConnection)]
         assert closes and closes[0].code == 1000
@@ -180,12 +180,12 @@ def test_a_compressed_upstream_inflates_through_the_bound_and_a_bomb_closes_with
         conn, sock, server, seen, _ = await upgraded(DEFLATE)
         extensions = conn.extensions(sock, "server")
         assert extensions is not None and [type(e) for e in extensions] == [BoundedDeflate]
-        assert conn.extensions(sock, "client") == [] and sock._client._proto.extensions == []  # the inside hop
+        assert conn.extensions(sock, "client") == [] and sock._client.ws._proto.extensions == []  # the inside hop
         upstream = Connection(ConnectionType.SERVER, [deflated()])
         fine = upstream.send(TextMessage("x" * 1000))
         await drive(conn, play(conn, events.DataReceived(server, fine)), seen)
         assert await sock.recv() == (b"x" * 1000, True)
-        frames = sock._client.send(TextMessage("z" * 5000))
+        frames = sock._client.ws.send(TextMessage("z" * 5000))
         cmds = await drive(conn, play(conn, _ToStream(conn.client, sock.stream_id, data=frames)), seen)
         sent = sent_to(server, cmds)
         assert len(sent) < 500  # compressed towards the upstream
@@ -222,4 +222,123 @@ def test_a_refused_upgrade_keeps_its_body_bounded_and_masked_and_its_verdict_bef
         shown = sock.flow.response.content
         assert b"overloaded" in shown and b"sk-proj-BBBB" not in shown and "content-encoding" not in sock.flow.response.headers
         assert len(sock._body) <= 65536
+    run(go())
+
+
+# -- found by review: each of these failed before its fix ----------------------------------------------
+
+def test_a_socket_to_another_host_sends_that_hosts_name():
+    """A spare whose base_url is on another host than the client's: its Host header is the spare's."""
+    async def go():
+        ctx.options.http2 = False
+        conn = WarmConnection(KEY, Slot(KEY, 1), ctx.options)
+        play(conn, events.Start())
+        client = Client(peername=("127.0.0.1", 5000), sockname=("127.0.0.1", 8080), state=ConnectionState.OPEN)
+        flow = http.HTTPFlow(client, Server(address=("chatgpt.com", 443)))
+        flow.request = http.Request.make("GET", "https://chatgpt.com/backend-api/codex/responses", b"",
+                                         {"host": "chatgpt.com"})
+        headers = http.Headers(host="chatgpt.com", connection="Upgrade", upgrade="websocket",
+                               **{"sec-websocket-version": "13", "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ=="})
+        sock = LayerSocket(flow, "http://upstream.test/v1/responses", headers, "w1#1", "socket", None)
+        assert sock.flow.request.headers["host"] == "upstream.test"
+    run(go())
+
+
+def test_pings_cost_one_pong_task_answering_the_latest_and_a_flood_closes_the_socket():
+    async def go():
+        conn, sock, server, seen, _ = await upgraded()
+        upstream = Connection(ConnectionType.SERVER)
+        fed: list[bytes] = []
+        sock._client._feed = lambda data: fed.append(data) or asyncio.sleep(0)
+        burst = b"".join(upstream.send(Ping(str(i).encode())) for i in range(50))
+        await drive(conn, play(conn, events.DataReceived(server, burst)), seen)
+        pending = [t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "ClientSide._pong"]
+        assert len(pending) == 1
+        await asyncio.wait(pending, timeout=2)
+        answers = [e for e in upstream_reads_as_server(fed) if isinstance(e, Pong)]
+        assert [p.payload for p in answers] == [b"49"] and sock.open
+        aborted: list[bool] = []
+        sock.conn.close = lambda why="": aborted.append(True)
+        flood = b"".join(upstream.send(Ping(b"x")) for _ in range(2000))
+        await drive(conn, play(conn, events.DataReceived(server, flood)), seen)
+        assert sock.close_code == 1008 and aborted and await sock.recv() is None
+    run(go())
+
+
+def upstream_reads_as_server(frames: list[bytes]) -> list:
+    upstream = Connection(ConnectionType.SERVER)
+    upstream.receive_data(b"".join(frames))
+    return list(upstream.events())
+
+
+def test_reading_the_upstream_pauses_while_a_messages_hooks_run():
+    """mitmproxy reads on while a hook runs and queues what it read: the socket stops the reads."""
+    async def go():
+        conn, sock, server, seen, _ = await upgraded()
+        calls: list[bool] = []
+        conn.set_reading = calls.append
+        upstream = Connection(ConnectionType.SERVER)
+        await drive(conn, play(conn, events.DataReceived(server, upstream.send(TextMessage("a")))), seen)
+        assert calls == [False, True]
+    run(go())
+
+
+def test_an_upgrade_an_addon_answers_keeps_its_body_for_the_verdict():
+    class Answers:
+        def request(self, flow):
+            if flow.metadata.get("codex_failover.attempt"):
+                flow.response = http.Response.make(429, b'{"error":{"type":"usage_limit_reached","message":"limit"}}',
+                                                   {"content-type": "application/json"})
+
+    async def go():
+        ctx.options.http2 = False
+        conn = WarmConnection(KEY, Slot(KEY, 1), ctx.options)
+        play(conn, events.Start())
+        sock, seen = socket_on(conn), []
+        await drive(conn, play(conn, _Submit(conn.client, sock)), seen)
+        assert sock.over.is_set() and sock.failure.status == 429
+        assert b"usage_limit_reached" in sock.failure.body and b"usage_limit_reached" in sock.flow.response.content
+
+    with taddons.context(Proxyserver(), FailoverAddon(), Answers()):
+        asyncio.run(go())
+
+
+def test_a_second_close_waits_for_the_first_ones_handshake():
+    async def go():
+        conn, sock, server, seen, _ = await upgraded()
+        aborted: list[bool] = []
+        sock.abort = lambda: aborted.append(True)
+        sock._client._feed = lambda data: asyncio.sleep(0)
+        sock.close(1000, "codex-failover: moved")
+        sock.close(1011)
+        assert aborted == [] and sock.close_code == 1000
+    run(go())
+
+
+def test_a_connection_cancelled_mid_event_is_still_closed_and_forgotten(monkeypatch):
+    """mitmproxy's handle_connection skips its own cleanup when a close cancels it inside server_event."""
+    from mitmproxy.proxy import server as proxy_server
+
+    async def cancelled(self, connection):
+        raise asyncio.CancelledError("closed by command")
+
+    class Writer:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    async def go():
+        ctx.options.http2 = False
+        conn = WarmConnection(KEY, Slot(KEY, 1), ctx.options)
+        kept = Server(address=("upstream.test", 80))
+        conn.kept, writer, gone = kept, Writer(), []
+        conn.transports[kept] = proxy_server.ConnectionIO(handler=None, reader=None, writer=writer)
+        conn.on_closed = gone.append
+        monkeypatch.setattr(proxy_server.ConnectionHandler, "handle_connection", cancelled)
+        try:
+            await conn.handle_connection(kept)
+        except asyncio.CancelledError:
+            pass
+        assert writer.closed and kept not in conn.transports and gone == [conn]
     run(go())

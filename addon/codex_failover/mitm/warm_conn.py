@@ -1,14 +1,10 @@
-"""Warm upstream connections: attempts sent over kept connections by mitmproxy's own HTTP layers
-(docs/architecture.md#warm-connections; the mitmproxy facts relied on: docs/mitmproxy-12.3.1-replay-notes.md §9).
-
-A `WarmConnection` is a mitmproxy `ConnectionHandler` living as long as its upstream connection, its
-layers mitmproxy's `HttpLayer` with `_AttemptSource` as "client": each attempt is a request on a stream
-of its own, run by mitmproxy's `HttpStream` with every addon hook (a complete flow: mitmweb, `-w`,
-map_remote). `_KeptHttpLayer.get_connection` answers with the kept connection (HTTP/2 streams side by
-side, HTTP/1.1 one after another). A WebSocket upgrade's attempt has a connection of its own and goes on
-as mitmproxy's WebSocket layer (ws/layer_socket.py). Secrets: the flow holds placeholders (attempt.py),
-the real values only while the upstream connection's layers process an event, never once the head left.
-"""
+"""Attempts over kept upstream connections, by mitmproxy's own HTTP layers (docs/architecture.md#warm-
+connections; facts relied on: docs/mitmproxy-12.3.1-replay-notes.md §9, §13). A `WarmConnection` is a
+`ConnectionHandler` living as long as its upstream connection: mitmproxy's `HttpLayer` with
+`_AttemptSource` as "client", each attempt a request on a stream of its own run by `HttpStream` with
+every addon hook; `_KeptHttpLayer.get_connection` answers with the kept connection. A WebSocket
+upgrade has a connection of its own and goes on in mitmproxy's WebSocket layer (ws/layer_socket.py).
+Secrets: placeholders on the flow, the real values only while the upstream's layers write the head."""
 from __future__ import annotations
 
 import asyncio
@@ -59,13 +55,12 @@ class _Submit(events.ConnectionEvent):
 class _ToStream(events.ConnectionEvent):
     stream_id: int
     message: str = ""
-    data: bytes | None = None  # not a cancel: frames of an upgraded stream's client side (`feed`)
+    data: bytes | None = None  # (with data: frames of an upgraded stream's client side, `feed`)
 
 
 class _AttemptSource(layer.Layer):
-    """The HTTP layer's client: hands attempts over as requests, asks for dials, ignores responses
-    (each attempt reads its own through its flow's hooks); never pauses. After a WebSocket upgrade
-    it is the socket's client side: the frames go both ways as the stream's data (`feed`)."""
+    """The HTTP layer's client: hands attempts over as requests, asks for dials, ignores responses (each
+    attempt reads its own from its hooks); never pauses. After an upgrade, the socket's client side."""
 
     def __init__(self, context: Context, owner: "WarmConnection"):
         super().__init__(context)
@@ -106,9 +101,8 @@ NEVER_PROCESSED = "HTTP/2 GOAWAY: the server never processed this stream"  # saf
 
 
 class _GoawayHttp2Client(Http2Client or object):  # type: ignore[misc]
-    """A kept connection's HTTP/2 layer (class swapped in by `_KeptHttpLayer`): mitmproxy closes the
-    connection on any GOAWAY and h2 refuses frames after one. Here streams above last_stream_id fail
-    as never processed; on a graceful GOAWAY the kept streams are read to their end (`goaway`)."""
+    """A kept connection's HTTP/2 layer (swapped in): mitmproxy closes on any GOAWAY, h2 refuses frames
+    after one. Here streams above last_stream_id fail as never processed, kept ones are read to the end."""
 
     warm: "WarmConnection"
 
@@ -127,8 +121,7 @@ class _GoawayHttp2Client(Http2Client or object):  # type: ignore[misc]
 
 
 class _KeptHttpLayer(http_layers.HttpLayer):
-    """mitmproxy's HttpLayer with the kept connection as the one it shares, and the secrets armed
-    only inside the upstream connection's layers (see the module docstring)."""
+    """mitmproxy's HttpLayer sharing the kept connection, the secrets armed only inside its layers."""
 
     def __init__(self, context: Context, owner: "WarmConnection"):
         super().__init__(context, HTTPMode.transparent)
@@ -155,8 +148,7 @@ class _KeptHttpLayer(http_layers.HttpLayer):
         owner.kept = next((c for c in self.connections if c not in known), None)
 
     def register_connection(self, command) -> layer.CommandGenerator[None]:
-        """The kept connection is up (or failed): every waiting attempt gets it, but on HTTP/1.1 only the
-        first does and the others dial their own (mitmproxy's own rule for HTTP/2 clients)."""
+        """The kept connection is up (or failed): every waiting attempt gets it; on HTTP/1.1 only the first."""
         waiting = self.waiting_for_establishment.get(command.connection, [])
         own = []
         if command.connection is self.owner.kept and not command.err and command.connection.alpn != b"h2":
@@ -304,30 +296,27 @@ class WarmConnection(server.ConnectionHandler):
         await self.server_event(_Submit(self.client, attempt))
 
     async def feed(self, attempt: "Attempt", data: bytes) -> None:
-        """Frames from the client side of an upgraded attempt's socket, into the layers, then written
-        out (mitmproxy's own backpressure: `drain_writers` after each read)."""
+        """Frames from an upgraded attempt's client side into the layers, then written out (drained)."""
         await self.server_event(_ToStream(self.client, attempt.stream_id, data=data))
         await self.drain_writers()
 
     def extensions(self, attempt: "Attempt", side: str) -> list | None:
-        """The (wsproto) extensions an upgraded stream's WebSocket layer speaks to its `side` ("client"
-        or "server") with, the list itself, or None if not found."""
+        """The wsproto extensions (the list itself) an upgraded stream speaks to `side` with, or None."""
         stream = self.layer.streams.get(attempt.stream_id)
         ws = getattr(getattr(stream, "child_layer", None), f"{side}_ws", None)
         extensions = getattr(getattr(ws, "_proto", None), "extensions", None)
         return extensions if isinstance(extensions, list) else None
 
     async def cancel(self, attempt: "Attempt", message: str) -> None:
-        """Stop one attempt (HTTP/2: its stream reset; HTTP/1.1: the connection closed); one that waits
-        for its connection never gets it (`abandoned`): not one byte of it leaves."""
+        """Stop one attempt (HTTP/2: stream reset; HTTP/1.1: connection closed); one still waiting for
+        its connection never gets it (`abandoned`): not one byte of it leaves."""
         if attempt.stream_id not in self.attempts:
             return
         attempt.abandoned = not attempt.sent
         await self.server_event(_ToStream(self.client, attempt.stream_id, message))
 
     def abandoned(self, stream_id: int) -> bool:
-        attempt = self.attempts.get(stream_id)
-        return attempt is not None and attempt.abandoned
+        return getattr(self.attempts.get(stream_id), "abandoned", False)
 
     def unsent(self) -> list["Attempt"]:
         return [a for a in self.attempts.values() if not a.sent] if self.attempts else []
@@ -367,6 +356,17 @@ class WarmConnection(server.ConnectionHandler):
                 self._over(data)  # (an upgrade that was accepted goes on as its socket)
         elif isinstance(hook, server_hooks.ServerDisconnectedHook) and data.server is self.kept:
             self._gone()
+
+    async def handle_connection(self, connection) -> None:
+        try:
+            await super().handle_connection(connection)
+        finally:  # its cleanup, skipped when a close cancels it mid-event (in its server_event)
+            io = self.transports.pop(connection, None)
+            if io is not None:
+                if io.writer is not None:
+                    io.writer.close()
+                if connection is self.kept:
+                    self._gone()
 
     def _over(self, flow) -> None:
         for sid, attempt in list(self.attempts.items()):

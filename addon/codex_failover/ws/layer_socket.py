@@ -33,15 +33,18 @@ from wsproto.utilities import split_comma_header
 
 from ..core.transport import classify_connection_error
 from ..core.ws_turns import Message
-from ..mitm.attempt import QUEUE_HIGH, QUEUE_LOW, Attempt, copy_request, end_unsent
+from ..mitm.attempt import ATTEMPT_TAG, QUEUE_HIGH, QUEUE_LOW, Attempt, copy_request, end_unsent
 from .bounded_deflate import BoundedDeflate
-from .conn import MESSAGE_TOO_BIG, HandshakeRejected, WsConn
+from .conn import ABNORMAL, MESSAGE_TOO_BIG, HandshakeRejected, WsConn
 from .leg import FlowRecord, _masked_body, hide_added, mask
 from .upstream import ConnectFailed
 
 log = logging.getLogger("codex_failover")
 
 REJECTION_BODY = 65536  # of a refused upgrade's body, kept to classify and show
+UPSTREAM_MAX = 16 * 1024 * 1024  # an upstream message larger than this closes the socket (1009)
+PINGS_PER_SECOND = 100  # more from an upstream closes its socket (1008)
+POLICY_VIOLATION = 1008
 CLOSE_GRACE = 5.0  # after our close frame, the connection is closed if mitmproxy has not yet
 
 
@@ -50,8 +53,8 @@ class LayerSocket(Attempt):
 
     def __init__(self, client_flow: http.HTTPFlow, url: str, headers: http.Headers, label: str, title: str, engine):
         request = copy_request(client_flow.request)
-        request.url = url
         request.headers = headers
+        request.url = url  # after the headers: the URL's host becomes the Host header's (as attempt_maker does)
         super().__init__(client_flow, request, label, 0, engine)
         self.flow.live = True  # addons such as map_remote act on live flows only
         self.record = FlowRecord(self.flow, title)
@@ -65,8 +68,7 @@ class LayerSocket(Attempt):
         self.sent_or_over = asyncio.Event()
         self.on_sent = self.sent_or_over.set
         self.inbox: asyncio.Queue[Message | None] = asyncio.Queue()
-        self._client: Connection | None = None  # the client side's frames (wsproto)
-        self._writing = asyncio.Lock()  # frames go in in the order they were made
+        self._client: ClientSide | None = None  # the gate's end of the inside hop, once upgraded
         self._unread = 0  # bytes read since the upstream's last whole message
         self._body = bytearray()  # a refused upgrade's
         self._grace: asyncio.TimerHandle | None = None  # closes the connection if the close handshake hangs
@@ -107,21 +109,22 @@ class LayerSocket(Attempt):
         if not self.open or self._client is None:
             return
         data = content.decode("utf-8", "replace") if is_text else content
-        await self._write(self._client.send(TextMessage(data=data) if is_text else BytesMessage(data=data)))
+        await self._client.send(TextMessage(data=data) if is_text else BytesMessage(data=data))
 
     def close(self, code: int = 1000, reason: str = "") -> None:
         """Close the socket (a close frame from the client side; mitmproxy closes both). Never raises."""
-        was_open = self.open
+        if not self.open:
+            return  # closed already (by us: the close handshake has its grace; by the upstream: it is going)
         self._closed(code, reason, True)
-        if not was_open or self._client is None:
+        if self._client is None:
             self.abort()
             return
         try:
-            frame = self._client.send(CloseConnection(code=code, reason=reason))
+            frame = self._client.ws.send(CloseConnection(code=code, reason=reason))
         except Exception:  # noqa: BLE001 - a code the protocol does not send: the connection goes
             self.abort()
             return
-        asyncio.get_running_loop().create_task(self._write(frame))
+        asyncio.get_running_loop().create_task(self._client.write(frame))
         self._grace = asyncio.get_running_loop().call_later(CLOSE_GRACE, self.abort)  # cancelled at the end
 
     async def stop(self) -> None:
@@ -130,7 +133,9 @@ class LayerSocket(Attempt):
         await self.cancel(timeout=1.0)
 
     def abort(self) -> None:
-        """Close the connection now (no close handshake); idempotent."""
+        """Close the connection now (no close handshake); idempotent. A reader waiting gets the end."""
+        self._closed(ABNORMAL, "connection closed", True)
+        self.inbox.put_nowait(None)
         if self.conn is not None:
             self.conn.close("closed by codex-failover")
 
@@ -157,6 +162,7 @@ class LayerSocket(Attempt):
             await self.over.wait()
         finally:
             self.sent_or_over.set()
+            self.inbox.put_nowait(None)  # (once the socket is over, nothing more comes)
             if self._grace is not None:  # (its handle would keep this socket, and its layers, 5 s longer)
                 self._grace.cancel()
                 self._grace = None
@@ -167,6 +173,8 @@ class LayerSocket(Attempt):
         if before:
             if name == "websocket_message":
                 self._mask_for_others()
+                if not self.flow.websocket.messages[-1].from_client and self.conn is not None:
+                    self.conn.set_reading(False)  # nothing more is read while its hooks run (bounded by one read)
             elif name in ("response", "error") and not (response is not None and self.flow.websocket is not None):
                 self._final()
             return
@@ -178,6 +186,8 @@ class LayerSocket(Attempt):
             self._start_socket()
         elif name == "websocket_message":
             self._took_message()
+            if not self._paused and self.conn is not None:
+                self.conn.set_reading(True)
         elif name == "websocket_end":
             ws = self.flow.websocket
             self._closed(ws.close_code or 1006, ws.close_reason or "", bool(ws.closed_by_client))
@@ -189,28 +199,20 @@ class LayerSocket(Attempt):
 
     def received(self, n: int) -> None:
         self._unread += n
-        if self._unread > WsConn.max_message + 65536 and self.open:  # one read past the largest message
+        if self._unread > upstream_max() + 65536 and self.open:  # one read past the largest message
             self.close(MESSAGE_TOO_BIG, "message too big")
 
     def from_layers(self, data: bytes) -> None:
         """Frames mitmproxy sends the client side: its pings are answered; the rest is the end."""
-        if self._client is None:
-            return
-        try:
-            self._client.receive_data(data)
-            events = list(self._client.events())
-        except Exception:  # noqa: BLE001 - nothing but control frames is expected here
-            return
-        for event in events:
-            if isinstance(event, Ping) and self.open:
-                asyncio.get_running_loop().create_task(self._write(self._client.send(event.response())))
+        if self._client is not None and self.open and not self._client.received(data):
+            log.warning("[%s] the upstream sent more than %d pings a second: its socket is closed",
+                        self.flow.metadata.get(ATTEMPT_TAG, "?"), PINGS_PER_SECOND)
+            self._closed(POLICY_VIOLATION, "too many pings", True)
+            self.abort()
 
-    # -- internals -------------------------------------------------------------------------
-
-    async def _write(self, data: bytes) -> None:
-        async with self._writing:
-            if self.conn is not None and data:
-                await self.conn.feed(self, data)
+    async def _feed(self, data: bytes) -> None:
+        if self.conn is not None and data:
+            await self.conn.feed(self, data)
 
     def _collect(self, chunk: bytes) -> bytes:
         """A refused upgrade's body (a stream callable): the first REJECTION_BODY bytes are kept."""
@@ -221,9 +223,11 @@ class LayerSocket(Attempt):
     def _final(self) -> None:
         """A failed upgrade's last hook: what it got on the flow, its verdict before any addon saves it."""
         response = self.flow.response
-        if response is not None and response.stream:
-            encoding = response.headers.pop("content-encoding", None)  # shown decoded
+        if response is not None and response.status_code != 101:
             response.stream = False
+            if not self._body and response.raw_content:  # an addon's answer, whole (not streamed)
+                self._body = bytearray(response.raw_content[:REJECTION_BODY])
+            encoding = response.headers.pop("content-encoding", None)  # shown decoded
             response.content = _masked_body(bytes(self._body), encoding)
         self.failure = self._failed()
         if self.verdict is not None:
@@ -257,7 +261,7 @@ class LayerSocket(Attempt):
         elif ours and theirs is None:
             log.warning("codex-failover: the upstream WebSocket's inflate could not be bounded (mitmproxy's layers "
                         "are not as tested); a message past failover_max_body is still closed with 1009")
-        self._client = Connection(ConnectionType.CLIENT, ours)
+        self._client = ClientSide(ours, self._feed)
         self.upgraded.set()
 
     def _mask_for_others(self) -> None:
@@ -295,6 +299,57 @@ class LayerSocket(Attempt):
                 self.on_end(code, reason, by_us)
 
 
+class ClientSide:
+    """The gate's end of the hop inside the process: a wsproto client whose frames go into mitmproxy's
+    layer in the order they were made (`write`), answering the layer's pings: one pong at a time, for
+    the latest ping (RFC 6455 5.5.3), so a flood costs one task, not one per ping."""
+
+    def __init__(self, extensions: list, feed, clock=time.monotonic):
+        self.ws = Connection(ConnectionType.CLIENT, extensions)
+        self._clock, self._window, self._pings = clock, clock(), 0
+        self._feed = feed  # async (frames) -> None
+        self._writing = asyncio.Lock()
+        self._ping: Ping | None = None  # the latest ping not yet answered
+
+    async def send(self, event) -> None:
+        await self.write(self.ws.send(event))
+
+    async def write(self, data: bytes) -> None:
+        async with self._writing:
+            await self._feed(data)
+
+    def received(self, data: bytes) -> bool:
+        """The layer's frames for the client side; False when pings come faster than PINGS_PER_SECOND
+        (a server pings every few seconds; a flood would cost CPU in mitmproxy's layer for each)."""
+        try:
+            self.ws.receive_data(data)
+            pings = [e for e in self.ws.events() if isinstance(e, Ping)]
+        except Exception:  # noqa: BLE001 - nothing but control frames is expected here
+            return True
+        now = self._clock()
+        if now - self._window >= 1.0:
+            self._window, self._pings = now, 0
+        self._pings += len(pings)
+        if self._pings > PINGS_PER_SECOND:
+            return False
+        if pings:
+            pending, self._ping = self._ping, pings[-1]
+            if pending is None:
+                asyncio.get_running_loop().create_task(self._pong())
+        return True
+
+    async def _pong(self) -> None:
+        ping, self._ping = self._ping, None
+        if ping is not None:
+            await self.send(ping.response())
+
+
+def upstream_max() -> int:
+    """The largest upstream message taken: failover_max_body, at most UPSTREAM_MAX (mitmproxy's layer
+    joins a frame's pieces with `+=`, so a larger one would cost time quadratic in its size)."""
+    return min(WsConn.max_message, UPSTREAM_MAX)
+
+
 def _deflate_as_accepted(accepted: str) -> list:
     """The client side's permessage-deflate, as the upstream's 101 accepted it (as mitmproxy does)."""
     ours = []
@@ -309,7 +364,7 @@ def _bound_inflate(extensions: list) -> None:
     """Each plain permessage-deflate in `extensions` replaced by a BoundedDeflate in the same state."""
     for i, ext in enumerate(extensions):
         if type(ext) is PerMessageDeflate:
-            bounded = BoundedDeflate(WsConn.max_message)
+            bounded = BoundedDeflate(upstream_max())
             bounded.__dict__.update({k: v for k, v in vars(ext).items() if k not in ("max_message", "_taken")})
             extensions[i] = bounded
 
