@@ -241,9 +241,9 @@ def test_ten_thousand_sessions_and_one_changed_is_one_row_converted_and_written(
     keeper.kinds[at] = Kind(session_kind.source, lambda s: converted.append(s) or rows(s), session_kind.ids)
     later(wall, mono, 61)
     keeper.affinity.set("thread-5000", "spare")
-    t0 = time.perf_counter()
+    t0 = time.thread_time()  # this thread's CPU: what the pass costs the event loop, whatever else runs
     upserts, deletes = keeper.changes()
-    took = time.perf_counter() - t0
+    took = time.thread_time() - t0
     assert [r.id for r in upserts] == ["thread-5000"] and deletes == []
     assert converted == ["thread-5000"]
     assert took < 0.010, took  # a pass costs the change: microseconds (the full snapshot took ~65 ms)
@@ -506,11 +506,11 @@ def test_a_whole_rewrite_of_ten_thousand_sessions_is_several_short_passes():
     convert = keeper._convert
 
     def timed(taken):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()  # this thread's CPU (a parallel test run shares the cores)
         try:
             return convert(taken)
         finally:
-            took.append(time.perf_counter() - t0)
+            took.append(time.thread_time() - t0)
     keeper._convert = timed
 
     async def lose_the_store():
