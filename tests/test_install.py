@@ -201,7 +201,7 @@ def test_run_installs_only_the_runtime_dependencies_and_test_adds_test_and_bench
 
     calls = project("test", "-q")
     assert installs(calls) == "bench,test"
-    assert calls[-3:] == ["ruff check addon tests scripts", "mypy ", "pytest -q"]  # the linters first
+    assert calls[-3:] == ["ruff check addon tests scripts", "mypy ", "pytest -n 2 --dist loadfile -q"]  # the linters first
     assert (root / ".venv" / ".installed-from").read_text() == (root / "pyproject.toml").read_text().rstrip(
         "\n") + " extras=bench,test"
 
@@ -211,7 +211,7 @@ def test_a_venv_with_more_extras_than_asked_for_is_up_to_date(project):
     for args, env in [(("none",), {}), (("test",), {}), (("bench, test",), {}), ((), {}),
                       ((), {"CODEX_FAILOVER_EXTRAS": "bench"})]:
         assert project("setup", *args, **env) == [], (args, env)
-    assert project("test") == ["ruff check addon tests scripts", "mypy ", "pytest "]
+    assert project("test") == ["ruff check addon tests scripts", "mypy ", "pytest -n 2 --dist loadfile"]
     assert installs(project("run")) is None
 
 
@@ -243,4 +243,4 @@ def test_setup_reads_the_stamp_an_older_setup_wrote(project):
     stamp = project.root / ".venv" / ".installed-from"
     stamp.write_text((project.root / "pyproject.toml").read_text().rstrip("\n") + " extras=test,bench")
     assert project("setup") == []
-    assert project("test") == ["ruff check addon tests scripts", "mypy ", "pytest "]
+    assert project("test") == ["ruff check addon tests scripts", "mypy ", "pytest -n 2 --dist loadfile"]
