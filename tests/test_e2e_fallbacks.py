@@ -9,7 +9,9 @@ import pytest
 from harness import ProxyProcess, pool_yaml, post_responses
 
 
-@pytest.mark.parametrize("forced", ["hooks", "hop", "goaway", "hooks,hop,goaway"])
+# (wsleg is the gated WebSocket's: its failover on the fallback is in tests/test_e2e_websocket.py's
+# BOTH_STACKS cases; here, that it starts with its one line and leaves HTTP's failover as it is.)
+@pytest.mark.parametrize("forced", ["hooks", "hop", "goaway", "wsleg", "hooks,hop,goaway"])
 def test_a_forced_fallback_still_fails_over(fake, tmp_path, forced):
     text, env = pool_yaml(fake.base, [("spare", "sk-test-spare-good")])
     proxy = ProxyProcess(tmp_path, text, {**env, "CODEX_FAILOVER_FALLBACK": forced})

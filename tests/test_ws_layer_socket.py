@@ -79,13 +79,20 @@ def socket_on(conn: WarmConnection) -> LayerSocket:
     return sock
 
 
-async def upgraded(extensions: bytes = b""):
-    """A socket whose upgrade the fake upstream accepted; its server connection, hooks seen, head sent."""
+async def submitted(verdict=None):
+    """A socket's upgrade handed to its connection, its request hooks run: (connection, socket,
+    hooks seen, the commands after them)."""
     ctx.options.http2 = False
     conn = WarmConnection(KEY, Slot(KEY, 1), ctx.options)
     play(conn, events.Start())
     sock, seen = socket_on(conn), []
-    cmds = await drive(conn, play(conn, _Submit(conn.client, sock)), seen)
+    sock.verdict = verdict
+    return conn, sock, seen, await drive(conn, play(conn, _Submit(conn.client, sock)), seen)
+
+
+async def upgraded(extensions: bytes = b""):
+    """A socket whose upgrade the fake upstream accepted; its server connection, hooks seen, head sent."""
+    conn, sock, seen, cmds = await submitted()
     opened = next(c for c in cmds if isinstance(c, commands.OpenConnection))
     head = b"".join(c.data for c in await drive(conn, play(conn, events.OpenConnectionCompleted(opened, None)), seen)
                     if isinstance(c, commands.SendData))
@@ -202,13 +209,9 @@ def test_a_compressed_upstream_inflates_through_the_bound_and_a_bomb_closes_with
 
 def test_a_refused_upgrade_keeps_its_body_bounded_and_masked_and_its_verdict_before_any_save():
     async def go():
-        ctx.options.http2 = False
-        conn = WarmConnection(KEY, Slot(KEY, 1), ctx.options)
-        play(conn, events.Start())
-        sock, seen = socket_on(conn), []
         verdicts = []
-        sock.verdict = lambda exc: verdicts.append(exc) or ("❌", "upgrade rejected (overloaded) via direct")
-        cmds = await drive(conn, play(conn, _Submit(conn.client, sock)), seen)
+        conn, sock, seen, cmds = await submitted(
+            lambda exc: verdicts.append(exc) or ("❌", "upgrade rejected (overloaded) via direct"))
         opened = next(c for c in cmds if isinstance(c, commands.OpenConnection))
         await drive(conn, play(conn, events.OpenConnectionCompleted(opened, None)), seen)
         body = b'{"error":{"message":"overloaded, key sk-proj-BBBBBBBBBBBBBBBBBBBBBBBB"}}' + b" " * 20_000
@@ -291,11 +294,7 @@ def test_an_upgrade_an_addon_answers_keeps_its_body_for_the_verdict():
                                                    {"content-type": "application/json"})
 
     async def go():
-        ctx.options.http2 = False
-        conn = WarmConnection(KEY, Slot(KEY, 1), ctx.options)
-        play(conn, events.Start())
-        sock, seen = socket_on(conn), []
-        await drive(conn, play(conn, _Submit(conn.client, sock)), seen)
+        conn, sock, seen, _ = await submitted()
         assert sock.over.is_set() and sock.failure.status == 429
         assert b"usage_limit_reached" in sock.failure.body and b"usage_limit_reached" in sock.flow.response.content
 

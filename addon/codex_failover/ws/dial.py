@@ -179,7 +179,7 @@ class Dialer:
         url, headers, label_n, title = self._leg_request(cand)
         sock = LayerSocket(self.client_flow, url, headers, label_n, title, self.shared.engine)
         sock.account, sock.endpoint = cand.key, ep
-        sock.verdict = lambda exc: self._verdict(exc, label)
+        sock.verdict = lambda exc: self._verdict(exc, self._rejection_of(exc), label)
         try:
             sock.start(await via_of(ep, self.shared.bridges))
             await sock.opened(self.shared.pool.policy.connect_timeout)
@@ -190,14 +190,15 @@ class Dialer:
             return self._rejection_of(exc)
         return Upstream(sock, cand, label, sock)  # type: ignore[arg-type]
 
-    def _verdict(self, exc: BaseException, label: str) -> tuple[str, str]:
+    @staticmethod
+    def _verdict(exc: BaseException, rejection: Rejection, label: str) -> tuple[str, str]:
         """A failed upgrade's mark and line on its flow."""
         if isinstance(exc, HandshakeRejected):
-            return story.REJECTED, f"upgrade rejected ({self._rejection_of(exc).reason}) via {label}"
-        kind = exc.kind if isinstance(exc, ConnectFailed) else HANDSHAKE_FAILED
-        return story.NO_CONNECTION, f"upgrade failed ({kind}) via {label}"
+            return story.REJECTED, f"upgrade rejected ({rejection.reason}) via {label}"
+        return story.NO_CONNECTION, f"upgrade failed ({rejection.reason}) via {label}"
 
     def _rejection_of(self, exc: BaseException) -> Rejection:
+        """What the failover loop learns from a failed upgrade (HandshakeRejected: its classified body)."""
         match exc:
             case ConnectFailed():
                 return Rejection(exc.kind, None, {"message": str(exc)})
@@ -226,17 +227,13 @@ class Dialer:
         if not isinstance(exc, _NOT_UPGRADED):
             leg.abandoned()
             raise exc
-        match exc:
-            case ConnectFailed():
-                await leg.failed(str(exc), f"upgrade failed ({exc.kind}) via {label}")
-                return Rejection(exc.kind, None, {"message": str(exc)})
-            case HandshakeRejected():
-                rejection = self._upgrade_rejected(exc)
-                await leg.rejected(exc.status, exc.headers, exc.body, f"upgrade rejected ({rejection.reason}) via {label}")
-                return rejection
-        message = f"{type(exc).__name__}: {exc}"
-        await leg.failed(message, f"upgrade failed ({HANDSHAKE_FAILED}) via {label}")
-        return Rejection(HANDSHAKE_FAILED, None, {"message": message})
+        rejection = self._rejection_of(exc)
+        _, line = self._verdict(exc, rejection, label)
+        if isinstance(exc, HandshakeRejected):
+            await leg.rejected(exc.status, exc.headers, exc.body, line)
+        else:
+            await leg.failed(str(rejection.error["message"]), line)
+        return rejection
 
     def _leg_request(self, cand: Candidate) -> tuple[str, http.Headers, str, str]:
         """The upgrade's URL and headers for `cand` (its credential swapped in), its label and title."""

@@ -13,9 +13,10 @@ fallback, `CODEX_FAILOVER_FALLBACK=wsleg`):
 - `close` sends a close frame from the client side, and mitmproxy closes both.
 
 Bounded: the bytes read since the upstream's last whole message are counted (`received`), and a
-compressed socket inflates through BoundedDeflate, so a message past `failover_max_body` closes the
-socket with 1009. What mitmweb shows is masked before other addons see it; the flow keeps KEEP bytes
-of messages (leg.FlowRecord). Past QUEUE_HIGH bytes not yet taken, reading the upstream pauses.
+compressed socket inflates through BoundedDeflate, so a message past `upstream_max()` closes the
+socket with 1009; reading pauses while a message's hooks run, and past QUEUE_HIGH bytes the gate has
+not taken; more than PINGS_PER_SECOND pings close it with 1008. What mitmweb shows is masked before
+other addons see it; the flow keeps KEEP bytes of messages (leg.FlowRecord).
 """
 
 from __future__ import annotations
@@ -63,7 +64,6 @@ class LayerSocket(Attempt):
         self.response_headers: list[tuple[bytes, bytes]] = []
         self.close_code: int | None = None
         self.close_reason = ""
-        self.on_end = None  # as WsConn's
         self.upgraded = asyncio.Event()  # websocket_start ran
         self.sent_or_over = asyncio.Event()
         self.on_sent = self.sent_or_over.set
@@ -115,7 +115,7 @@ class LayerSocket(Attempt):
         """Close the socket (a close frame from the client side; mitmproxy closes both). Never raises."""
         if not self.open:
             return  # closed already (by us: the close handshake has its grace; by the upstream: it is going)
-        self._closed(code, reason, True)
+        self._closed(code, reason)
         if self._client is None:
             self.abort()
             return
@@ -134,7 +134,7 @@ class LayerSocket(Attempt):
 
     def abort(self) -> None:
         """Close the connection now (no close handshake); idempotent. A reader waiting gets the end."""
-        self._closed(ABNORMAL, "connection closed", True)
+        self._closed(ABNORMAL, "connection closed")
         self.inbox.put_nowait(None)
         if self.conn is not None:
             self.conn.close("closed by codex-failover")
@@ -186,16 +186,15 @@ class LayerSocket(Attempt):
             self._start_socket()
         elif name == "websocket_message":
             self._took_message()
-            if not self._paused and self.conn is not None:
-                self.conn.set_reading(True)
         elif name == "websocket_end":
             ws = self.flow.websocket
-            self._closed(ws.close_code or 1006, ws.close_reason or "", bool(ws.closed_by_client))
+            self._closed(ws.close_code or ABNORMAL, ws.close_reason or "")
             self.flow.live = False
             self.inbox.put_nowait(None)
             # Its zlib state (some 300 KB) goes now: mitmproxy's layers wait in reference cycles
             # for the next full collection (docs/architecture.md#memory).
-            (self.conn.extensions(self, "server") or []).clear() if self.conn is not None else None
+            if self.conn is not None:
+                (self.conn.extensions(self, "server") or []).clear()
 
     def received(self, n: int) -> None:
         self._unread += n
@@ -207,7 +206,7 @@ class LayerSocket(Attempt):
         if self._client is not None and self.open and not self._client.received(data):
             log.warning("[%s] the upstream sent more than %d pings a second: its socket is closed",
                         self.flow.metadata.get(ATTEMPT_TAG, "?"), PINGS_PER_SECOND)
-            self._closed(POLICY_VIOLATION, "too many pings", True)
+            self._closed(POLICY_VIOLATION, "too many pings")
             self.abort()
 
     async def _feed(self, data: bytes) -> None:
@@ -251,16 +250,17 @@ class LayerSocket(Attempt):
         """The upgrade was accepted: the client side's frames, and the upstream's inflate bounded."""
         self.redact()
         self.response_headers = list(self.flow.response.headers.fields)
-        ours = _deflate_as_accepted(self.flow.response.headers.get("sec-websocket-extensions", ""))
         theirs = self.conn.extensions(self, "server") if self.conn is not None else None
         _bound_inflate(theirs or [])
         inside = self.conn.extensions(self, "client") if self.conn is not None else None
         if inside is not None:  # the hop inside the process: no compression (no zlib state, no double work)
             inside.clear()
             ours = []
-        elif ours and theirs is None:
-            log.warning("codex-failover: the upstream WebSocket's inflate could not be bounded (mitmproxy's layers "
-                        "are not as tested); a message past failover_max_body is still closed with 1009")
+        else:  # mitmproxy's layers are not as tested: speak what the upstream's 101 accepted, as they do
+            ours = _deflate_as_accepted(self.flow.response.headers.get("sec-websocket-extensions", ""))
+            if ours:
+                log.warning("codex-failover: the upstream WebSocket's inflate could not be bounded (mitmproxy's "
+                            "layers are not as tested); a message past its bound is still closed with 1009")
         self._client = ClientSide(ours, self._feed)
         self.upgraded.set()
 
@@ -284,19 +284,19 @@ class LayerSocket(Attempt):
                 content = self._raw[0] if self._raw is not None and message.content is self._raw[1] else message.content
                 self.inbox.put_nowait((content, message.is_text))
                 self.queued += len(content)
-                if self.queued > QUEUE_HIGH:
-                    self._set_reading(False)
             message.drop()
+            if self.queued > QUEUE_HIGH:
+                self._set_reading(False)
+            elif not self._paused and self.conn is not None:
+                self.conn.set_reading(True)  # (paused while its hooks ran)
         self._raw = None
         self.record.message(message.content, message.is_text, message.from_client, masked=True)
 
-    def _closed(self, code: int, reason: str, by_us: bool) -> None:
+    def _closed(self, code: int, reason: str) -> None:
         if self.close_code is None:
             self.close_code, self.close_reason = code, reason
             if self.flow.response is not None and self.flow.response.timestamp_end is None:
                 self.flow.response.timestamp_end = time.time()
-            if self.on_end is not None:
-                self.on_end(code, reason, by_us)
 
 
 class ClientSide:
