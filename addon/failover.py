@@ -3,7 +3,7 @@
     mitmdump -s addon/failover.py [--set failover_config=pool.yaml]
 
 Everything lives in the `codex_failover` package next to this file. Before importing it, this file
-checks that the mitmproxy loading it has every runtime dependency, at the pinned mitmproxy version;
+checks that the mitmproxy loading it has every runtime dependency, with mitmproxy in the pinned range;
 when not, it prints one line saying what to install and stops mitmproxy (exit status 2).
 """
 
@@ -15,15 +15,19 @@ import sys
 # The runtime dependencies exactly as pyproject.toml lists them (tests/test_install.py keeps the two
 # in step): the module each one provides -> its requirement.
 REQUIREMENTS = {
-    "mitmproxy": "mitmproxy==12.3.1",  # exact: the attempt engine drives mitmproxy's ConnectionHandler and HttpLayer
+    # The releases the seam's contract tests pass on (mitm/fallbacks.py lists them): the attempt engine drives
+    # mitmproxy's ConnectionHandler and HttpLayer, whose shape is mitmproxy 12's.
+    "mitmproxy": "mitmproxy>=12.0,<12.4",
     "yaml": "PyYAML>=6.0",
     "python_socks.async_.asyncio": "python-socks[asyncio]>=2.4",
     "wsproto": "wsproto>=1.2",
     "certifi": "certifi",
     "prometheus_client": "prometheus-client>=0.20",
     "redis": "redis>=5.0",
+    # zstd bodies (Codex's ChatGPT mode): the standard library's from Python 3.14 (compression.zstd), this before.
+    "backports.zstd": "backports.zstd>=1.0; python_version < '3.14'",
 }
-MITMPROXY_VERSION = REQUIREMENTS["mitmproxy"].partition("==")[2]
+MITMPROXY_RANGE = REQUIREMENTS["mitmproxy"][len("mitmproxy"):]
 EXIT_MISSING_DEPENDENCIES = 2
 
 _here = os.path.dirname(os.path.abspath(__file__))
@@ -37,14 +41,57 @@ def _name(requirement: str) -> str:
     return requirement
 
 
+def _release(version: str) -> tuple[int, ...]:
+    """'12.3.1' -> (12, 3, 1), '12.0' -> (12, 0, 0); a pre-release's suffix is dropped ('13.0.0rc1' -> (13, 0, 0))."""
+    parts = []
+    for part in version.split("."):
+        digits = ""
+        for c in part:
+            if not c.isdigit():
+                break
+            digits += c
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def _applies(requirement: str) -> bool:
+    """Is `requirement` for this Python? Its marker, if any, is `python_version < 'X.Y'`."""
+    _, _, marker = requirement.partition(";")
+    if not marker.strip():
+        return True
+    name, op, value = marker.split()
+    if (name, op) != ("python_version", "<"):
+        raise ValueError(f"unsupported marker {marker!r}")
+    return sys.version_info[:2] < tuple(int(x) for x in value.strip("'\"").split("."))
+
+
+def in_range(version: str, spec: str = MITMPROXY_RANGE) -> bool:
+    """Does `version` satisfy `spec`, a comma-separated list of `>=X` and `<Y` clauses?"""
+    have = _release(version)
+    for clause in spec.split(","):
+        if clause.startswith(">="):
+            if have < _release(clause[2:]):
+                return False
+        elif clause.startswith("<"):
+            if have >= _release(clause[1:]):
+                return False
+        else:
+            raise ValueError(f"unsupported clause {clause!r}")
+    return True
+
+
 def dependency_problem() -> str | None:
-    """None when every runtime dependency imports and mitmproxy is the pinned version, else the one
+    """None when every runtime dependency imports and mitmproxy is in the pinned range, else the one
     line to print: what is wrong and the command that fixes it."""
     import importlib
     import shlex
 
     missing = []
     for module, requirement in REQUIREMENTS.items():
+        if not _applies(requirement):
+            continue
         try:
             importlib.import_module(module)
         except Exception:  # ImportError, or an install too broken to import: either way, install it
@@ -55,14 +102,14 @@ def dependency_problem() -> str | None:
             from mitmproxy.version import VERSION
         except Exception:
             VERSION = "unknown"
-        if VERSION != MITMPROXY_VERSION:
+        if not in_range(VERSION):
             wrong_version = VERSION
     if not missing and wrong_version is None:
         return None
 
     problems, to_install = [], list(missing)
     if wrong_version is not None:
-        problems.append(f"needs mitmproxy=={MITMPROXY_VERSION}, this is mitmproxy {wrong_version}")
+        problems.append(f"needs {REQUIREMENTS['mitmproxy']}, this is mitmproxy {wrong_version}")
         to_install.insert(0, REQUIREMENTS["mitmproxy"])
     if missing:
         names = ", ".join(_name(r) for r in missing)
@@ -88,11 +135,11 @@ if _problem is not None:  # one line, no traceback, and mitmproxy stops with a n
     sys.stdout.flush()
     print(_problem, file=sys.stderr, flush=True)
     _mitmproxy = sys.modules.get("mitmproxy.version")
-    if _mitmproxy is not None and getattr(_mitmproxy, "VERSION", None) != MITMPROXY_VERSION:
+    if _mitmproxy is not None and not in_range(getattr(_mitmproxy, "VERSION", "0")):
         # Other mitmproxy versions (11.0.0, for one) swallow a SystemExit raised while a script loads
         # (load_script returns from its `finally`) and would go on as a proxy without the addon.
         os._exit(EXIT_MISSING_DEPENDENCIES)
-    raise SystemExit(EXIT_MISSING_DEPENDENCIES)  # the pinned mitmproxy lets it through: mitmdump exits at once
+    raise SystemExit(EXIT_MISSING_DEPENDENCIES)  # mitmproxy 12 lets it through: mitmdump exits at once
 
 if _here not in sys.path:  # works without installing the package, too
     sys.path.insert(0, _here)

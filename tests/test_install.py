@@ -42,13 +42,35 @@ def test_the_addons_requirements_are_pyprojects_runtime_dependencies():
     assert list(failover_constant("REQUIREMENTS").values()) == pyproject()["project"]["dependencies"]
 
 
-def test_mitmproxy_is_pinned_exactly_and_the_project_venv_has_that_version():
+def entry():
+    """addon/failover.py's functions, run without the addon it loads at the end."""
+    source = ADDON.read_text().split("_problem = dependency_problem()")[0]
+    namespace = {"__file__": str(ADDON), "__name__": "failover_entry"}
+    exec(compile(source, str(ADDON), "exec"), namespace)
+    return namespace
+
+
+def test_mitmproxy_is_pinned_to_the_range_of_the_releases_the_seam_was_tested_on():
     import mitmproxy.version
+
+    from codex_failover.mitm import fallbacks
 
     pins = [d for d in pyproject()["project"]["dependencies"] if d.startswith("mitmproxy")]
     assert pins == [failover_constant("REQUIREMENTS")["mitmproxy"]]
-    assert re.fullmatch(r"mitmproxy==\d+(\.\d+)*", pins[0])
-    assert mitmproxy.version.VERSION == pins[0].partition("==")[2]
+    assert re.fullmatch(r"mitmproxy>=\d+(\.\d+)*,<\d+(\.\d+)*", pins[0])
+    in_range = entry()["in_range"]
+    assert all(in_range(v) for v in fallbacks.TESTED)
+    low, high = pins[0][len("mitmproxy>="):].split(",<")
+    assert fallbacks.TESTED[0].startswith(low)  # the range's ends are the tested releases' ends
+    assert fallbacks.TESTED[-1].rsplit(".", 1)[0] < high
+    assert mitmproxy.version.VERSION in fallbacks.TESTED  # the project venv runs a tested release
+
+
+@pytest.mark.parametrize("version, inside", [
+    ("11.1.3", False), ("12.0.0", True), ("12.2.3", True), ("12.3.1", True), ("12.3.17", True),
+    ("12.4.0", False), ("13.0.0rc1", False), ("12", True)])
+def test_the_entrys_range_check(version, inside):
+    assert entry()["in_range"](version) is inside
 
 
 def test_every_module_the_addon_checks_for_imports_here():
@@ -94,7 +116,7 @@ def assert_stops_with(proc, line):
 
 
 RUN = " (or run scripts/run, which sets up .venv)"
-VERSION = failover_constant("REQUIREMENTS")["mitmproxy"].partition("==")[2]
+PIN = failover_constant("REQUIREMENTS")["mitmproxy"]
 
 
 @pytest.mark.parametrize("pth, problem, install", [
@@ -116,17 +138,17 @@ def test_another_mitmproxy_version_stops_mitmdump_with_one_line(tmp_path):
     # mitmproxy 11.0.0 itself swallows a SystemExit raised while a script loads; the addon exits regardless
     python = mitmproxy_env(tmp_path, 'import mitmproxy.version; mitmproxy.version.VERSION = "11.0.0"')
     proc = mitmdump(python, tmp_path)
-    assert_stops_with(proc, f"codex-failover: needs mitmproxy=={VERSION}, this is mitmproxy 11.0.0; "
-                            f"install it with: {shlex.quote(str(python))} -m pip install mitmproxy=={VERSION}{RUN}")
+    assert_stops_with(proc, f"codex-failover: needs {PIN}, this is mitmproxy 11.0.0; "
+                            f"install it with: {shlex.quote(str(python))} -m pip install {shlex.quote(PIN)}{RUN}")
 
 
 def test_another_version_and_missing_dependencies_make_one_line_too(tmp_path):
     python = mitmproxy_env(tmp_path, 'import mitmproxy.version; mitmproxy.version.VERSION = "11.0.0"',
                            'import sys; sys.modules["yaml"] = None')
     proc = mitmdump(python, tmp_path)
-    assert_stops_with(proc, f"codex-failover: needs mitmproxy=={VERSION}, this is mitmproxy 11.0.0; "
+    assert_stops_with(proc, f"codex-failover: needs {PIN}, this is mitmproxy 11.0.0; "
                             f"missing dependency: PyYAML; install them with: {shlex.quote(str(python))} -m pip "
-                            f"install mitmproxy=={VERSION} 'PyYAML>=6.0'{RUN}")
+                            f"install {shlex.quote(PIN)} 'PyYAML>=6.0'{RUN}")
 
 
 def test_a_standalone_mitmproxy_is_told_to_use_a_pip_installed_one(tmp_path):

@@ -2,8 +2,9 @@
 
 Each part of the seam that leans on mitmproxy's internals has a fallback on its public API, used on a
 mitmproxy release the contract tests were not run on (tests/test_warm_conn_contract.py,
-tests/test_client_hop.py, tests/test_hook_chain.py), or when forced by `CODEX_FAILOVER_FALLBACK`
-(a comma-separated list of the names below; for tests and for a user who suspects the seam):
+tests/test_client_hop.py, tests/test_hook_chain.py, tests/test_ws_layer_socket.py; `scripts/test-mitmproxy`
+runs them on another release), or when forced by `CODEX_FAILOVER_FALLBACK` (a comma-separated list of
+the names below; for tests and for a user who suspects the seam):
 
   hooks   mitmproxy's own AddonManager dispatches the attempts' and held flows' hooks (hook_chain.py)
   hop     every held client is answered through the loopback relay, not in its own layers (client_hop.py)
@@ -21,7 +22,10 @@ import os
 
 from mitmproxy.version import VERSION
 
-PINNED = "12.3.1"  # the release the contract tests pass on (pyproject.toml pins it)
+# The releases the contract tests pass on (each run with scripts/test-mitmproxy); pyproject.toml admits
+# their range, and a release inside it that is not listed here gets every fallback.
+TESTED = ("12.0.0", "12.0.1", "12.1.0", "12.1.1", "12.1.2", "12.2.0", "12.2.1", "12.2.2", "12.2.3",
+          "12.3.0", "12.3.1")
 NAMES = ("hooks", "hop", "goaway", "wsleg")
 ENV = "CODEX_FAILOVER_FALLBACK"
 WHAT = {"hooks": "mitmproxy's own hook dispatch (slower per request, never different)",
@@ -37,13 +41,13 @@ def forced() -> set[str]:
 
 def seam_holds(name: str) -> bool:
     """Is the seam's way `name` used (not its fallback)?"""
-    return VERSION == PINNED and name not in forced()
+    return VERSION in TESTED and name not in forced()
 
 
 def in_force() -> list[str]:
     """One line per fallback in use, and one for a name `CODEX_FAILOVER_FALLBACK` does not know."""
-    why = f"mitmproxy {VERSION} is not {PINNED}, the release the seam was tested on" if VERSION != PINNED \
-        else f"{ENV} asks for it"
+    why = f"{ENV} asks for it" if VERSION in TESTED else \
+        f"mitmproxy {VERSION} is not a release the seam was tested on ({TESTED[0]} to {TESTED[-1]})"
     lines = [f"codex-failover: {name}: {WHAT[name]}; {why}" for name in NAMES if not seam_holds(name)]
     unknown = sorted(forced() - set(NAMES))
     if unknown:

@@ -5,7 +5,7 @@ mitmproxy sends to every top-level addon: measured side by side with plain mitmd
 --cost`), mitmproxy's own dispatch costs this addon 1.2-1.6 ms of CPU per request (2.0x plain mitmdump
 per request against 1.5x with this module), which a proxy left on all day pays on every request.
 
-mitmproxy 12.3.1's `AddonManager.trigger_event` creates a coroutine and a context manager for each
+mitmproxy 12's `AddonManager.trigger_event` creates a coroutine and a context manager for each
 top-level addon whether or not it implements the hook, and `handle_lifecycle` follows every flow hook
 with an `UpdateHook` sent the same way, although mitmdump has no addon that listens to `update`.
 Measured on mitmdump's chain with this addon loaded (36 top-level addons, 42 in all): 65-90 us per
@@ -30,14 +30,14 @@ import types
 from mitmproxy import ctx, exceptions, flow as mitmflow
 from mitmproxy.addonmanager import cut_traceback
 from mitmproxy.hooks import Hook, UpdateHook
-from mitmproxy.version import VERSION
 
 from . import fallbacks
 
 _addon_log = logging.getLogger("mitmproxy.addonmanager")  # where safecall logs an addon's error
 # The dispatch below mirrors this mitmproxy's AddonManager (tests/test_hook_chain.py checks each case
-# against it). On any other release mitmproxy's own dispatch is used: slower, never different.
-MIRRORS = VERSION == "12.3.1" and fallbacks.seam_holds("hooks")
+# against it, on each release in fallbacks.TESTED). On any other release mitmproxy's own dispatch is used:
+# slower, never different.
+MIRRORS = fallbacks.seam_holds("hooks")
 
 
 def _implements(addon, name: str) -> bool:
