@@ -1,13 +1,11 @@
 """The held client's hop, in process: the run's answer goes straight into the client's own layers.
 
-mitmproxy streams to a client only what a server connection delivers (an addon's `flow.response`
-goes out in one piece). So a held flow gets a stand-in server connection inside its own `HttpLayer`:
-a `Server` that is never dialled (its `via` is `codex-failover.hop:<n>`, so no other stream matches
-it), whose layer (`HopLayer`) takes the request (the attempts carry it) and hands the answer to the
-flow's `HttpStream` as the events a server connection's layer would. The client's `HttpLayer` (its
-class swapped for `_HeldHttpLayer`) gives a held stream its stand-in whatever its URL is by then;
-events reach the stand-in through the client's `ConnectionHandler.server_event`, routed down every
-`HttpLayer` on the way. No socket, no second HTTP pass, and the flow keeps its real URL.
+mitmproxy streams to a client only what a server connection delivers. So a held flow gets a stand-in
+server connection in its own `HttpLayer`: a `Server` never dialled (`via` `codex-failover.hop:<n>`),
+whose layer (`HopLayer`) takes the request (the attempts carry it) and hands the flow's `HttpStream`
+the answer as a server's layer would: a response, or a 101 and then a WebSocket's bytes both ways.
+The client's `HttpLayer` (class swapped for `_HeldHttpLayer`) gives a held stream its stand-in
+whatever its URL is by then; events reach it through the client's `ConnectionHandler.server_event`.
 When the layers are not as expected, `attach` returns None and the loopback relay is used.
 docs/architecture.md#the-hop; the facts relied on: docs/mitmproxy-12.3.1-replay-notes.md §10.
 """
@@ -30,10 +28,11 @@ from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import Http2Server, HttpLayer, HttpStream
 from mitmproxy.proxy.mode_servers import ProxyConnectionHandler
 
-from ..net.relay import UNCLAIMED_TTL, UpstreamBroken
+from ..net.relay import UpstreamBroken
 from . import fallbacks, hook_chain
 from .attempt import Capture
 from .client_answers import client_response
+from .hop_state import HopState
 
 log = logging.getLogger("codex_failover")
 
@@ -77,27 +76,18 @@ class HopLayer(layer.Layer):
         elif isinstance(event, _Deliver):
             while hop.queue:
                 yield http_layers.ReceiveHttp(hop.queue.pop(0))
+        elif isinstance(event, http_layers.RequestData) and hop.on_data is not None:
+            hop.on_data(event.data)  # after a 101: the client's frames, from mitmproxy's WebSocket layer
 
 
-class ClientHop:
+class ClientHop(HopState):
     """One held client flow's stand-in server connection; answered once, like a RelaySession."""
 
     def __init__(self, handler, conn: Server, stream_id: int, layers: list[HttpLayer], abort: Callable[[], object]):
-        self.handler, self.conn, self.stream_id, self.abort = handler, conn, stream_id, abort
+        super().__init__(handler, stream_id, abort)
+        self.conn = conn
         self.layers = layers  # every HttpLayer it is registered in, outermost first; the last is the client's own
-        self.requested = asyncio.Event()  # the stream gave its request to the stand-in
-        self.queue: list[http_layers.HttpEvent] = []
-        self.status: int | None = None
-        self.reason, self.headers = "", []
-        self.body: Callable[[], AsyncIterator[bytes]] | None = None
-        self.first, self.pump = b"", None  # the held bytes; the task that streams the answer
-        self.gone = self.detached = False
-        self.flow_id = ""
-        self.first_out = asyncio.Event()  # the answer's first body bytes went to the client
         self._joined: list[bytes] | None = None  # the head's bytes, while they wait for the first body bytes
-        self.delivering = False  # the stand-in's layer is handing the stream what was queued
-        self._first_handed = False  # the stream has handed the first body bytes over (written once it returns)
-        self._deferred: list[commands.Log] = []  # the stream's log lines while the head waits for the body
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -157,9 +147,32 @@ class ClientHop:
         self.status, self.reason, self.headers, self.body, self.first = status, reason, headers, body, first
         self.pump = asyncio.get_running_loop().create_task(self._pump())
 
-    @property
-    def is_answered(self) -> bool:
-        return self.status is not None
+    # -- a 101 (the WebSocket gate), then bytes both ways through the client's WebSocket layer --
+
+    def upgrade(self, headers: list[tuple[bytes, bytes]], on_data: Callable[[bytes], object]) -> None:
+        """Answer 101; the frames mitmproxy's WebSocket layer sends on toward the server go to
+        `on_data` (b"": the client is gone), and `write` hands it the server side's, in order."""
+        self.status, self.on_data, sid = 101, on_data, self.stream_id
+        response = http.Response(b"HTTP/1.1", 101, b"Switching Protocols", http.Headers(headers), b"", None, time.time(), None)
+        self._hand(http_layers.ResponseHeaders(sid, response), http_layers.ResponseEndOfMessage(sid))
+
+    def write(self, data: bytes) -> None:  # b"": the server side closed
+        sid = self.stream_id
+        self._hand(http_layers.ResponseData(sid, data) if data else http_layers.ResponseEndOfMessage(sid))
+
+    def _hand(self, *events_: http_layers.HttpEvent) -> None:
+        if not (self.gone or self.detached):
+            self.queue += events_
+            if self.pump is None or self.pump.done():
+                self.pump = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            if await self._claimed():
+                while self.queue and not self.gone and not self.detached:
+                    await self._deliver()
+        except ConnectionError:
+            self._stop()
 
     async def _pump(self) -> None:
         try:
@@ -175,19 +188,6 @@ class ClientHop:
             self._stop()
         finally:
             self.detach()
-
-    async def _claimed(self) -> bool:
-        """Has the stream handed its request to the stand-in (it normally has by the answer)?"""
-        if self.requested.is_set():  # no timer to arm on the first output's way
-            return True
-        try:
-            await asyncio.wait_for(self.requested.wait(), UNCLAIMED_TTL)
-            return True
-        except TimeoutError:
-            log.warning("codex-failover: a held client flow never reached its answer (another addon "
-                        "answered or killed it?); its run is stopped")
-            self._stop()
-            return False
 
     async def _stream(self) -> None:
         sid = self.stream_id
@@ -222,21 +222,6 @@ class ClientHop:
             joined, self._joined = self._joined, None
             yield commands.SendData(self.handler.client, b"".join(joined))
 
-    def _body_started(self) -> None:
-        """The stream is handing the first body bytes over: `written` once the layers return
-        (`_HeldHttpLayer.event_to_child`), at the latest on the loop's next turn."""
-        self._first_handed = True
-        asyncio.get_running_loop().call_soon(self.written)
-
-    def written(self) -> None:
-        """What the stream handed over is written: the client gets head and first output now."""
-        if not self._first_handed:
-            return
-        self.first_out.set()
-        deferred, self._deferred = self._deferred, []
-        for command in deferred:
-            self.handler.log(command.message, command.level)
-
     async def _deliver(self, *events_: http_layers.HttpEvent) -> None:
         if self.gone:
             raise ConnectionError("the client left")
@@ -255,26 +240,6 @@ class ClientHop:
         if not isinstance(server, Http2Server):
             return 0
         return sum(len(item.data) for item in server.h2_conn.stream_buffers.get(self.stream_id, ()))
-
-    # -- the client leaving ----------------------------------------------------------------
-
-    def client_left(self, why: str) -> None:
-        """From the layers (synchronous): stop the run, and the answer if one is streaming."""
-        if not self.detached:
-            log.debug("codex-failover: held client left: %s", why)
-            self._stop()
-
-    def _stop(self) -> None:
-        if self.gone:
-            return
-        self.gone = True
-        self.queue.clear()
-        self.requested.set()  # an answer waiting for the request goes on, and finds the client gone
-        if self.pump is not None and self.pump is not asyncio.current_task():
-            self.pump.cancel()
-        result = self.abort()
-        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-            asyncio.ensure_future(result).add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 def ended(conn: Server) -> None:

@@ -155,7 +155,7 @@ class RelayHops:
         self.captures: dict[str, Capture] = {}  # client flow id -> what its relayed stream began with
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        if HOP_TAG in flow.metadata:  # the hop set its own capture (client_hop.py), unless replaced
+        if HOP_TAG in flow.metadata and flow.response.status_code != 101:  # the hop's own capture, unless replaced
             stream = flow.response.stream
             self.captures[flow.id] = stream if isinstance(stream, Capture) else Capture()
             flow.response.stream = self.captures[flow.id]

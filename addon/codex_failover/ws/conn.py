@@ -10,7 +10,7 @@ import ssl
 from collections import deque
 
 from wsproto import ConnectionType, WSConnection
-from wsproto.connection import ConnectionState
+from wsproto.connection import Connection, ConnectionState
 from wsproto.events import (
     AcceptConnection,
     BytesMessage,
@@ -105,6 +105,11 @@ class WsConn:
         writer.write(conn.ws.send(AcceptConnection(extra_headers=headers,
                                                    extensions=[BoundedDeflate(cls.max_message)] if offered else [])))
         return conn
+
+    @classmethod
+    def opened(cls, reader, writer) -> "WsConn":
+        """Server side of a handshake done elsewhere (the client hop's 101), without extensions."""
+        return cls(reader, writer, Connection(ConnectionType.SERVER))
 
     # -- messages --------------------------------------------------------------------------
 

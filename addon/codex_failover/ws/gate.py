@@ -3,9 +3,10 @@ turn on it is held and classified like an SSE stream.
 
 The addon owns the upstream side. At the upgrade it opens its own upstream WebSocket with the
 first credential that can serve it (credential swapped, through that credential's route); when
-none can, the upgrade is answered 426 and Codex continues on SSE. The client's flow is then pointed
-at the loopback relay, which answers the upgrade with the upstream's headers and runs a
-`GateSession` between the two sockets. Owning both ends keeps order and exactly-once delivery
+none can, the upgrade is answered 426 and Codex continues on SSE. The client's flow is then answered
+in its own layers (mitm/client_hop.py's stand-in answers 101 with the upstream's headers; ws/client_pipe.py),
+or, as the fallback, pointed at the loopback relay, which does the same over a socket; a `GateSession`
+runs between the two sides. Owning both ends keeps order and exactly-once delivery
 trivial, lets a moved turn continue on another credential's socket, and closes the client with a
 chosen code, all without mitmproxy internals (docs/websocket-gate-notes.md has why).
 """
@@ -24,7 +25,6 @@ from dataclasses import dataclass, field
 
 from mitmproxy import http
 
-from ..core import story
 from ..core.attempt_events import Scope
 from ..core.classifier import Decision
 from ..core.outcomes import Rejection
@@ -34,11 +34,15 @@ from ..core.usage import from_event, from_headers
 from ..core.vocabulary import NO_USABLE_CREDENTIAL, Verdict
 from ..core.ws_turns import Step, Turn, TurnGate
 from ..mitm import client_answers
+from ..mitm.attempt import hide_secrets
+from ..mitm.client_hop import ClientHop
 from ..mitm.held_client import point_at_relay
 from ..net.relay import Relay
 from ..shared import Shared
+from .client_pipe import serve_in_process
 from .conn import ABNORMAL, HANDSHAKE_HEADERS, Message, WsConn
 from .dial import Dialer, Upstream, as_frames
+from .socket_story import SocketStory
 
 log = logging.getLogger("codex_failover")
 
@@ -77,7 +81,12 @@ class WebsocketGate:
         if session is None:
             flow.response = client_answers.websocket_downgrade(f"failover_websocket=gate: {why}")
             return
-        point_at_relay(flow, relay.port, relay.register(session))
+        hop = ClientHop.attach(flow, session.abort)
+        if hop is None:  # the fallback: the client's flow goes to the loopback relay, which serves it
+            point_at_relay(flow, relay.port, relay.register(session))
+            return
+        hide_secrets(flow.request)  # the dialer took what it needs; mitmweb and -w see placeholders
+        session.serving = asyncio.get_running_loop().create_task(serve_in_process(session, hop))
 
     def report(self) -> list[dict]:
         return [s.report() for s in self.sessions.values()]
@@ -97,6 +106,7 @@ class GateSession:
     ended: bool = False
     moves: int = 0
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # the relay's one-time token
+    serving: asyncio.Task | None = None  # in process: the task that serves the client (the relay's otherwise)
 
     def __post_init__(self) -> None:
         self.dialer = Dialer(self.sid, self.flow, self.shared, self.history)
@@ -127,7 +137,11 @@ class GateSession:
         return [(k, v) for k, v in self.up.conn.response_headers if k.decode("latin-1").lower() not in HANDSHAKE_HEADERS]
 
     async def serve(self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Through the relay (the fallback): the relay's hop is a WebSocket of its own."""
         self.down = WsConn.accept(head, reader, writer, self.relay_headers())
+        await self._serve()
+
+    async def _serve(self) -> None:  # both sides are open: the session runs until either ends
         loop = asyncio.get_running_loop()
         tasks = {loop.create_task(self._from_client()), loop.create_task(self._from_upstream())}
         try:
@@ -191,7 +205,7 @@ class GateSession:
             else:
                 step = self.gate.server_message(*message)
                 up.leg.message(*message, from_client=False)
-                self._watch_usage(up, message)
+                watch_usage(self.shared, self.sid, up, message)
                 self.shared.provenance.record(artifacts_of_message(message[0]), up.cand.key)
             for out in step.release:
                 await self.down.send(out)
@@ -213,15 +227,6 @@ class GateSession:
             return await asyncio.wait_for(up.conn.recv(), max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             return TICK
-
-    def _watch_usage(self, up: Upstream, message: Message) -> None:
-        if b'"codex.rate_limits"' in message[0]:
-            try:
-                payload = json.loads(message[0])
-            except ValueError:
-                return
-            self.shared.feedback.usage_seen(up.cand.key, up.cand.name, from_event(payload), self.shared.pool.policy,
-                                         f"[{self.sid}] ", up.cand.full_at)
 
     def _upstream_ended(self, up: Upstream) -> None:
         code = up.conn.close_code
@@ -336,36 +341,6 @@ class GateSession:
                 "open_s": round(time.monotonic() - self.started, 1)}
 
 
-@dataclass(eq=False)
-class SocketStory:
-    """What a gated socket tells: each turn's attempt and each move, in the log and in its flow's
-    comment (the last HISTORY_LINES of them)."""
-
-    sid: str
-    flow: http.HTTPFlow
-    history: deque[str]
-
-    def attempt(self, up: Upstream, turn: Turn | None, verdict: str, reason: str) -> None:
-        n = turn.n if turn else 0
-        line = f"turn {n}: {up.cand.name} via {up.route}: {verdict} ({reason})"
-        self.history.append(line)
-        up.leg.judge(story.mark(verdict, reason, verdict in (Verdict.COMMIT, Verdict.DELIVER)), line)
-        log.info("[%s] turn %d credential=%s route=%s verdict=%s reason=%s", self.sid, n, up.cand.name,
-                 up.route.replace(" ", "="), verdict, reason)
-        self._comment()
-
-    def note(self, text: str) -> None:
-        self.history.append(text)
-        log.info("[%s] %s", self.sid, text)
-        self._comment()
-
-    def ended(self, elapsed: float, turns: int, moves: int) -> None:
-        log.info("[%s] websocket ended after %.1fs, %d turn(s), %d move(s)", self.sid, elapsed, turns, moves)
-
-    def _comment(self) -> None:
-        self.flow.comment = f"codex-failover websocket {self.sid}:\n" + "\n".join(self.history)
-
-
 def _rejection(decision: Decision, step: Step) -> Rejection:
     """An in-stream rejection: its error, status, upstream's own messages, and Retry-After from the
     wrapped error's `headers`."""
@@ -384,3 +359,14 @@ def _wrapped_headers(step: Step) -> dict[str, str]:
     except (ValueError, AttributeError):
         return {}
     return {str(k).lower(): str(v) for k, v in headers.items()} if isinstance(headers, dict) else {}
+
+
+def watch_usage(shared: Shared, sid: str, up: Upstream, message: Message) -> None:
+    """A `codex.rate_limits` event on a socket: what the pool learns of its credential's windows."""
+    if b'"codex.rate_limits"' in message[0]:
+        try:
+            payload = json.loads(message[0])
+        except ValueError:
+            return
+        shared.feedback.usage_seen(up.cand.key, up.cand.name, from_event(payload), shared.pool.policy,
+                                   f"[{sid}] ", up.cand.full_at)

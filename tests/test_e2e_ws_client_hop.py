@@ -1,0 +1,80 @@
+"""End to end: a gated WebSocket's client side is answered in its own layers (mitm/client_hop.py's
+101, ws/client_pipe.py), not through the loopback relay; the relay stays as the `hop` fallback.
+
+A recording script logs every server connection the proxy opens: in process, none goes to the
+relay on 127.0.0.1; with the fallback forced, one does, and the same moved turn still arrives."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from harness import WsClient, WsRejected, wait_until
+from mitmproxy import io
+
+pytestmark = pytest.mark.e2e
+
+RECORDER = r'''
+import json, os
+
+def server_connected(data):
+    with open(os.environ["SERVERS_OUT"], "a") as out:
+        out.write(json.dumps({"address": list(data.server.address or ())}) + "\n")
+'''
+PRIMARY, SPARE = "sk-test-overload-1", "sk-test-spare-2"
+CREATE = {"type": "response.create", "model": "gpt-fake", "stream": True, "store": False,
+          "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}]}
+HEADERS = {"authorization": "Bearer sk-test-client-0", "openai-beta": "responses_websockets=2026-02-06",
+           "session-id": "thread-1"}
+
+
+def gated(start_proxy, fake, tmp_path, env=None):
+    script = tmp_path / "recorder.py"
+    script.write_text(RECORDER)
+    out = tmp_path / "servers.jsonl"
+    out.touch()
+    saved = tmp_path / "flows.mitm"
+    proxy = start_proxy(fake, [("primary", PRIMARY), ("spare", SPARE)], use_client_credential=False,
+                        extra=["--set", "failover_websocket=gate", "-s", str(script), "-w", str(saved)],
+                        env_extra={"SERVERS_OUT": str(out), **(env or {})})
+    return proxy, out, saved
+
+
+def moved_turn(proxy, fake) -> tuple[WsClient, list[dict]]:
+    client = WsClient.connect(proxy.port, f"{fake.base}/v1/responses", HEADERS)
+    assert not isinstance(client, WsRejected), client
+    client.send_json(CREATE)
+    events = client.recv_turn(10.0)
+    return client, events
+
+
+def relay_connections(out, fake) -> list[list]:
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    return [r["address"] for r in rows if r["address"] and r["address"][0] == "127.0.0.1"
+            and r["address"][1] != fake.port]
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["in-process", "relay"])
+def test_a_gated_socket_is_answered_in_its_own_layers_and_the_relay_is_the_fallback(start_proxy, fake, tmp_path,
+                                                                                     fallback):
+    proxy, out, saved = gated(start_proxy, fake, tmp_path, {"CODEX_FAILOVER_FALLBACK": "hop"} if fallback else None)
+    client, events = moved_turn(proxy, fake)
+    text = "".join(e.get("delta", "") for e in events if e["type"] == "response.output_text.delta")
+    assert events[-1]["type"] == "response.completed" and SPARE in text, events
+    assert [e["type"] for e in events].count("response.created") == 1  # only the winner's
+    client.close(1000)
+    wait_until(lambda: "websocket ended after" in proxy.log(), 10, "the session's end line")
+    assert bool(relay_connections(out, fake)) is fallback, out.read_text()
+    log = proxy.log()
+    assert "moved to spare" in log and "sk-test-" not in log
+    proxy.stop()
+    with open(saved, "rb") as fh:
+        client_flows = [f for f in io.FlowReader(fh).stream() if f.websocket is not None and not f.is_replay]
+    assert len(client_flows) == 1
+    flow = client_flows[0]
+    assert flow.request.host == "127.0.0.1" and flow.request.port == fake.port  # its real URL, not the relay's
+    assert flow.response.status_code == 101
+    assert "sk-test-client-0" not in json.dumps(flow.get_state(), default=repr)
+    kinds = [json.loads(m.content).get("type") for m in flow.websocket.messages if not m.from_client]
+    assert kinds.count("response.created") == 1 and kinds[-1] == "response.completed", kinds
+    assert flow.websocket.close_code == 1000
