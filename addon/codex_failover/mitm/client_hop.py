@@ -251,6 +251,21 @@ def ended(conn: Server) -> None:
         conn.via = None
 
 
+def ws_started(flow: http.HTTPFlow) -> None:
+    """The client flow's `websocket_start` after a hop's 101: the inside side of its WebSocket layer
+    (toward the stand-in) speaks uncompressed, as the gate's end does (ws/client_pipe.py)."""
+    hop = _by_flow.get(flow.id)
+    if hop is None or hop.on_data is None:
+        return
+    stream = hop.layers[-1].streams.get(hop.stream_id)
+    extensions = getattr(getattr(getattr(stream, "child_layer", None), "server_ws", None), "_proto", None)
+    if isinstance(getattr(extensions, "extensions", None), list):
+        extensions.extensions.clear()
+    else:  # the layers are not as pinned: the inside cannot be read, so the session ends at once
+        log.warning("codex-failover: a gated WebSocket's layers are not as expected; closing it")
+        hop.client_left("layers not as expected")
+
+
 def client_error(flow: http.HTTPFlow) -> None:
     """The client flow's `error` hook: a client that left before its stream handed the request to
     the stand-in (an HTTP/2 reset while the request hook still ran) is seen here, not there."""

@@ -167,6 +167,9 @@ class RelayHops:
     def response(self, flow: http.HTTPFlow) -> None:
         self._restore(flow)
 
+    def websocket_start(self, flow: http.HTTPFlow) -> None:
+        client_hop.ws_started(flow)
+
     def error(self, flow: http.HTTPFlow) -> None:
         if HOP_TAG in flow.metadata:
             client_hop.client_error(flow)

@@ -4,9 +4,11 @@ layers through the held flow's stand-in (mitm/client_hop.py's `upgrade`), not a 
 mitmproxy's WebSocket layer runs between Codex and the stand-in as it would between Codex and a
 server: it parses Codex's frames, runs `websocket_message` on the client flow, and sends the frames
 on toward the stand-in, whose bytes land here (`PipeReader.feed`); what the gate writes goes back
-the same way (`PipeWriter.write` -> `ClientHop.write`). The inside hop is uncompressed (the 101
-offers no deflate): Codex and the proxy share a machine, so compressing between them only costs CPU
-and a zlib state per socket. The relay (net/relay.py) is the fallback (`hop` in mitm/fallbacks.py).
+the same way (`PipeWriter.write` -> `ClientHop.write`). Toward the client, permessage-deflate is
+negotiated when offered, as the relay did: mitmproxy's layer joins a frame's pieces quadratically, and
+a large compressed message arrives in far fewer pieces. The inside hop (mitmproxy's layer and the
+stand-in) is uncompressed: its deflate is cleared at `websocket_start` (`client_hop.ws_started`).
+The relay (net/relay.py) is the fallback (`hop` in mitm/fallbacks.py).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import logging
 from collections import deque
 from typing import Callable
 
-from wsproto.utilities import generate_accept_token
+from wsproto.extensions import PerMessageDeflate
+from wsproto.handshake import server_extensions_handshake
+from wsproto.utilities import generate_accept_token, split_comma_header
 
 from .conn import HANDSHAKE_HEADERS, READ, WsConn
 
@@ -25,10 +29,14 @@ log = logging.getLogger("codex_failover")
 
 
 def upgrade_headers(request_headers, upstream_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The client's 101: the handshake's own headers (its key's accept token, no extensions) and the
-    upstream's others (turn state, model...)."""
+    """The client's 101: the handshake's own headers (its key's accept token; permessage-deflate
+    when the client offered it, as the relay and mitmproxy answer) and the upstream's others."""
     key = request_headers.get("sec-websocket-key", "").encode("latin-1", "replace")
     own = [(b"upgrade", b"websocket"), (b"connection", b"Upgrade"), (b"sec-websocket-accept", generate_accept_token(key))]
+    offers = [o for value in request_headers.get_all("sec-websocket-extensions") for o in split_comma_header(value.encode())]
+    accepted = server_extensions_handshake(offers, [PerMessageDeflate()]) if offers else None
+    if accepted:
+        own.append((b"sec-websocket-extensions", accepted))
     return own + [(k, v) for k, v in upstream_headers if k.decode("latin-1").lower() not in HANDSHAKE_HEADERS]
 
 
