@@ -53,8 +53,11 @@ def test_the_reader_is_bounded_and_says_so_once():
     async def run():
         overs = []
         reader = PipeReader(10, lambda: overs.append(1))
+        reader.feed(b"y" * 64)  # one piece of any size is taken (the gate's own bound answers it with 1009)
+        assert await reader.read(100) == b"y" * 64
         reader.feed(b"x" * 8)
-        reader.feed(b"x" * 8)  # 16 unread: over
+        reader.feed(b"x" * 8)  # 8 were waiting: still taken
+        reader.feed(b"x" * 8)  # 16 were waiting: over, not taken, the end
         reader.feed(b"x" * 8)
         assert overs == [1]
         assert await reader.read(100) == b"x" * 8

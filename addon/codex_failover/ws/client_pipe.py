@@ -41,8 +41,9 @@ def upgrade_headers(request_headers, upstream_headers: list[tuple[bytes, bytes]]
 
 
 class PipeReader:
-    """What `WsConn` reads (`read`), fed by the stand-in (b"": the client is gone). Bounded: past
-    `limit` bytes not yet read, `on_over` is called once (the gate closes the socket)."""
+    """What `WsConn` reads (`read`), fed by the stand-in (b"": the client is gone). Bounded: a piece
+    that arrives while more than `limit` bytes wait unread calls `on_over` once (the gate closes the
+    socket) and is not taken."""
 
     def __init__(self, limit: int, on_over: Callable[[], object]):
         self.limit, self.on_over = limit, on_over
@@ -54,12 +55,12 @@ class PipeReader:
     def feed(self, data: bytes) -> None:
         if self._eof:
             return
-        if data:
+        if data and self._size > self.limit:  # a piece is taken whole (mitmproxy's layer holds it already); a pile-up is not
+            self._eof = True  # nothing more is taken
+            self.on_over()
+        elif data:
             self._chunks.append(data)
             self._size += len(data)
-            if self._size > self.limit:
-                self._eof = True  # nothing more is taken
-                self.on_over()
         else:
             self._eof = True
         if self._waiter is not None and not self._waiter.done():
