@@ -170,10 +170,13 @@ def throughput(fake: FakeUpstreamProcess, port: int | None, token: str, turns: i
         client.close()
 
 
-def gate_proxy(tmp: Path, fake: FakeUpstreamProcess, creds: list[tuple[str, str]]) -> ProxyProcess:
+RELAY = {"CODEX_FAILOVER_FALLBACK": "hop"}  # the client's side through the loopback relay, not in process
+
+
+def gate_proxy(tmp: Path, fake: FakeUpstreamProcess, creds: list[tuple[str, str]], env_extra=None) -> ProxyProcess:
     tmp.mkdir()
     text, env = pool_yaml(fake.base, creds, use_client_credential=False, overload_cooldown="0s")
-    return ProxyProcess(tmp, text, env, extra=["--set", "failover_websocket=gate"])
+    return ProxyProcess(tmp, text, {**env, **(env_extra or {})}, extra=["--set", "failover_websocket=gate"])
 
 
 def report_latency(runs: int, cases: dict[str, dict]) -> None:
@@ -237,12 +240,15 @@ def main() -> None:
             procs["passthrough"] = ProxyProcess(tmp / "pass", text, env, extra=["--set", "failover_websocket=passthrough"])
             procs["gate"] = gate_proxy(tmp / "gate", paced, [("primary", PRIMARY), ("spare", SPARE)])
             procs["gate, many"] = gate_proxy(tmp / "gate-many", many, [("primary", "sk-test-primary-many-1")])
+            procs["relay"] = gate_proxy(tmp / "relay", paced, [("primary", PRIMARY), ("spare", SPARE)], RELAY)
+            procs["relay, many"] = gate_proxy(tmp / "relay-many", many, [("primary", "sk-test-primary-many-1")], RELAY)
             print("Responses over WebSocket on 127.0.0.1 (client -> [mitmdump + addon] -> fake upstream); "
                   "the fake paces messages 2 ms apart, 20 deltas a turn")
             report_latency(runs, {
                 "(a) no proxy": per_turn(paced, None, runs),
                 "(b) passthrough": per_turn(paced, procs["passthrough"].port, runs),
                 "(c) gate, healthy credential": per_turn(paced, procs["gate"].port, runs),
+                "(d) the same, relay fallback": per_turn(paced, procs["relay"].port, runs),
             })
             report_failover(runs, first_turns(paced, procs["gate"].port, runs, False),
                             first_turns(paced, procs["gate"].port, runs, True))
@@ -250,6 +256,7 @@ def main() -> None:
                 "(a) no proxy": throughput(many, None, "sk-test-client-many", bursts),
                 "(b) passthrough": throughput(many, procs["passthrough"].port, "sk-test-client-many", bursts),
                 "(c) gate": throughput(many, procs["gate, many"].port, CLIENT_TOKEN, bursts),
+                "(d) gate, relay fallback": throughput(many, procs["relay, many"].port, CLIENT_TOKEN, bursts),
             })
             print()
             log_problems(procs)
