@@ -47,6 +47,8 @@ HOP_HOLDS = fallbacks.seam_holds("hop")
 _numbers = itertools.count(1)
 _streaming: set["ClientHop"] = set()  # answers being streamed right now (the status page counts them)
 _by_flow: dict[str, "ClientHop"] = {}  # client flow id -> its hop, until the answer ended
+_UNCLAIMED = object()  # a held stream whose hop was stopped before the stream asked for its connection
+UNCLAIMED_ERROR = "codex-failover: this held request was stopped before it reached its answer"
 
 
 def streaming() -> int:
@@ -68,6 +70,7 @@ class HopLayer(layer.Layer):
     def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
         hop = self.hop
         if isinstance(event, http_layers.RequestEndOfMessage):
+            hop.claimed = True
             hop.requested.set()
         elif isinstance(event, http_layers.RequestProtocolError):  # the client left or reset its stream
             hop.client_left(event.message)
@@ -135,7 +138,11 @@ class ClientHop(HopState):
         self.written()  # first_out set, held log lines logged: whatever the answer was
         _streaming.discard(self)
         _by_flow.pop(self.flow_id, None)
-        self.layers[-1].held.pop(self.stream_id, None)
+        held = self.layers[-1].held
+        if self.claimed or self.stream_id not in held:
+            held.pop(self.stream_id, None)
+        else:  # stopped before its stream asked for it (held in mitmweb's intercept, say): never a real dial
+            held[self.stream_id] = _UNCLAIMED
         self.detached = True
         ended(self.conn)
 
@@ -267,10 +274,11 @@ def ws_started(flow: http.HTTPFlow) -> None:
 
 
 def client_error(flow: http.HTTPFlow) -> None:
-    """The client flow's `error` hook: a client that left before its stream handed the request to
-    the stand-in (an HTTP/2 reset while the request hook still ran) is seen here, not there."""
+    """The client flow's `error` or `response` hook: a client that left before its stream handed the
+    request to the stand-in (an HTTP/2 reset while the request hook still ran), or a flow another addon
+    killed or answered, is seen here, not there."""
     hop = _by_flow.get(flow.id)
-    if hop is not None and not hop.requested.is_set():
+    if hop is not None and not hop.claimed:
         hop.client_left(flow.error.msg if flow.error else "client error")
 
 
@@ -279,7 +287,7 @@ class _HeldHttpLayer(HttpLayer):
     whatever its URL is by then (another addon's request hook, map_remote say, may change it
     after ours); every other stream gets a connection as mitmproxy would give it."""
 
-    held: dict[int, Server]  # stream id -> its stand-in
+    held: dict[int, Server | object]  # stream id -> its stand-in (or _UNCLAIMED)
 
     def get_connection(self, event, *, reuse: bool = True) -> layer.CommandGenerator[None]:
         stream = self.command_sources.get(event)
@@ -288,7 +296,19 @@ class _HeldHttpLayer(HttpLayer):
             yield from super().get_connection(event, reuse=reuse)
             return
         del self.command_sources[event]
-        yield from self.event_to_child(stream, http_layers.GetHttpConnectionCompleted(event, (conn, None)))
+        reply = (conn, None) if conn is not _UNCLAIMED else (None, UNCLAIMED_ERROR)
+        if conn is _UNCLAIMED:
+            del self.held[stream.stream_id]
+        yield from self.event_to_child(stream, http_layers.GetHttpConnectionCompleted(event, reply))
+
+    def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
+        """An injected WebSocket message for a held flow goes to its stream (mitmproxy would look for
+        an HTTP/1 client layer behind the stand-in)."""
+        hop_layer = self.connections.get(event.flow.server_conn) if isinstance(event, events.MessageInjected) else None
+        if isinstance(hop_layer, HopLayer) and hop_layer.hop.stream_id in self.streams:
+            yield from self.event_to_child(self.streams[hop_layer.hop.stream_id], event)
+        else:
+            yield from super()._handle_event(event)
 
     def event_to_child(self, child, event: events.Event) -> layer.CommandGenerator[None]:
         """A held stream's commands, with its head's bytes and log lines held while its head waits
@@ -332,6 +352,8 @@ def _sweep(inner: HttpLayer) -> None:
         if isinstance(child, HopLayer) and child.hop.detached and child.hop.stream_id not in inner.streams:
             for http_layer in child.hop.layers:
                 http_layer.connections.pop(conn, None)
+    for sid in [sid for sid, conn in getattr(inner, "held", {}).items() if conn is _UNCLAIMED and sid not in inner.streams]:
+        del inner.held[sid]
 
 
 def _children(node: layer.Layer):

@@ -165,6 +165,8 @@ class RelayHops:
             flow.response.headers.pop("connection", None)
 
     def response(self, flow: http.HTTPFlow) -> None:
+        if HOP_TAG in flow.metadata:
+            client_hop.client_error(flow)  # another addon answered it: its run stops
         self._restore(flow)
 
     def websocket_start(self, flow: http.HTTPFlow) -> None:

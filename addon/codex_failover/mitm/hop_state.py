@@ -23,6 +23,7 @@ class HopState:
         self.body: Callable[[], AsyncIterator[bytes]] | None = None
         self.first, self.pump = b"", None  # the held bytes; the task that streams the answer
         self.gone = self.detached = False
+        self.claimed = False  # the stream handed its request to the stand-in
         self.flow_id = ""
         self.first_out = asyncio.Event()  # the answer's first body bytes went to the client
         self.delivering = False  # the stand-in's layer is handing the stream what was queued
@@ -79,10 +80,10 @@ class HopState:
             return
         self.gone = True
         self.queue.clear()
+        self.requested.set()  # an answer waiting for the request goes on, and finds the client gone
         if self.on_data is not None:  # a WebSocket: its reader takes what came (a close frame), then ends
             self.on_data(b"")
             return
-        self.requested.set()  # an answer waiting for the request goes on, and finds the client gone
         if self.pump is not None and self.pump is not asyncio.current_task():
             self.pump.cancel()
         result = self.abort()

@@ -23,7 +23,7 @@ from wsproto.extensions import PerMessageDeflate
 from wsproto.handshake import server_extensions_handshake
 from wsproto.utilities import generate_accept_token, split_comma_header
 
-from .conn import HANDSHAKE_HEADERS, READ, WsConn
+from .conn import HANDSHAKE_HEADERS, MESSAGE_TOO_BIG, READ, WsConn
 
 log = logging.getLogger("codex_failover")
 
@@ -111,7 +111,9 @@ async def serve_in_process(session, hop) -> None:
     mitmproxy's WebSocket layer carries the frames both ways."""
 
     def over() -> None:
-        log.warning("[%s] the client sent more than %d bytes the gate had not read; closing", session.sid, limit)
+        log.warning("[%s] the client sent more than %d bytes the gate had not yet read (a message over "
+                    "failover_max_body?): closing with 1009", session.sid, limit)
+        session.down.close(MESSAGE_TOO_BIG, "message too big")
         session.abort()
 
     limit = 2 * WsConn.max_message + READ
