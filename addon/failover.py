@@ -3,7 +3,7 @@
     mitmdump -s addon/failover.py [--set failover_config=pool.yaml]
 
 Everything lives in the `codex_failover` package next to this file. Before importing it, this file
-checks that the mitmproxy loading it has every runtime dependency, with mitmproxy in the pinned range;
+checks that the mitmproxy loading it has every runtime dependency and is a mitmproxy 12;
 when not, it prints one line saying what to install and stops mitmproxy (exit status 2).
 """
 
@@ -28,6 +28,10 @@ REQUIREMENTS = {
     "backports.zstd": "backports.zstd>=1.0; python_version < '3.14'",
 }
 MITMPROXY_RANGE = REQUIREMENTS["mitmproxy"][len("mitmproxy"):]
+# What it starts on: any mitmproxy 12. A release outside the pinned range (the tested ones) runs on every
+# fallback of the seam (mitm/fallbacks.py), slower, with one line each; mitmproxy 13 may move the names the
+# seam's modules import, so it is refused, as any other major release.
+RUNS_ON = ">=12.0,<13"
 EXIT_MISSING_DEPENDENCIES = 2
 
 _here = os.path.dirname(os.path.abspath(__file__))
@@ -83,7 +87,7 @@ def in_range(version: str, spec: str = MITMPROXY_RANGE) -> bool:
 
 
 def dependency_problem() -> str | None:
-    """None when every runtime dependency imports and mitmproxy is in the pinned range, else the one
+    """None when every runtime dependency imports and mitmproxy is a mitmproxy 12, else the one
     line to print: what is wrong and the command that fixes it."""
     import importlib
     import shlex
@@ -102,14 +106,14 @@ def dependency_problem() -> str | None:
             from mitmproxy.version import VERSION
         except Exception:
             VERSION = "unknown"
-        if not in_range(VERSION):
+        if not in_range(VERSION, RUNS_ON):
             wrong_version = VERSION
     if not missing and wrong_version is None:
         return None
 
     problems, to_install = [], list(missing)
     if wrong_version is not None:
-        problems.append(f"needs {REQUIREMENTS['mitmproxy']}, this is mitmproxy {wrong_version}")
+        problems.append(f"needs mitmproxy{RUNS_ON}, this is mitmproxy {wrong_version}")
         to_install.insert(0, REQUIREMENTS["mitmproxy"])
     if missing:
         names = ", ".join(_name(r) for r in missing)
@@ -135,7 +139,7 @@ if _problem is not None:  # one line, no traceback, and mitmproxy stops with a n
     sys.stdout.flush()
     print(_problem, file=sys.stderr, flush=True)
     _mitmproxy = sys.modules.get("mitmproxy.version")
-    if _mitmproxy is not None and not in_range(getattr(_mitmproxy, "VERSION", "0")):
+    if _mitmproxy is not None and not in_range(getattr(_mitmproxy, "VERSION", "0"), RUNS_ON):
         # Other mitmproxy versions (11.0.0, for one) swallow a SystemExit raised while a script loads
         # (load_script returns from its `finally`) and would go on as a proxy without the addon.
         os._exit(EXIT_MISSING_DEPENDENCIES)

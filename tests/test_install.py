@@ -73,6 +73,13 @@ def test_the_entrys_range_check(version, inside):
     assert entry()["in_range"](version) is inside
 
 
+@pytest.mark.parametrize("version, starts", [("11.1.3", False), ("12.0.0", True), ("12.4.0", True), ("12.9.1", True),
+                                             ("13.0.0", False)])
+def test_the_entry_starts_on_any_mitmproxy_12(version, starts):
+    namespace = entry()
+    assert namespace["in_range"](version, namespace["RUNS_ON"]) is starts
+
+
 def test_every_module_the_addon_checks_for_imports_here():
     import importlib
 
@@ -138,7 +145,7 @@ def test_another_mitmproxy_version_stops_mitmdump_with_one_line(tmp_path):
     # mitmproxy 11.0.0 itself swallows a SystemExit raised while a script loads; the addon exits regardless
     python = mitmproxy_env(tmp_path, 'import mitmproxy.version; mitmproxy.version.VERSION = "11.0.0"')
     proc = mitmdump(python, tmp_path)
-    assert_stops_with(proc, f"codex-failover: needs {PIN}, this is mitmproxy 11.0.0; "
+    assert_stops_with(proc, f"codex-failover: needs mitmproxy>=12.0,<13, this is mitmproxy 11.0.0; "
                             f"install it with: {shlex.quote(str(python))} -m pip install {shlex.quote(PIN)}{RUN}")
 
 
@@ -146,7 +153,7 @@ def test_another_version_and_missing_dependencies_make_one_line_too(tmp_path):
     python = mitmproxy_env(tmp_path, 'import mitmproxy.version; mitmproxy.version.VERSION = "11.0.0"',
                            'import sys; sys.modules["yaml"] = None')
     proc = mitmdump(python, tmp_path)
-    assert_stops_with(proc, f"codex-failover: needs {PIN}, this is mitmproxy 11.0.0; "
+    assert_stops_with(proc, f"codex-failover: needs mitmproxy>=12.0,<13, this is mitmproxy 11.0.0; "
                             f"missing dependency: PyYAML; install them with: {shlex.quote(str(python))} -m pip "
                             f"install {shlex.quote(PIN)} 'PyYAML>=6.0'{RUN}")
 

@@ -35,7 +35,7 @@ from ..shared import Shared
 from ..state_keeper import StateKeeper, close_keeper, open_keeper
 from ..ws.conn import WsConn
 from ..ws.gate import WebsocketGate
-from ..ws.upstream import tls_context
+from ..ws.upstream import upstream_tls
 from . import bounded_body, client_answers, client_hop, fallbacks, quiet_log, secret_guard, warm_conn
 from .account_back import AccountBack
 from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
@@ -64,6 +64,7 @@ class FailoverAddon:
         self.route_health = RouteHealth()
         self.bridges = SocksBridges()
         self.warm = WarmConnections()  # kept upstream connections, shared by every request
+        self.warm.own_context = lambda: (self.bridges, upstream_tls(ctx.options))  # its fallback's dial
         self.recovery_slots = Slots()
         self.relay = Relay()
         self.matcher = EndpointMatcher()
@@ -75,7 +76,6 @@ class FailoverAddon:
         self.files = FileWatch()  # the pool file, auth files, token ends (file_watch.py)
         self._tasks: set[asyncio.Task] = set()
         self.ws_gate = WebsocketGate(self.run)
-        self._tls = None  # (options it was built from, upstream TLS context) for gated WebSockets
         self.quiet = quiet_log.QuietLog()
         self.tls = TlsScope()  # a nested addon: which TLS connections are decrypted, and upstream trust
         self.hops = RelayHops()  # nested addons, each for the flows of one kind
@@ -246,13 +246,9 @@ class FailoverAddon:
 
     def shared(self) -> Shared:
         """What a request or a gated socket shares with everything else (shared.py)."""
-        opts = ctx.options
-        key = (opts.ssl_insecure, opts.ssl_verify_upstream_trusted_ca, opts.ssl_verify_upstream_trusted_confdir)
-        if self._tls is None or self._tls[0] != key:
-            self._tls = (key, tls_context(*key))
         return Shared(self.pool, self.rules, self.health, self.route_health, self.affinity, self.usage, self.bridges,
-                      self.relay, self.warm, self.attempts, self._notices, self.recovery_slots, self._tls[1],
-                      self.metrics, self.provenance, self.boundary.rejected)
+                      self.relay, self.warm, self.attempts, self._notices, self.recovery_slots,
+                      upstream_tls(ctx.options), self.metrics, self.provenance, self.boundary.rejected)
 
     def _refresh_auth_files(self) -> None:
         """At most once a second: the pool file and auth files that changed, reloaded (file_watch.py)."""

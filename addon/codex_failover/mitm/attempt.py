@@ -196,6 +196,14 @@ class Attempt:
             self.flow.request.headers.set_all(name, values)
         self._armed = True
 
+    def wire_headers(self) -> http.Headers:
+        """The request's headers as the wire gets them (the real values): for the engine's fallback,
+        which writes the head itself (own_conn.py)."""
+        headers = self.flow.request.headers.copy()
+        for name, values in self._wire.items():
+            headers.set_all(name, values)
+        return headers
+
     def redact(self) -> None:
         if self._armed or not self._redacted:
             hide_secrets(self.flow.request)

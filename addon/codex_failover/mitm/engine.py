@@ -10,8 +10,12 @@ import time
 from mitmproxy import ctx
 
 from ..core.warm_book import CLOSED, OPEN, Dial, Slot, WarmBook, WarmKey
+from . import fallbacks
 from .attempt import Attempt
+from .own_conn import OwnConnection
 from .warm_conn import WarmConnection
+
+ENGINE_HOLDS = fallbacks.seam_holds("engine")
 
 REAP_EVERY = 5.0  # seconds between looks for idle connections to close
 
@@ -26,10 +30,14 @@ class WarmConnections:
         self.endpoints: dict[str, object] = {}  # client id of a kept connection -> its route endpoint
         self._reaper: asyncio.Task | None = None
         self.dials = 0  # connections dialled so far (status, tests)
+        self.own_context = lambda: (None, None)  # the fallback's (SOCKS bridges, upstream TLS): the addon's
 
     def connection_for(self, key: WarmKey, endpoint=None, dial_timeout: float = 30.0) -> WarmConnection:
         """The connection one attempt goes to (counted on it until `release`): an open one, one
-        being dialled, or a new one its attempt dials. Bounded: a few reassignments at most."""
+        being dialled, or a new one its attempt dials. Bounded: a few reassignments at most. On the
+        fallback, a connection of the attempt's own (own_conn.py)."""
+        if not ENGINE_HOLDS:
+            return OwnConnection(endpoint, dial_timeout, self.own_context)  # type: ignore[return-value]
         for _ in range(8):
             assignment = self.book.assign(key)
             conn = self.handlers.get(assignment.slot)
@@ -47,6 +55,8 @@ class WarmConnections:
 
     def prewarm(self, key: WarmKey, endpoint=None, dial_timeout: float = 30.0) -> None:
         """Dial one connection for `key` ahead of need if none is open or underway; nothing is sent."""
+        if not ENGINE_HOLDS:
+            return  # the fallback keeps no connection
         dial = self.book.prewarm(key)
         if dial is not None:
             conn = self._new(dial.slot, key, endpoint, dial_timeout)

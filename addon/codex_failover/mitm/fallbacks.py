@@ -11,9 +11,9 @@ the names below; for tests and for a user who suspects the seam):
   goaway  mitmproxy's own HTTP/2 GOAWAY handling: the whole connection closes (warm_conn.py)
   wsleg   the gated WebSocket's upstream sockets on the gate's own asyncio, TLS and wsproto stack
           (ws/upstream.py), not on mitmproxy's layers (ws/layer_socket.py)
-
-The kept connections themselves (warm_conn.py) have none: mitmproxy's public API offers no moment to
-put a credential on an attempt's flow only while its head is written (docs/architecture.md#the-seam).
+  engine  every attempt on an HTTP/1.1 connection of its own that the addon dials and speaks itself
+          (own_conn.py), not a stream on a kept connection run by mitmproxy's layers (warm_conn.py);
+          implies wsleg (the gate's layer sockets are attempts on kept connections too)
 """
 
 from __future__ import annotations
@@ -26,13 +26,15 @@ from mitmproxy.version import VERSION
 # their range, and a release inside it that is not listed here gets every fallback.
 TESTED = ("12.0.0", "12.0.1", "12.1.0", "12.1.1", "12.1.2", "12.2.0", "12.2.1", "12.2.2", "12.2.3",
           "12.3.0", "12.3.1")
-NAMES = ("hooks", "hop", "goaway", "wsleg")
+NAMES = ("hooks", "hop", "goaway", "wsleg", "engine")
 ENV = "CODEX_FAILOVER_FALLBACK"
 WHAT = {"hooks": "mitmproxy's own hook dispatch (slower per request, never different)",
         "hop": "answers through the loopback relay (one more local connection per request)",
         "goaway": "mitmproxy's own GOAWAY handling (a GOAWAY cuts every stream of that connection)",
         "wsleg": "the gated WebSocket dials its upstream sockets itself (routes and other addons' hooks apply, "
-                 "mitmproxy's upstream modes and its WebSocket layer do not)"}
+                 "mitmproxy's upstream modes and its WebSocket layer do not)",
+        "engine": "each attempt dials a connection of its own, HTTP/1.1 (a handshake per attempt, no kept or "
+                  "pre-warmed connection)"}
 
 
 def forced() -> set[str]:
@@ -41,7 +43,10 @@ def forced() -> set[str]:
 
 def seam_holds(name: str) -> bool:
     """Is the seam's way `name` used (not its fallback)?"""
-    return VERSION in TESTED and name not in forced()
+    chosen = forced()
+    if name == "wsleg" and "engine" in chosen:
+        return False
+    return VERSION in TESTED and name not in chosen
 
 
 def in_force() -> list[str]:

@@ -9,7 +9,7 @@ import json
 import ssl
 
 from ..core.routes import Endpoint
-from ..ws.upstream import Target, _tunnel
+from ..ws.upstream import Target, tunnel
 from .socks_bridge import SocksBridges
 
 MAX_BODY = 1024 * 1024
@@ -25,7 +25,7 @@ async def get_json(url: str, headers: dict[str, str], via: Endpoint | None, brid
 
 
 async def _get(target: Target, headers: dict[str, str], via, bridges, tls) -> tuple[int, object]:
-    reader, writer = await _tunnel(target, via, bridges, tls)
+    reader, writer = await tunnel(target, via, bridges, tls)
     try:
         lines = [f"GET {target.path} HTTP/1.1", f"Host: {target.authority}", "Accept: application/json",
                  "Accept-Encoding: identity", "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]

@@ -54,7 +54,7 @@ async def open_upstream(target: Target, headers: list[tuple[bytes, bytes]], via:
     """An open WebSocket to `target`. Raises ConnectFailed before the upgrade left, or
     HandshakeRejected / ConnectionError / TimeoutError after."""
     try:
-        reader, writer = await asyncio.wait_for(_tunnel(target, via, bridges, tls), connect_timeout)
+        reader, writer = await asyncio.wait_for(tunnel(target, via, bridges, tls), connect_timeout)
     except TimeoutError:
         raise ConnectFailed(PRE_DISPATCH, f"timed out connecting after {connect_timeout:g}s") from None
     except ConnectFailed:
@@ -70,7 +70,7 @@ async def open_upstream(target: Target, headers: list[tuple[bytes, bytes]], via:
         raise
 
 
-async def _tunnel(target: Target, via: Endpoint | None, bridges: SocksBridges, tls: ssl.SSLContext):
+async def tunnel(target: Target, via: Endpoint | None, bridges: SocksBridges, tls: ssl.SSLContext):
     server_name = target.host if target.secure else None
     if via is None:
         return await asyncio.open_connection(target.host, target.port, ssl=tls if target.secure else None,
@@ -105,6 +105,19 @@ async def _connect_through(reader, writer, target: Target, via: Endpoint, bridge
     if status != b"200":
         line = head.split(b"\r\n", 1)[0].decode("latin-1")
         raise ConnectFailed(PRE_DISPATCH, f"refused HTTP CONNECT request ({line})")
+
+
+_tls: tuple | None = None  # (the options it was built from, the context)
+
+
+def upstream_tls(opts) -> ssl.SSLContext:
+    """The addon's own upstream TLS (the gate's own sockets, the engine's fallback) for mitmproxy's
+    options, built again only when they change."""
+    global _tls
+    key = (opts.ssl_insecure, opts.ssl_verify_upstream_trusted_ca, opts.ssl_verify_upstream_trusted_confdir)
+    if _tls is None or _tls[0] != key:
+        _tls = (key, tls_context(*key))
+    return _tls[1]
 
 
 def tls_context(insecure: bool, cafile: str | None = None, capath: str | None = None) -> ssl.SSLContext:
