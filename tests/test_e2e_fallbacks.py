@@ -90,3 +90,95 @@ def test_the_engines_fallback_dials_each_attempt_itself_and_keeps_the_credential
     assert {f.request.headers["authorization"] for f in attempts} == {"<redacted by codex-failover>"}
     assert [f.marked for f in attempts] == [":x:", ":white_check_mark:", ":white_check_mark:"], \
         [(f.marked, f.comment) for f in attempts]
+
+
+# --- the engine's fallback against what a review found (each failed on its first version) ----------
+
+ATTEMPT_SCRIPT = r'''
+import os
+from mitmproxy import http
+
+MODE = os.environ["ATTEMPT_MODE"]
+
+
+def request(flow):
+    label = flow.metadata.get("codex_failover.attempt", "")
+    if label.endswith("#1"):  # the first attempt (the client's own key)
+        if MODE == "kill":
+            flow.kill()
+        elif MODE == "answer":
+            flow.response = http.Response.make(503, b'{"error":{"type":"server_error","code":"server_is_overloaded",'
+                                                    b'"message":"answered by a script"}}',
+                                               {"content-type": "application/json"})
+'''
+
+
+@pytest.mark.parametrize("mode, line", [
+    ("kill", "verdict=failed reason=ambiguous"),  # as on the kept connections: a kill is not known to be safe to replay
+    ("answer", "verdict=failover reason=overloaded status=503"),
+])
+def test_on_the_engines_fallback_an_attempt_another_addon_kills_or_answers_ends_at_once(fake, tmp_path, mode, line):
+    import time
+
+    script = tmp_path / "attempts.py"
+    script.write_text(ATTEMPT_SCRIPT)
+    text, env = pool_yaml(fake.base, [("spare", "sk-test-spare-good")])
+    proxy = ProxyProcess(tmp_path, text, {**env, "CODEX_FAILOVER_FALLBACK": "engine", "ATTEMPT_MODE": mode},
+                         extra=["-s", str(script)])
+    try:
+        started = time.monotonic()
+        reply = post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-good")
+        assert time.monotonic() - started < 3, "the attempt hung until the connect timeout"
+        log = proxy.log()
+        assert f"attempt 1/2 credential=client route=direct {line}" in log, log[-2000:]
+        if mode == "answer":
+            assert reply.status == 200 and "Hello from sk-test-spare-good" in reply.body.decode()
+        else:
+            assert reply.status == 502
+        assert "internal error" not in log
+    finally:
+        proxy.stop()
+
+
+def test_on_the_engines_fallback_a_body_ended_by_the_close_is_read_whole(tmp_path):
+    """An overload answered without a length, the connection closed after it (a load balancer's
+    way): classified as on the kept connections, not as a cut answer."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    body = b'{"error":{"type":"server_error","code":"server_is_overloaded","message":"busy"}}'
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n"
+                             + body)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        raw = f"http://127.0.0.1:{server.getsockname()[1]}"
+        text, env = pool_yaml(raw, [("spare", "sk-test-spare-2")])
+        proxy = ProxyProcess(tmp_path, text, {**env, "CODEX_FAILOVER_FALLBACK": "engine"})
+        try:
+            reply = post_responses(proxy.port, f"{raw}/v1/responses", "sk-test-client-1")
+            log = proxy.log()
+            for cred in ("client", "spare"):
+                assert f"credential={cred} route=direct verdict=failover reason=overloaded status=503" in log, log[-2000:]
+            assert reply.status == 503, reply.body[-300:]
+        finally:
+            proxy.stop()
+    finally:
+        server.close()

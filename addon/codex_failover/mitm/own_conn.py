@@ -26,6 +26,7 @@ from .hook_chain import run_hook
 
 READ = 65536
 MAX_BODY = 64 * 1024 * 1024  # a whole (not streamed) answer kept in memory, at most
+MAX_HEAD = 1024 * 1024  # a response head, at most
 HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te", b"upgrade",
               b"content-length", b"host", b"proxy-authorization"}
 
@@ -44,6 +45,7 @@ class OwnConnection:
         self._writer: asyncio.StreamWriter | None = None
         self._cancelled: str | None = None
         self._task: asyncio.Task | None = None
+        self._started = False  # its task runs (a task cancelled before it started would skip its `finally`)
 
     async def submit(self, attempt) -> None:
         """Run the attempt to its final hook (in a task of its own; this returns at once)."""
@@ -55,6 +57,8 @@ class OwnConnection:
             return
         self._cancelled = message
         attempt.abandoned = not attempt.sent
+        if not self._started:
+            return  # it sees `_cancelled` as it starts, and ends with its error hook
         if self._writer is not None:
             self._writer.close()
         self._reading.set()
@@ -69,13 +73,19 @@ class OwnConnection:
 
     async def _run(self, attempt) -> None:
         flow = attempt.flow
-        flow.live = True
+        flow.live, self._started = True, True
         try:
+            if self._cancelled:
+                raise asyncio.CancelledError
             await run_hook(hooks.all_hooks["requestheaders"](flow))
-            await run_hook(hooks.all_hooks["request"](flow))
-            if flow.error is None and flow.response is not None:  # an addon answered it
+            if flow.error is None:
+                await run_hook(hooks.all_hooks["request"](flow))
+            if flow.error is not None:  # an addon killed it: its error hook, as mitmproxy runs it
+                await self._failed(flow, flow.error.msg)
+            elif flow.response is not None:  # an addon answered it
+                await run_hook(hooks.all_hooks["responseheaders"](flow))
                 await run_hook(hooks.all_hooks["response"](flow))
-            elif flow.error is None:
+            else:
                 await self._exchange(attempt, flow)
                 await run_hook(hooks.all_hooks["response"](flow))
         except asyncio.CancelledError:
@@ -105,7 +115,7 @@ class OwnConnection:
         if attempt.abandoned or self._cancelled:
             raise asyncio.CancelledError
         reader, self._writer = await asyncio.wait_for(tunnel(target, self.endpoint, bridges, tls), self.dial_timeout)
-        conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=256 * 1024)
+        conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         body = req.raw_content or b""
         fields = [(b"host", target.authority.encode())]
         fields += [(k, v) for k, v in attempt.wire_headers().fields if k.lower() not in HOP_BY_HOP and not k.startswith(b":")]
@@ -120,9 +130,9 @@ class OwnConnection:
             if event is h11.NEED_DATA:
                 await self._reading.wait()
                 data = await reader.read(READ)
-                if not data:
+                if not data and conn.their_state is not h11.SEND_BODY:
                     raise ConnectionError("server closed the connection before the response ended")
-                conn.receive_data(data)
+                conn.receive_data(data)  # b"": h11 ends a body delimited by the close, or says it was cut
             elif isinstance(event, h11.InformationalResponse):
                 continue
             elif isinstance(event, h11.Response):
@@ -130,10 +140,12 @@ class OwnConnection:
                                               http.Headers([(k, v) for k, v in event.headers.raw_items()]),
                                               None, None, time.time(), None)
                 await run_hook(hooks.all_hooks["responseheaders"](flow))
+                _unless_killed(flow)
             elif isinstance(event, h11.Data):
                 stream = flow.response.stream
                 if callable(stream):
                     stream(bytes(event.data))
+                    _unless_killed(flow)
                 elif len(buffered) + len(event.data) > MAX_BODY:
                     raise ConnectionError(f"response body over {MAX_BODY >> 20} MiB")
                 else:
@@ -147,3 +159,10 @@ class OwnConnection:
                 return
             else:
                 raise ConnectionError("server closed the connection")
+
+
+def _unless_killed(flow: http.HTTPFlow) -> None:
+    """An addon (or mitmweb) killed the flow meanwhile: the attempt ends as a cancelled one."""
+    if flow.error is not None:
+        raise ConnectionAbortedError(flow.error.msg)
+
