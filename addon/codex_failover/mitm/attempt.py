@@ -215,7 +215,9 @@ class Attempt:
         response = self.flow.response
         if error is not None and response is not None and response.timestamp_end is None:
             response.timestamp_end = time.time()  # the loser ends here (mitmweb shows it as still running otherwise)
-        if error is not None and self.flow.error is not None:
+        # A loser shows why it lost, also one whose whole answer came before the verdict (its `response`
+        # hook waits for this): mitmweb would otherwise show a rejected attempt without an error.
+        if error is not None and (self.flow.error is not None or self.finished):
             self.flow.error = mitmflow.Error(error)
         self.judged.set()
 
