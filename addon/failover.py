@@ -29,7 +29,7 @@ REQUIREMENTS = {
 }
 MITMPROXY_RANGE = REQUIREMENTS["mitmproxy"][len("mitmproxy"):]
 # What it starts on: any mitmproxy 12. A release outside the pinned range (the tested ones) runs on every
-# fallback of the seam (mitm/fallbacks.py), slower, with one line each; mitmproxy 13 may move the names the
+# fallback of the seam (mitm/fallbacks.py), slower, and says so in one line; mitmproxy 13 may move the names the
 # seam's modules import, so it is refused, as any other major release.
 RUNS_ON = ">=12.0,<13"
 EXIT_MISSING_DEPENDENCIES = 2

@@ -50,10 +50,14 @@ def seam_holds(name: str) -> bool:
 
 
 def in_force() -> list[str]:
-    """One line per fallback in use, and one for a name `CODEX_FAILOVER_FALLBACK` does not know."""
-    why = f"{ENV} asks for it" if VERSION in TESTED else \
-        f"mitmproxy {VERSION} is not a release the seam was tested on ({TESTED[0]} to {TESTED[-1]})"
-    lines = [f"codex-failover: {name}: {WHAT[name]}; {why}" for name in NAMES if not seam_holds(name)]
+    """What is in use instead of the seam: on an untested mitmproxy, one line (every fallback); else
+    one per fallback `CODEX_FAILOVER_FALLBACK` asks for, and one for a name it does not know."""
+    if VERSION not in TESTED:
+        lines = [f"codex-failover: mitmproxy {VERSION} is not a release the seam was tested on ({TESTED[0]} to "
+                 f"{TESTED[-1]}): every part runs on mitmproxy's public API instead ({', '.join(NAMES)}; slower, "
+                 f"a handshake per attempt; docs/architecture.md#the-seam)"]
+    else:
+        lines = [f"codex-failover: {name}: {WHAT[name]}; {ENV} asks for it" for name in NAMES if not seam_holds(name)]
     unknown = sorted(forced() - set(NAMES))
     if unknown:
         lines.append(f"codex-failover: {ENV}: unknown name(s) {', '.join(unknown)} (known: {', '.join(NAMES)})")
