@@ -35,10 +35,10 @@ CHROMIUM = os.environ.get("CODEX_FAILOVER_CHROMIUM", "/usr/bin/chromium")
 BODY = {"model": "gpt-fake", "stream": True, "input": [], "store": False}
 
 
-def proxy_for(tmp, fake, extra=None, **policy) -> ProxyProcess:
+def proxy_for(tmp, fake, extra=None, env=None, **policy) -> ProxyProcess:
     # The model endpoint is named `localhost` so a browser sends it through the proxy as any host.
-    text, env = pool_yaml(f"http://localhost:{fake.port}", [("spare", SPARE)], **policy)
-    return ProxyProcess(tmp, text, env, extra=extra)
+    text, pool_env = pool_yaml(f"http://localhost:{fake.port}", [("spare", SPARE)], **policy)
+    return ProxyProcess(tmp, text, {**pool_env, **(env or {})}, extra=extra)
 
 
 def spare_requests(fake: FakeUpstreamProcess) -> list[dict]:
@@ -254,6 +254,21 @@ def test_pool_only_mode_says_when_no_pooled_credential_serves_the_request_kind(t
 
 
 # -- the proxy token ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("engine", [None, "engine"])
+def test_a_clients_proxy_authorization_never_reaches_the_model_host_without_proxyauth_either(tmp_path, fake, engine):
+    """Plain http through the proxy (the header rides on the request itself): the client's token for a
+    proxy goes to no attempt, on the kept connections or the engine's fallback."""
+    proxy = proxy_for(tmp_path, fake, env={"CODEX_FAILOVER_FALLBACK": engine} if engine else None)
+    try:
+        url = f"http://localhost:{fake.port}/v1/responses"
+        token = {"proxy-authorization": "Basic " + __import__("base64").b64encode(b"me:other-proxy").decode()}
+        reply = post_responses(proxy.port, url, "sk-test-mine-overload-503", BODY, headers=token)
+        assert reply.status == 200 and served_by(reply) == SPARE, reply.body[-300:]
+        assert [r.get("proxy_authorization") for r in fake.model_requests()] == [False, False]
+    finally:
+        proxy.stop()
+
 
 def test_proxyauth_works_with_the_addon(tmp_path, fake):
     proxy = proxy_for(tmp_path, fake, extra=["--proxyauth", "me:s3cr3t-token"])

@@ -157,6 +157,7 @@ class Attempt:
     def start(self, via=None) -> None:
         """Send it. The request's URL and headers must be final: the target is read now. `via`:
         an upstream proxy for this attempt only, `(scheme, (host, port))`."""
+        self.flow.request.headers.pop("proxy-authorization", None)  # the client's, for this proxy: never upstream
         self._hide_secrets()
         req = self.flow.request
         if self.flow.server_conn.address != (req.host, req.port):  # changed since the flow was made
