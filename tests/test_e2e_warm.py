@@ -128,7 +128,7 @@ def test_a_pool_change_closes_the_kept_connections(tmp_path):
 def test_an_http2_client_resetting_its_held_stream_cancels_the_attempt(tmp_path, delay):
     """Codex over HTTP/2 resets a stream it gives up on. At 0.05 s the reset arrives while the
     addon's request hook still runs, before the stream has handed its request to the stand-in
-    (client_hop.client_error sees it); at 0.3 s the stand-in itself gets it. Either way the attempt
+    (client_hop.flow_ended_unclaimed sees it); at 0.3 s the stand-in itself gets it. Either way the attempt
     is cancelled at once, and the connection's next request is served."""
     fake = FakeUpstreamProcess(tmp_path / "fake", "--tls", "--stall", "30")
     text, env = pool_yaml(f"https://127.0.0.1:{fake.port}", [("spare", "sk-test-spare-good")], bootstrap_timeout="20s")

@@ -265,15 +265,15 @@ def ws_started(flow: http.HTTPFlow) -> None:
     if hop is None or hop.on_data is None:
         return
     stream = hop.layers[-1].streams.get(hop.stream_id)
-    extensions = getattr(getattr(getattr(stream, "child_layer", None), "server_ws", None), "_proto", None)
-    if isinstance(getattr(extensions, "extensions", None), list):
-        extensions.extensions.clear()
+    proto = getattr(getattr(getattr(stream, "child_layer", None), "server_ws", None), "_proto", None)
+    if isinstance(getattr(proto, "extensions", None), list):
+        proto.extensions.clear()
     else:  # the layers are not as pinned: the inside cannot be read, so the session ends at once
         log.warning("codex-failover: a gated WebSocket's layers are not as expected; closing it")
         hop.client_left("layers not as expected")
 
 
-def client_error(flow: http.HTTPFlow) -> None:
+def flow_ended_unclaimed(flow: http.HTTPFlow) -> None:
     """The client flow's `error` or `response` hook: a client that left before its stream handed the
     request to the stand-in (an HTTP/2 reset while the request hook still ran), or a flow another addon
     killed or answered, is seen here, not there."""
@@ -296,9 +296,11 @@ class _HeldHttpLayer(HttpLayer):
             yield from super().get_connection(event, reuse=reuse)
             return
         del self.command_sources[event]
-        reply = (conn, None) if conn is not _UNCLAIMED else (None, UNCLAIMED_ERROR)
-        if conn is _UNCLAIMED:
+        if conn is _UNCLAIMED:  # mitmproxy answers the client 502 with this
             del self.held[stream.stream_id]
+            reply = (None, UNCLAIMED_ERROR)
+        else:
+            reply = (conn, None)
         yield from self.event_to_child(stream, http_layers.GetHttpConnectionCompleted(event, reply))
 
     def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:

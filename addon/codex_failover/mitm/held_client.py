@@ -166,7 +166,7 @@ class RelayHops:
 
     def response(self, flow: http.HTTPFlow) -> None:
         if HOP_TAG in flow.metadata:
-            client_hop.client_error(flow)  # another addon answered it: its run stops
+            client_hop.flow_ended_unclaimed(flow)  # another addon answered it: its run stops
         self._restore(flow)
 
     def websocket_start(self, flow: http.HTTPFlow) -> None:
@@ -174,7 +174,7 @@ class RelayHops:
 
     def error(self, flow: http.HTTPFlow) -> None:
         if HOP_TAG in flow.metadata:
-            client_hop.client_error(flow)
+            client_hop.flow_ended_unclaimed(flow)
         self._restore(flow)
 
     def _restore(self, flow: http.HTTPFlow) -> None:

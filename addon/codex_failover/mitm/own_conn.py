@@ -21,14 +21,15 @@ import time
 import h11
 from mitmproxy import flow as mitmflow, hooks, http
 
+from ..net.relay import HOP_BY_HOP
 from ..ws.upstream import Target, tunnel
 from .hook_chain import run_hook
 
 READ = 65536
 MAX_BODY = 64 * 1024 * 1024  # a whole (not streamed) answer kept in memory, at most
 MAX_HEAD = 1024 * 1024  # a response head, at most
-HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te", b"upgrade",
-              b"content-length", b"host", b"proxy-authorization"}
+# Not copied from the flow's headers: hop-by-hop ones (the relay's list), and what the head writes itself.
+NOT_COPIED = HOP_BY_HOP | {b"te", b"host", b"proxy-authorization"}
 
 
 class OwnConnection:
@@ -118,7 +119,7 @@ class OwnConnection:
         conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         body = req.raw_content or b""
         fields = [(b"host", target.authority.encode())]
-        fields += [(k, v) for k, v in attempt.wire_headers().fields if k.lower() not in HOP_BY_HOP and not k.startswith(b":")]
+        fields += [(k, v) for k, v in attempt.wire_headers().fields if k.lower() not in NOT_COPIED and not k.startswith(b":")]
         fields.append((b"content-length", str(len(body)).encode()))
         self._writer.write(conn.send(h11.Request(method=req.method, target=req.path, headers=fields))
                            + conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))

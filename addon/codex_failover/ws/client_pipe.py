@@ -121,7 +121,7 @@ async def serve_in_process(session, hop) -> None:
     hop.upgrade(upgrade_headers(session.flow.request.headers, session.relay_headers()), reader.feed)
     session.down = WsConn.opened(reader, PipeWriter(hop))
     try:
-        await session._serve()
+        await session.run()
     finally:
         session.abort()
         with contextlib.suppress(TimeoutError):

@@ -139,9 +139,10 @@ class GateSession:
     async def serve(self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Through the relay (the fallback): the relay's hop is a WebSocket of its own."""
         self.down = WsConn.accept(head, reader, writer, self.relay_headers())
-        await self._serve()
+        await self.run()
 
-    async def _serve(self) -> None:  # both sides are open: the session runs until either ends
+    async def run(self) -> None:
+        """Both sides are open (through the relay or in process): the session runs until either ends."""
         loop = asyncio.get_running_loop()
         tasks = {loop.create_task(self._from_client()), loop.create_task(self._from_upstream())}
         try:
