@@ -99,3 +99,49 @@ def test_a_debug_line_is_dropped_only_while_no_handler_takes_it():
     assert shown(below, logging.DEBUG)
     below.propagate = False
     assert not shown(below, logging.DEBUG)
+
+
+class AddLog:
+    def __init__(self):
+        self.entries = []
+
+    def add_log(self, entry):
+        self.entries.append(entry.msg)
+
+
+def test_the_add_log_event_is_made_only_while_an_addon_listens():
+    """mitmproxy's LegacyLogEvents makes each record an `add_log` event for every addon (a loop
+    wake-up and a dispatch each): skipped while no addon has `add_log`, made again at once when one
+    is added; the other handlers get every record either way."""
+    import asyncio
+
+    from mitmproxy.log import LegacyLogEvents
+    from mitmproxy.test import taddons
+
+    async def go():
+        with taddons.context() as tctx:
+            handler = LegacyLogEvents(tctx.master)
+            root = logging.getLogger()
+            root.addHandler(handler)
+            quiet = QuietLog()
+            try:
+                quiet.install()
+                logger = logging.getLogger("codex_failover")
+                with pytest.MonkeyPatch.context() as mp:
+                    calls = []
+                    real = tctx.master.event_loop.call_soon_threadsafe
+                    mp.setattr(tctx.master.event_loop, "call_soon_threadsafe", lambda *a: (calls.append(a), real(*a)))
+                    logger.warning("nobody listens")
+                    assert calls == []
+                    listener = AddLog()
+                    tctx.master.addons.add(listener)
+                    logger.warning("now one does")
+                    await asyncio.sleep(0)
+                    assert calls and listener.entries and all(m.endswith("now one does") for m in listener.entries)  # (the master has a handler too)
+                quiet.uninstall()
+                assert not handler.filters
+            finally:
+                quiet.uninstall()
+                root.removeHandler(handler)
+
+    asyncio.run(go())

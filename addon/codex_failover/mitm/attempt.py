@@ -295,6 +295,8 @@ class Attempt:
 
     async def next(self, timeout: float | None) -> Item | None:
         """The next item, or None when `timeout` seconds pass first."""
+        if not self.queue.empty():  # already there: no timer, no future
+            return self._took(self.queue.get_nowait())
         try:
             return self._took(await asyncio.wait_for(self.queue.get(), timeout))
         except TimeoutError:
