@@ -124,7 +124,7 @@ def test_on_the_engines_fallback_an_attempt_another_addon_kills_or_answers_ends_
     script.write_text(ATTEMPT_SCRIPT)
     text, env = pool_yaml(fake.base, [("spare", "sk-test-spare-good")])
     proxy = ProxyProcess(tmp_path, text, {**env, "CODEX_FAILOVER_FALLBACK": "engine", "ATTEMPT_MODE": mode},
-                         extra=["-s", str(script)])
+                         extra=["-s", str(script), "--set", "failover_direct=false"])  # (an attempt flow of its own)
     try:
         started = time.monotonic()
         reply = post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-good")

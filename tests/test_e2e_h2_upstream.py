@@ -46,7 +46,9 @@ def h2(tmp_path):
     fake = H2FakeProcess(tmp_path / "fake", "--pace", "0.15", "--deltas", "4")
     text, env = pool_yaml(fake.base, [("spare", "sk-spare-good")], use_client_credential=True)
     # The fake's certificate is self-signed: only these tests tell mitmproxy not to verify it.
-    proxy = ProxyProcess(tmp_path / "proxy", text, env, extra=["--set", "ssl_insecure=true"])
+    # Every attempt over the kept connections (the fake speaks HTTP/2 whatever ALPN says, as no real
+    # server does: a first attempt on the client's own connection would talk HTTP/1.1 to it).
+    proxy = ProxyProcess(tmp_path / "proxy", text, env, extra=["--set", "ssl_insecure=true", "--set", "failover_direct=false"])
     yield fake, proxy
     proxy.stop()
     fake.stop()

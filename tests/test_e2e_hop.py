@@ -204,8 +204,8 @@ def test_a_script_that_gains_a_hook_while_mitmdump_runs_gets_it_on_the_held_flow
 def test_with_proxy_debug_a_held_flows_hook_is_logged_by_every_layer_as_mitmproxy_logs_it(fake, tmp_path):
     """proxy_debug shows a command passing each layer; a hook ended in place would pass only its stream."""
     text, env = pool_yaml(fake.base, [("spare", "sk-test-spare-good")])
-    proxy = ProxyProcess(tmp_path / "proxy", text, env,
-                         extra=["--set", "proxy_debug=true", "--set", "termlog_verbosity=debug"])
+    proxy = ProxyProcess(tmp_path / "proxy", text, env,  # (the attempt on a kept connection: a handler of its own)
+                         extra=["--set", "proxy_debug=true", "--set", "termlog_verbosity=debug", "--set", "failover_direct=false"])
     try:
         reply = post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-good", timeout=15)
         assert reply.status == 200 and b"response.completed" in reply.body

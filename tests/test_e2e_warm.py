@@ -42,8 +42,13 @@ def open_upstream(proxy) -> int:
     return sum(entry["open"] for entry in proxy_status(proxy.port)["upstream_connections"].values())
 
 
+# The kept connections carry every attempt here (failover_direct=false): the first attempt otherwise
+# rides the client's own connection (tests/test_e2e_direct.py).
+KEPT = ("--set", "failover_direct=false")
+
+
 def test_sequential_requests_share_one_upstream_connection(fake, start_proxy):
-    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")])
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")], extra=KEPT)
     for _ in range(5):
         reply = post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-good")
         assert reply.status == 200, reply.body[:300]
@@ -72,7 +77,7 @@ def test_the_spares_connection_is_dialled_while_the_first_attempt_is_held(fake, 
     """The fake speaks HTTP/1.1: the client's attempt holds the warm connection, so the spare's
     connection is dialled when the request starts (pre-warm), before any rejection; a failover
     then dials nothing."""
-    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")], bootstrap_timeout="30s")
+    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")], extra=KEPT, bootstrap_timeout="30s")
     url = f"{fake.base}/v1/responses"
     assert post_responses(proxy.port, url, "sk-test-client-good").status == 200
     dials_before = proxy_status(proxy.port)["upstream_dials"]
@@ -107,7 +112,7 @@ def test_a_client_leaving_during_the_hold_cancels_at_once(fake, start_proxy):
 def test_a_pool_change_closes_the_kept_connections(tmp_path):
     fake = FakeUpstreamProcess(tmp_path)
     text, env = pool_yaml(fake.base, [("spare", "sk-test-spare-good")])
-    web = MitmwebProcess(tmp_path / "web", text, env)
+    web = MitmwebProcess(tmp_path / "web", text, env, extra=list(KEPT))
     try:
         url = f"{fake.base}/v1/responses"
         assert post_responses(web.port, url, "sk-test-client-good").status == 200

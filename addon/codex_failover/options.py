@@ -30,6 +30,10 @@ def add_options(loader) -> None:
                       "passed through untouched, without failover (holding costs a few times its size).")
     loader.add_option("failover_metrics", str, "",
                       "Serve Prometheus metrics at HOST:PORT/metrics (e.g. 127.0.0.1:9464); empty: off.")
+    loader.add_option("failover_direct", bool, True,
+                      "The first attempt, on the client's own credential to the URL it asked for, goes on the "
+                      "client's own connection (mitmproxy's), its answer held there; off: every attempt goes "
+                      "over the addon's kept upstream connections (a second flow each: more CPU a request).")
     loader.add_option("failover_verbose", bool, False,
                       "Also log mitmproxy's per-connection lines (every client's, the attempts' and relay "
                       "hops') and mitmdump's flow echo; off: the addon's lines, warnings and errors only.")

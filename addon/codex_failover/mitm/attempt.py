@@ -118,6 +118,8 @@ class Item:
 class Attempt:
     """One replayed copy of the client's request, streaming into an asyncio queue."""
 
+    direct = False  # True for attempt 1 riding the client's own stream (direct.py): no hooks feed it
+
     def __init__(self, client_flow: http.HTTPFlow, request: http.Request, label: str, n: int, warm: WarmConnections):
         self.warm = warm  # the engine: where the attempt's connection comes from
         # A new flow for `request`, on the client's connection (shown as its client in mitmweb); not a
@@ -347,16 +349,16 @@ class AttemptHooks:
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         attempt = self.attempts.get(flow.id)
-        if attempt is not None:
+        if attempt is not None and not attempt.direct:
             ctype = flow.response.headers.get("content-type", "")
             attempt.on_responseheaders(200 <= flow.response.status_code < 300 and "text/event-stream" in ctype)
 
     async def response(self, flow: http.HTTPFlow) -> None:
         attempt = self.attempts.pop(flow.id, None)
-        if attempt is not None:
+        if attempt is not None and not attempt.direct:
             await attempt.on_response()
 
     async def error(self, flow: http.HTTPFlow) -> None:
         attempt = self.attempts.pop(flow.id, None)
-        if attempt is not None:
+        if attempt is not None and not attempt.direct:
             await attempt.on_error()

@@ -18,6 +18,7 @@ from ..core.routes import Endpoint
 from ..core.warm_book import WarmKey
 from . import bounded_body
 from .attempt import Attempt, copy_request
+from .direct import DirectAttempt
 
 if TYPE_CHECKING:
     from .request_run import RequestRun
@@ -40,7 +41,9 @@ class AttemptMaker:
         self.body, self.move = run.body, run.move
         self.bodies: dict[tuple, bytes] = {}  # what each kind of attempt sends, built once
 
-    def make(self, cand: Candidate, n: int) -> Attempt:
+    def make(self, cand: Candidate, n: int, ep: Endpoint | None = None) -> Attempt:
+        """Attempt `n` on `cand` (through `ep`). The first one, on the client's own credential, direct,
+        to the client's own URL with its own body, rides the client's stream (direct.py)."""
         req = copy_request(self.original)
         if cand.base_url:
             req.url = cand.base_url + (COMPACT if self.original.path.split("?", 1)[0].endswith(COMPACT) else "/responses")
@@ -49,8 +52,14 @@ class AttemptMaker:
         content = self._body_for(cand)
         if content is not None:
             req.content = content
+        direct = (n == 1 and cand.is_client and ep is None and not cand.base_url and content is None
+                  and PIN_HEADER not in self.original.headers and self.run.client.can_go_direct)
         req.headers.pop(PIN_HEADER, None)
-        attempt = self.shared.engine.attempt(self.run.flow, req, f"{self.run.request_id}#{n}", n)
+        label = f"{self.run.request_id}#{n}"
+        if direct:
+            attempt: Attempt = DirectAttempt(self.run.flow, req, label, n, self.run.client.hop, self.original)
+        else:
+            attempt = self.shared.engine.attempt(self.run.flow, req, label, n)
         attempt.dial_timeout = self.pool.policy.connect_timeout
         attempt.account = cand.key
         return attempt

@@ -18,20 +18,21 @@ import itertools
 import logging
 import time
 import types
-from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 from mitmproxy import ctx, http
 from mitmproxy.connection import ConnectionState, Server
-from mitmproxy.proxy import commands, events, layer
+from mitmproxy.proxy import commands, layer
 from mitmproxy.proxy.layers import http as http_layers
-from mitmproxy.proxy.layers.http import Http2Server, HttpLayer, HttpStream
+from mitmproxy.proxy.layers.http import Http2Server, HttpLayer
 from mitmproxy.proxy.mode_servers import ProxyConnectionHandler
 
 from ..net.relay import UpstreamBroken
 from . import fallbacks, hook_chain
 from .attempt import Capture
 from .client_answers import client_response
+from .direct import Mode
+from .held_layer import _UNCLAIMED, HopLayer, _Deliver, _Direct, _HeldHttpLayer, _routes, _stream_of, _sweep
 from .hop_state import HopState
 
 log = logging.getLogger("codex_failover")
@@ -42,45 +43,14 @@ HOP_TAG = "codex_failover.hop"  # flow.metadata of a client flow answered in pro
 # is handed (BufferedH2Connection.stream_buffers), not its socket: past H2_HIGH buffered, the hop
 # hands over nothing more until it is under H2_LOW (and the attempt, queueing, pauses its upstream).
 H2_HIGH, H2_LOW, H2_POLL = 1024 * 1024, 256 * 1024, 0.02
-_SEARCH_LIMIT = 256  # layers looked at to find a flow's stream (a client connection has a handful)
 HOP_HOLDS = fallbacks.seam_holds("hop")
 _numbers = itertools.count(1)
 _streaming: set["ClientHop"] = set()  # answers being streamed right now (the status page counts them)
 _by_flow: dict[str, "ClientHop"] = {}  # client flow id -> its hop, until the answer ended
-_UNCLAIMED = object()  # a held stream whose hop was stopped before the stream asked for its connection
-UNCLAIMED_ERROR = "codex-failover: this held request was stopped before it reached its answer"
 
 
 def streaming() -> int:
     return len(_streaming)
-
-
-@dataclass
-class _Deliver(events.ConnectionEvent):
-    """Wakes the stand-in's layer: what the hop queued goes to the stream now."""
-
-
-class HopLayer(layer.Layer):
-    """The stand-in server connection's layer: swallows the request, produces the answer."""
-
-    def __init__(self, context, hop: "ClientHop"):
-        super().__init__(context)
-        self.hop = hop
-
-    def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
-        hop = self.hop
-        if isinstance(event, http_layers.RequestEndOfMessage):
-            hop.claimed = True
-            hop.requested.set()
-        elif isinstance(event, http_layers.RequestProtocolError):  # the client left or reset its stream
-            hop.client_left(event.message)
-        elif hop.detached:
-            pass  # the answer ended: whatever the stream still sends is dropped
-        elif isinstance(event, _Deliver):
-            while hop.queue:
-                yield http_layers.ReceiveHttp(hop.queue.pop(0))
-        elif isinstance(event, http_layers.RequestData) and hop.on_data is not None:
-            hop.on_data(event.data)  # after a 101: the client's frames, from mitmproxy's WebSocket layer
 
 
 class ClientHop(HopState):
@@ -91,6 +61,12 @@ class ClientHop(HopState):
         self.conn = conn
         self.layers = layers  # every HttpLayer it is registered in, outermost first; the last is the client's own
         self._joined: list[bytes] | None = None  # the head's bytes, while they wait for the first body bytes
+        # The direct attempt (direct.py): None while the run may still choose it (`may_go_direct`),
+        # True once attempt 1 rides the stream, False for the stand-in.
+        self.choice: bool | None = False
+        self.direct = None  # its DirectAttempt
+        self.parked = None  # the stream's GetHttpConnection, while the run has not chosen
+        self.via = None  # the flow's server connection's `via` before the stand-in took its place
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -115,6 +91,7 @@ class ClientHop(HopState):
         conn.timestamp_start = time.time()
         conn.state = ConnectionState.OPEN
         hop = cls(handler, conn, stream.stream_id, [h for h, _ in routes], abort)
+        hop.via = flow.server_conn.via  # mitmproxy's own way upstream (its upstream mode's proxy), for a direct attempt
         for http_layer, child in routes[:-1]:
             http_layer.connections[conn] = child
         inner = routes[-1][0]
@@ -146,11 +123,64 @@ class ClientHop(HopState):
         self.detached = True
         ended(self.conn)
 
+    # -- the direct attempt (direct.py) -------------------------------------------------------
+
+    def may_go_direct(self) -> None:
+        """In the request hook: the stream's connection waits for the run's first attempt (`decide`)."""
+        self.choice = None
+
+    def decide(self, direct: bool) -> None:
+        """The run's first attempt chose (once): ride the stream, or wait for the hop's answer."""
+        if self.choice is not None:
+            return
+        self.choice = direct
+        if self.parked is not None:
+            self._tell("decide")
+
+    def release(self, attempt, live_feed) -> None:
+        """Commit the direct attempt: the stream gets what was held, then its upstream's rest."""
+        self.status = 200 if attempt.flow.response is None else attempt.flow.response.status_code
+        attempt.live_feed = live_feed
+        self.pump = asyncio.get_running_loop().create_task(self._event("release"))
+
+    def direct_handed(self) -> None:
+        """A released direct stream was handed data: an HTTP/2 client whose window stays shut makes
+        mitmproxy buffer it, so past H2_HIGH the upstream is not read until that is under H2_LOW."""
+        direct = self.direct
+        if direct is not None and self._h2_buffered() > H2_HIGH:
+            # Again at each read: asyncio's StreamReader resumes a transport it had paused itself.
+            watching = direct._paused
+            direct._set_reading(False, shared_too=True)
+            if not watching:
+                self._tell_later(self._unpause_direct())
+
+    async def _unpause_direct(self) -> None:
+        while self._h2_buffered() > H2_LOW and not self.gone and not self.detached:
+            await asyncio.sleep(H2_POLL)
+        if self.direct is not None:
+            self.direct._set_reading(True)
+
+    def _tell_later(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def cancel_direct(self) -> None:
+        await self._event("cancel")
+
+    def _tell(self, what: str) -> None:
+        self._tell_later(self._event(what))
+
+    async def _event(self, what: str) -> None:
+        if not self.gone:
+            with contextlib.suppress(ConnectionError):
+                await self.handler.server_event(_Direct(self.conn, what))
+
     # -- the answer (RelaySession's interface) ------------------------------------------------
 
     def answer(self, status: int, reason: str, headers: list[tuple[bytes, bytes]],
                body: Callable[[], AsyncIterator[bytes]], first: bytes = b"") -> None:
         """The head and `first` go to the client together; then `body`, chunk by chunk."""
+        self.decide(False)  # answered before any attempt rode the stream (no pool credential, say)
         self.status, self.reason, self.headers, self.body, self.first = status, reason, headers, body, first
         self.pump = asyncio.get_running_loop().create_task(self._pump())
 
@@ -273,6 +303,15 @@ def ws_started(flow: http.HTTPFlow) -> None:
         hop.client_left("layers not as expected")
 
 
+def direct_ended(flow: http.HTTPFlow) -> None:
+    """The client flow's `response` or `error` hook: a released direct attempt's hop is done."""
+    hop = _by_flow.get(flow.id)
+    if hop is not None and hop.direct is not None and hop.direct.mode is Mode.RELEASED:
+        if not hop.direct.ended.is_set():  # the stream ended without its upstream's end (the client left)
+            hop.direct.client_left(flow.error.msg if flow.error else "the stream ended")
+        hop.detach()
+
+
 def flow_ended_unclaimed(flow: http.HTTPFlow) -> None:
     """The client flow's `error` or `response` hook: a client that left before its stream handed the
     request to the stand-in (an HTTP/2 reset while the request hook still ran), or a flow another addon
@@ -282,119 +321,8 @@ def flow_ended_unclaimed(flow: http.HTTPFlow) -> None:
         hop.client_left(flow.error.msg if flow.error else "client error")
 
 
-class _HeldHttpLayer(HttpLayer):
-    """The client's HttpLayer (its class swapped in `attach`): a held stream gets its stand-in
-    whatever its URL is by then (another addon's request hook, map_remote say, may change it
-    after ours); every other stream gets a connection as mitmproxy would give it."""
-
-    held: dict[int, Server | object]  # stream id -> its stand-in (or _UNCLAIMED)
-
-    def get_connection(self, event, *, reuse: bool = True) -> layer.CommandGenerator[None]:
-        stream = self.command_sources.get(event)
-        conn = self.held.get(stream.stream_id) if isinstance(stream, HttpStream) else None
-        if conn is None:
-            yield from super().get_connection(event, reuse=reuse)
-            return
-        del self.command_sources[event]
-        if conn is _UNCLAIMED:  # mitmproxy answers the client 502 with this
-            del self.held[stream.stream_id]
-            reply = (None, UNCLAIMED_ERROR)
-        else:
-            reply = (conn, None)
-        yield from self.event_to_child(stream, http_layers.GetHttpConnectionCompleted(event, reply))
-
-    def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
-        """An injected WebSocket message for a held flow goes to its stream (mitmproxy would look for
-        an HTTP/1 client layer behind the stand-in)."""
-        hop_layer = self.connections.get(event.flow.server_conn) if isinstance(event, events.MessageInjected) else None
-        if isinstance(hop_layer, HopLayer) and hop_layer.hop.stream_id in self.streams:
-            yield from self.event_to_child(self.streams[hop_layer.hop.stream_id], event)
-        else:
-            yield from super()._handle_event(event)
-
-    def event_to_child(self, child, event: events.Event) -> layer.CommandGenerator[None]:
-        """A held stream's commands, with its head's bytes and log lines held while its head waits
-        for the first body bytes; the moment the layers return, what it wrote is sent
-        (`ClientHop.written`). A delivery (the stand-in's layer handing the stream what was queued)
-        ends with whatever is still joined."""
-        if isinstance(child, HopLayer):
-            hop = child.hop
-            hop.delivering = True
-            try:
-                yield from super().event_to_child(child, event)
-            finally:
-                hop.delivering = False
-            yield from hop.flush(final=True)
-            hop.written()
-            return
-        conn = self.held.get(child.stream_id) if isinstance(child, HttpStream) else None
-        hop_layer = self.connections.get(conn) if conn is not None else None
-        if not isinstance(hop_layer, HopLayer):
-            yield from super().event_to_child(child, event)
-            return
-        hop = hop_layer.hop
-        for command in super().event_to_child(child, event):
-            if hop.keep_back(command):
-                yield from hop.flush(final=False)
-                continue
-            yield from hop.flush(final=True)  # anything else keeps its place after the head
-            yield command  # executed (written) before the loop goes on
-        yield from hop.flush(final=not hop.delivering)
-        hop.written()
-
-
 def relay_server(port: int) -> Server:
     """The server connection that sends a flow to the loopback relay (the hop's fallback)."""
     return Server(address=("127.0.0.1", port))
 
 
-def _sweep(inner: HttpLayer) -> None:
-    """Forget the stand-ins of ended answers whose streams are gone (bounded by live streams)."""
-    for conn, child in list(inner.connections.items()):
-        if isinstance(child, HopLayer) and child.hop.detached and child.hop.stream_id not in inner.streams:
-            for http_layer in child.hop.layers:
-                http_layer.connections.pop(conn, None)
-    for sid in [sid for sid, conn in getattr(inner, "held", {}).items() if conn is _UNCLAIMED and sid not in inner.streams]:
-        del inner.held[sid]
-
-
-def _children(node: layer.Layer):
-    if isinstance(node, HttpLayer):
-        yield from node.streams.values()
-    for name in ("layer", "child_layer"):  # NextLayer's decision; a tunnel's or a stream's child
-        child = getattr(node, name, None)
-        if isinstance(child, layer.Layer):
-            yield child
-    owner = getattr(getattr(node, "_handle_event", None), "__self__", None)  # a mode layer hands on this way
-    if isinstance(owner, layer.Layer) and owner is not node:
-        yield owner
-
-
-def _stream_of(root: layer.Layer, flow: http.HTTPFlow) -> HttpStream | None:
-    todo, seen = [root], 0
-    while todo and seen < _SEARCH_LIMIT:
-        node = todo.pop()
-        seen += 1
-        if isinstance(node, HttpStream) and getattr(node, "flow", None) is flow:
-            return node
-        todo.extend(_children(node))
-    return None
-
-
-def _routes(stream: HttpStream | None) -> list[tuple[HttpLayer, layer.Layer]] | None:
-    """Each HttpLayer above `stream` with the child that leads to it, outermost first; the last
-    is the stream's own. None when the stack is not what this module understands."""
-    if stream is None:
-        return None
-    path = stream.context.layers
-    routes = []
-    for i, node in enumerate(path):
-        if isinstance(node, HttpLayer):
-            streams = set(map(id, node.streams.values()))
-            child = next((later for later in path[i + 1:] if id(later) in streams), None)
-            if child is None:
-                return None
-            routes.append((node, child))
-    if not routes or routes[-1][1] is not stream:
-        return None
-    return routes

@@ -69,6 +69,7 @@ class HeldClient:
         hop = ClientHop.attach(self.flow, self.abort)
         if hop is not None:
             self.hop = hop
+            hop.may_go_direct()
         else:
             point_at_relay(self.flow, self.relay.port, self.relay.register(self.hop))
 
@@ -83,6 +84,22 @@ class HeldClient:
             timer = asyncio.get_running_loop().call_later(timeout, self.hop.first_out.set)
             await self.hop.first_out.wait()
             timer.cancel()
+
+    @property
+    def can_go_direct(self) -> bool:
+        """May the first attempt ride the client's own stream (mitm/direct.py)?"""
+        return isinstance(self.hop, ClientHop) and self.hop.choice is None and not self.hop.gone and \
+            bool(getattr(ctx.options, "failover_direct", True))
+
+    def release(self, attempt, state) -> None:
+        """The committed direct attempt: the stream gets what was held, then the upstream's rest,
+        each chunk shown to its machine."""
+        if self.metrics is not None:
+            self.metrics.hold_seconds(time.monotonic() - self.started)
+            self.metrics.first_output_to_client_seconds(0.0)
+        self.decided.set()
+        assert isinstance(self.hop, ClientHop)
+        self.hop.release(attempt, state.live)
 
     def stream(self, status: int, reason: str, headers: list, body, first: bytes = b"") -> None:
         """The winner: its head and `first` (the held bytes) now, its live rest (`body`) as it
@@ -166,6 +183,7 @@ class RelayHops:
 
     def response(self, flow: http.HTTPFlow) -> None:
         if HOP_TAG in flow.metadata:
+            client_hop.direct_ended(flow)
             client_hop.flow_ended_unclaimed(flow)  # another addon answered it: its run stops
         self._restore(flow)
 
@@ -174,6 +192,7 @@ class RelayHops:
 
     def error(self, flow: http.HTTPFlow) -> None:
         if HOP_TAG in flow.metadata:
+            client_hop.direct_ended(flow)
             client_hop.flow_ended_unclaimed(flow)
         self._restore(flow)
 

@@ -13,6 +13,10 @@ from .held_client import HeldClient
 
 
 def commit(client: HeldClient, attempt: Attempt, state: AttemptMachine, command: Commit, metrics) -> None:
+    if getattr(attempt, "direct", False):  # attempt 1 rode the client's stream (direct.py)
+        if client.sink is None:
+            return client.release(attempt, state)
+        attempt.commit_through_hop()  # the hop answers already (recovery's heartbeat): the items go on
     resp = attempt.flow.response
     committed = time.monotonic()
 

@@ -54,6 +54,7 @@ from ..shared import Shared
 from . import bounded_body, client_answers, live, secret_guard
 from .attempt import CHUNK, END, ERROR, Attempt, Item, copy_request, hide_secrets
 from .attempt_maker import AttemptMaker
+from .client_hop import ClientHop
 from .held_client import HeldClient, shown_changed
 
 log = logging.getLogger("codex_failover")
@@ -175,7 +176,9 @@ class RequestRun:
     async def _send(self, machine: RequestMachine, cand: Candidate, n: int, ep: Endpoint | None) -> None:
         """Attempt `n`: the request on `cand`'s credential through `ep` (None: direct), fed to its
         machine until it is over (committed, answered, rejected or worth retrying)."""
-        attempt = self.maker.make(cand, n)
+        attempt = self.maker.make(cand, n, ep)
+        if not getattr(attempt, "direct", False) and isinstance(self.client.hop, ClientHop):
+            self.client.hop.decide(False)  # the stream takes its stand-in (the hop answers)
         attempt.on_sent = self.dispatched.set
         attempt.endpoint = ep
         self.shared.attempts[attempt.flow.id] = attempt

@@ -1,0 +1,279 @@
+"""Attempt 1 on the client's own stream: the request goes upstream as mitmproxy sends any request,
+and its answer is held in the client's own layers until the run decides (docs/architecture.md#the-
+direct-attempt).
+
+Why: CPU. An attempt over a kept connection is a second flow through mitmproxy's HTTP layers and a
+second stream into the client's (the hop's), which cost a held request 1.5x-1.6x what plain mitmdump
+spends on it (docs/measurements.md). Most Codex requests are served by their first attempt on the
+client's own credential, straight to the URL the client asked for: that one needs neither.
+
+A `DirectAttempt` is an `Attempt` (the run drives it the same way: items in its queue, a verdict,
+cancel) whose bytes are the client stream's. mitmproxy's layers give the stream its connection and
+write the request (with the real credential only while they write its head, client_hop.py); each
+response event that reaches the stream from that connection is handed here first (`on_event`):
+- holding (until the verdict): kept, and queued for the run as the attempt's items;
+- released (a commit): what was kept goes to the stream, and from then on every event passes, each
+  chunk shown to the machine (`live`) as the committed stream's rest;
+- items (a commit while the hop answers already, recovery's heartbeat): the items go on, the events
+  are dropped (the hop streams them);
+- dropped (a failover, a timeout, the client gone): the stream is handed to its hop, which answers
+  with whatever the run decides next; the upstream stream is reset (HTTP/1.1: its connection closed).
+Its flow (`self.flow`) is a record, never run by the layers: it gets the hooks an attempt gets
+(requestheaders and request once its head left, responseheaders, then response or error after the
+verdict), so mitmweb shows it and `-w` saves it as it shows every attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import enum
+import logging
+import time
+
+from mitmproxy import flow as mitmflow, hooks, http
+
+from . import bounded_body
+from .attempt import Attempt, Item, copy_request
+from .hook_chain import run_hook
+
+log = logging.getLogger("codex_failover")
+
+
+
+class Mode(enum.Enum):
+    HOLDING = enum.auto()  # the stream's response events are kept; the run reads them as items
+    RELEASED = enum.auto()  # committed: they pass to the stream
+    ITEMS = enum.auto()  # committed, answered by the hop: items only, the events are dropped
+    DROPPED = enum.auto()  # the stream went to its hop: nothing more is taken
+
+
+HOLDING, RELEASED, ITEMS, DROPPED = Mode.HOLDING, Mode.RELEASED, Mode.ITEMS, Mode.DROPPED
+
+
+def copy_response(response: http.Response) -> http.Response:
+    """The record's own response object (the client's stream gets the original)."""
+    new = object.__new__(type(response))
+    new.data = copy.copy(response.data)
+    new.data.headers = response.data.headers.copy()
+    if response.data.trailers is not None:
+        new.data.trailers = response.data.trailers.copy()
+    return new
+
+
+class DirectAttempt(Attempt):
+    """Attempt 1, carried by the client's own stream (see the module docstring)."""
+
+    direct = True
+
+    def __init__(self, client_flow: http.HTTPFlow, request: http.Request, label: str, n: int, hop,
+                 original: http.Request):
+        super().__init__(client_flow, request, label, n, None)  # type: ignore[arg-type]
+        self.hop, self.original = hop, original  # the client's request as it came: the wire's secrets
+        self.mode = HOLDING
+        self.server = None  # the upstream connection mitmproxy gave the stream
+        self.kept: list = []  # the response events held for the stream
+        self.kept_bytes = 0
+        self.whole = bytearray()  # a body that is not streamed, for the run's ReadWhole
+        self.live_feed = None  # after a release: each chunk to the committed machine (None: the end)
+        self._live = bytearray()  # released chunks not yet shown to it
+        self.headed = asyncio.Event()
+        self.ended = asyncio.Event()  # its response ended, failed or was stopped
+        self._sent_event = asyncio.Event()
+        self._stop_message: str | None = None
+
+    # -- the run's side ---------------------------------------------------------------------
+
+    def start(self, via=None) -> None:
+        self._hide_secrets()  # the real values stay off the record (and are masked in any log)
+        self.hop.direct = self
+        self.hop.decide(True)
+        if self.on_sent is not None:  # the request hook need not wait: the head leaves once it returns
+            self.on_sent()
+        self._task = asyncio.get_running_loop().create_task(self._life())
+
+    async def cancel(self, timeout: float = 5.0) -> None:
+        """Hand the stream to its hop (the next answer comes from there); the upstream stream is reset
+        unless the whole response is in. A released winner is mitmproxy's stream: nothing to do."""
+        self.judged.set()
+        if self.mode in (RELEASED, DROPPED):
+            return
+        self._drop("attempt cancelled by codex-failover" if not self.finished else None)
+        await self.hop.cancel_direct()
+        if self._task is not None and not self._task.done():
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._task), timeout)
+
+    def _drop(self, error: str | None) -> None:
+        self.mode = DROPPED
+        self.kept.clear()
+        self._set_reading(True)
+        if error is not None and not self.ended.is_set():
+            self._stop_message = error
+            self.flow.error = mitmflow.Error(error)
+            self.ended.set()
+
+    def release(self, live_feed) -> list:
+        """The commit: what was held, for the stream now; the rest passes (each chunk to `live_feed`).
+        Chunks already queued that the machine has not seen yet are shown to it first."""
+        while not self.queue.empty():
+            item = self.queue.get_nowait()
+            if item.kind == "chunk":
+                live_feed(item.data)
+            elif item.kind == "end":
+                live_feed(None)
+        self.mode, self.live_feed = RELEASED, live_feed
+        self._set_reading(True)
+        kept, self.kept = self.kept, []
+        return kept
+
+    def commit_through_hop(self) -> None:
+        """A commit while the hop answers already (heartbeat): the items go on, the events are dropped."""
+        self.mode = ITEMS
+        self.kept.clear()
+
+    def _set_reading(self, on: bool, shared_too: bool = False) -> None:
+        """Pause or resume reading its upstream (an HTTP/2 one, which other streams of the client's
+        may share, only when `shared_too`: a client that does not read its own stream)."""
+        self._paused = not on
+        io = self.hop.handler.transports.get(self.server) if self.server is not None else None
+        transport = getattr(getattr(io, "writer", None), "transport", None)
+        if transport is not None and not transport.is_closing() and (on or shared_too or self.server.alpn != b"h2"):
+            transport.resume_reading() if on else transport.pause_reading()
+
+    # -- from the client's layers (synchronous) ------------------------------------------------
+
+    def wire_headers(self, headers: http.Headers) -> http.Headers:
+        """The head as the wire gets it: the client's own secret values where the flow shows
+        placeholders, and no Proxy-Authorization (it was for this proxy)."""
+        wire = headers.copy()
+        for name, values in self._wire.items():
+            if name in wire:
+                wire.set_all(name, self.original.headers.get_all(name) or values)
+        wire.pop("proxy-authorization", None)
+        return wire
+
+    def head_sent(self, request: http.Request, server) -> None:
+        """Its head was written on `server`: the record shows the request as it left."""
+        record = copy_request(request)
+        record.headers.pop("proxy-authorization", None)  # never sent (wire_headers)
+        record.timestamp_start = record.timestamp_end = time.time()
+        self.flow.request, self.flow.server_conn, self.server = record, server, server
+        self.redact()
+        self.sent = self.connected = True
+        self._sent_event.set()
+
+    def connect_failed(self, err: str) -> None:
+        self._stop_message = err
+        self.flow.error = mitmflow.Error(err)
+        self.mode = DROPPED
+        self.queue.put_nowait(Item("error", err.encode()))
+        self.ended.set()
+
+    def client_left(self, why: str) -> None:
+        """The client reset or left the stream: whatever mode, the record ends (the run sees the hop's)."""
+        if not self.ended.is_set():
+            self._stop_message = self._stop_message or why
+            self.ended.set()
+        self.hop.client_left(why)
+
+    def keep(self, event, size: int) -> None:
+        """A response event held for the stream (`size`: its body bytes), until the run decides."""
+        self.kept.append(event)
+        self.kept_bytes += size
+        if self.kept_bytes > bounded_body.limit and not self.ended.is_set():
+            log.warning("codex-failover: a held response passed failover_max_body; it is stopped")
+            self.queue.put_nowait(Item("error", b"the held response passed failover_max_body"))
+            self.flow.error = mitmflow.Error("the held response passed failover_max_body")
+            self.ended.set()
+
+    def on_head(self, response: http.Response, end_stream: bool) -> None:
+        response = self.flow.response = copy_response(response)
+        ctype = response.headers.get("content-type", "")
+        self.streaming = 200 <= response.status_code < 300 and "text/event-stream" in ctype
+        self.redact()
+        self.queue.put_nowait(Item("head"))
+        self.headed.set()
+        if end_stream:
+            self.on_end()
+
+    def on_data(self, data: bytes) -> None:
+        if self.mode is RELEASED:  # shown to the machine once per read from the upstream (`flush_live`)
+            self.captured(data)
+            self._live += data
+            return
+        if self.streaming:
+            self._on_chunk(data)
+        else:  # read whole, as mitmproxy reads a body it does not stream (the run's ReadWhole)
+            self.captured(data)
+            self.whole += data
+
+    def on_end(self) -> None:
+        self.finished = True
+        if self.flow.response is not None and not self.streaming:
+            self.flow.response.raw_content = bytes(self.whole)
+        if self.mode is RELEASED:
+            self._feed(None)
+        else:
+            self.queue.put_nowait(Item("end"))
+        self.ended.set()
+
+    def on_error(self, message: str) -> None:
+        if self.mode is RELEASED:
+            self.flush_live()
+        else:
+            self.queue.put_nowait(Item("error", message.encode()))
+        self.flow.error = mitmflow.Error(message)
+        self.ended.set()
+
+    def flush_live(self) -> None:
+        if self._live:
+            data, self._live = bytes(self._live), bytearray()
+            self._feed(data)
+
+    def _feed(self, data: bytes | None) -> None:
+        if data is None:
+            self.flush_live()
+        try:
+            self.live_feed(data)
+        except Exception:  # noqa: BLE001 - the bookkeeping of a stream never breaks the stream
+            log.exception("codex-failover: a committed stream's bookkeeping failed")
+
+    # -- the record's hooks ------------------------------------------------------------------
+
+    async def _life(self) -> None:
+        """The record flow's hooks, in an attempt's order, as it goes."""
+        try:
+            sent = asyncio.ensure_future(self._sent_event.wait())
+            over = asyncio.ensure_future(self.ended.wait())
+            await asyncio.wait((sent, over), return_when=asyncio.FIRST_COMPLETED)
+            sent.cancel()
+            over.cancel()
+            await run_hook(hooks.all_hooks["requestheaders"](self.flow))
+            await run_hook(hooks.all_hooks["request"](self.flow))
+            await _first(self.headed, self.ended)
+            if self.flow.response is not None:
+                await run_hook(hooks.all_hooks["responseheaders"](self.flow))
+            await self.ended.wait()
+            self._keep_capture()
+            if self.flow.response is not None and self.flow.response.timestamp_end is None:
+                self.flow.response.timestamp_end = time.time()
+            await self._judged()
+            if self.verdict_error is not None or self.flow.error is not None:
+                self.flow.error = mitmflow.Error(self.verdict_error or self.flow.error.msg)
+                await run_hook(hooks.all_hooks["error"](self.flow))
+            else:
+                await run_hook(hooks.all_hooks["response"](self.flow))
+        finally:
+            self.over.set()
+
+
+async def _first(a: asyncio.Event, b: asyncio.Event) -> bool:
+    """Wait for either event; True if `a` is set."""
+    if not (a.is_set() or b.is_set()):
+        wa, wb = asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())
+        await asyncio.wait((wa, wb), return_when=asyncio.FIRST_COMPLETED)
+        wa.cancel()
+        wb.cancel()
+    return a.is_set()

@@ -1,0 +1,347 @@
+"""The held client's own HttpLayer and the stand-in's layer: the part of the hop (client_hop.py) that
+lives inside mitmproxy's layers, with a direct attempt's (direct.py) way through them.
+
+`attach` (client_hop.py) swaps the client's `HttpLayer` class for `_HeldHttpLayer` and registers a
+`HopLayer` for the held stream's stand-in server connection. Here:
+- a held stream asking for its connection gets its stand-in, or (a direct attempt: the run chose to
+  let attempt 1 ride the stream) mitmproxy's own connection, asked again once the run chose;
+- a direct stream's request head is written with the real credential (the flow shows placeholders);
+- what that connection answers the stream goes to the DirectAttempt first: held, released in one go
+  at a commit, or dropped when the stream is handed to its stand-in (a failover); the data of one
+  read from an upstream connection reaches a released stream as one chunk.
+docs/architecture.md#the-hop; the facts relied on: docs/mitmproxy-12.3.1-replay-notes.md §10, §15.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mitmproxy import http
+from mitmproxy.connection import Server
+from mitmproxy.proxy import events, layer
+from mitmproxy.proxy.layers import http as http_layers
+from mitmproxy.proxy.layers.http import HttpLayer, HttpStream
+
+from .attempt import Capture
+from .direct import Mode
+
+if TYPE_CHECKING:
+    from .client_hop import ClientHop
+
+_SEARCH_LIMIT = 256  # layers looked at to find a flow's stream (a client connection has a handful)
+_UNCLAIMED = object()  # a held stream whose hop was stopped before the stream asked for its connection
+UNCLAIMED_ERROR = "codex-failover: this held request was stopped before it reached its answer"
+_RESPONSE_EVENTS = (http_layers.ResponseHeaders, http_layers.ResponseData, http_layers.ResponseTrailers,
+                    http_layers.ResponseEndOfMessage, http_layers.ResponseProtocolError)
+
+
+@dataclass
+class _Deliver(events.ConnectionEvent):
+    """Wakes the stand-in's layer: what the hop queued goes to the stream now."""
+
+
+@dataclass
+class _Direct(events.ConnectionEvent):
+    """For the client's HttpLayer, about a held stream's direct attempt (direct.py): `what` is
+    "decide" (the run chose: answer the stream's parked connection request), "release" (a commit)
+    or "cancel" (the stream goes to its hop)."""
+
+    what: str = ""
+
+
+class HopLayer(layer.Layer):
+    """The stand-in server connection's layer: swallows the request, produces the answer."""
+
+    def __init__(self, context, hop: "ClientHop"):
+        super().__init__(context)
+        self.hop = hop
+
+    def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
+        hop = self.hop
+        if isinstance(event, http_layers.RequestEndOfMessage):
+            hop.claimed = True
+            hop.requested.set()
+        elif isinstance(event, http_layers.RequestProtocolError):  # the client left or reset its stream
+            hop.client_left(event.message)
+        elif hop.detached:
+            pass  # the answer ended: whatever the stream still sends is dropped
+        elif isinstance(event, _Deliver):
+            while hop.queue:
+                yield http_layers.ReceiveHttp(hop.queue.pop(0))
+        elif isinstance(event, http_layers.RequestData) and hop.on_data is not None:
+            hop.on_data(event.data)  # after a 101: the client's frames, from mitmproxy's WebSocket layer
+
+
+class _HeldHttpLayer(HttpLayer):
+    """The client's HttpLayer (its class swapped in `attach`): a held stream gets its stand-in
+    whatever its URL is by then (another addon's request hook, map_remote say, may change it
+    after ours); every other stream gets a connection as mitmproxy would give it. A stream whose
+    first attempt rides it (direct.py) gets its connection as mitmproxy gives it, and what that
+    connection answers goes to its DirectAttempt first."""
+
+    held: dict[int, Server | object]  # stream id -> its stand-in (or _UNCLAIMED)
+    _batch: dict | None = None  # while an upstream connection's event is handled: released data, by stream
+
+    def _hop(self, stream_id: int) -> "ClientHop | None":
+        conn = self.held.get(stream_id)
+        hop_layer = self.connections.get(conn) if isinstance(conn, Server) else None
+        return hop_layer.hop if isinstance(hop_layer, HopLayer) else None
+
+    def get_connection(self, event, *, reuse: bool = True) -> layer.CommandGenerator[None]:
+        stream = self.command_sources.get(event)
+        conn = self.held.get(stream.stream_id) if isinstance(stream, HttpStream) else None
+        if conn is None:
+            yield from super().get_connection(event, reuse=reuse)
+            return
+        hop = self._hop(stream.stream_id)
+        if hop is not None and hop.choice is None and not hop.gone:  # the run has not chosen: asked again then
+            hop.parked = event
+            return
+        if hop is not None and hop.choice and hop.direct is not None and not hop.gone:
+            event.via = hop.via  # (the flow shows the stand-in, whose `via` the stream asked with)
+            yield from super().get_connection(event, reuse=reuse)  # attempt 1 rides the stream
+            return
+        del self.command_sources[event]
+        if conn is _UNCLAIMED:  # mitmproxy answers the client 502 with this
+            del self.held[stream.stream_id]
+            reply = (None, UNCLAIMED_ERROR)
+        else:
+            reply = (conn, None)
+        yield from self.event_to_child(stream, http_layers.GetHttpConnectionCompleted(event, reply))
+
+    def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
+        """An injected WebSocket message for a held flow goes to its stream (mitmproxy would look for
+        an HTTP/1 client layer behind the stand-in); a direct attempt's turns are taken here."""
+        if isinstance(event, _Direct):
+            hop_layer = self.connections.get(event.connection)
+            if isinstance(hop_layer, HopLayer):
+                yield from self._direct(hop_layer.hop, event.what)
+            return
+        hop_layer = self.connections.get(event.flow.server_conn) if isinstance(event, events.MessageInjected) else None
+        if isinstance(hop_layer, HopLayer) and hop_layer.hop.stream_id in self.streams:
+            yield from self.event_to_child(self.streams[hop_layer.hop.stream_id], event)
+        else:
+            yield from super()._handle_event(event)
+
+    def _direct(self, hop: "ClientHop", what: str) -> layer.CommandGenerator[None]:
+        stream = self.streams.get(hop.stream_id)
+        direct = hop.direct
+        if what == "decide" or (what == "cancel" and hop.parked is not None):
+            parked, hop.parked = hop.parked, None
+            if parked is None or parked not in self.command_sources:
+                return
+            if what == "cancel":
+                hop.choice = False
+            yield from self.get_connection(parked)
+        elif what == "release" and direct is not None and stream is not None:
+            kept = _merged(direct.release(direct.live_feed))
+            if any(isinstance(event, http_layers.ResponseData) for event in kept):
+                hop._joined = []  # head and first output in one write (ClientHop.keep_back)
+            for event in kept:
+                if isinstance(event, http_layers.ResponseHeaders):  # first output: the hop's bookkeeping
+                    event.response.stream = Capture(on_first=hop._body_started)
+                yield from self._pass(stream, hop, event)
+        elif what == "cancel" and direct is not None:
+            if stream is not None and direct.server is not None:  # from now on, the stream's answer is the hop's
+                stream.context.server = stream.flow.server_conn = hop.conn
+                hop.claimed = True
+                hop.requested.set()
+            conn_layer = self.connections.get(direct.server) if direct.server is not None else None
+            if conn_layer is not None and not direct.finished:
+                error = http_layers.RequestProtocolError(hop.stream_id, "attempt cancelled by codex-failover",
+                                                         http_layers.ErrorCode.CANCEL)
+                yield from HttpLayer.event_to_child(self, conn_layer, error)
+
+    def event_to_child(self, child, event: events.Event) -> layer.CommandGenerator[None]:
+        """A held stream's commands, with its head's bytes and log lines held while its head waits
+        for the first body bytes; the moment the layers return, what it wrote is sent
+        (`ClientHop.written`). A delivery (the stand-in's layer handing the stream what was queued)
+        ends with whatever is still joined. A direct attempt's head goes to its connection with the
+        real credential; what comes back goes to the attempt first."""
+        if isinstance(child, HopLayer):
+            hop = child.hop
+            hop.delivering = True
+            try:
+                yield from super().event_to_child(child, event)
+            finally:
+                hop.delivering = False
+            yield from hop.flush(final=True)
+            hop.written()
+            return
+        if not isinstance(child, HttpStream):
+            hop = self._hop(event.stream_id) if isinstance(event, (http_layers.RequestHeaders,
+                                                                   http_layers.RequestProtocolError)) else None
+            if hop is not None and hop.direct is not None and hop.choice:
+                yield from self._to_upstream(hop, child, event)
+            else:
+                yield from self._from_connection(child, event)
+            return
+        conn = self.held.get(child.stream_id)
+        hop_layer = self.connections.get(conn) if conn is not None else None
+        if not isinstance(hop_layer, HopLayer):
+            yield from super().event_to_child(child, event)
+            return
+        hop = hop_layer.hop
+        direct = hop.direct
+        if direct is not None and hop.choice and not hop.delivering:
+            if isinstance(event, http_layers.GetHttpConnectionCompleted):
+                event = self._connected(hop, event)
+            elif isinstance(event, _RESPONSE_EVENTS):
+                if not _take(direct, event):
+                    return  # held for the run, or dropped
+                batch = self._batch
+                if isinstance(event, http_layers.ResponseData) and batch is not None:
+                    batch.setdefault(child.stream_id, (child, hop, bytearray()))[2].extend(event.data)
+                    return  # joined with the rest of this read (`_from_connection`)
+                pending = batch.pop(child.stream_id, None) if batch else None
+                if pending is not None:
+                    yield from self._pass(child, hop, http_layers.ResponseData(child.stream_id, bytes(pending[2])))
+                    direct.flush_live()
+        yield from self._pass(child, hop, event)
+
+    def _from_connection(self, child, event: events.Event) -> layer.CommandGenerator[None]:
+        """An upstream connection's event: the data it brings a released direct stream goes on as one
+        chunk (mitmproxy hands a stream each HTTP chunk of a read on its own: a write to the client
+        and a pass through the stream's layers each)."""
+        outer = self._batch
+        if outer is not None:  # (within another connection's event: that one sends it)
+            yield from super().event_to_child(child, event)
+            return
+        self._batch = {}
+        try:
+            yield from super().event_to_child(child, event)
+            batch = self._batch
+        finally:
+            self._batch = None
+        for stream_id, (stream, hop, data) in batch.items():
+            if self.streams.get(stream_id) is stream:
+                yield from self._pass(stream, hop, http_layers.ResponseData(stream_id, bytes(data)))
+            if hop.direct is not None:
+                hop.direct.flush_live()
+
+    def _pass(self, child, hop: "ClientHop", event: events.Event) -> layer.CommandGenerator[None]:
+        for command in super().event_to_child(child, event):
+            if hop.keep_back(command):
+                yield from hop.flush(final=False)
+                continue
+            yield from hop.flush(final=True)  # anything else keeps its place after the head
+            yield command  # executed (written) before the loop goes on
+        yield from hop.flush(final=not hop.delivering)
+        hop.written()
+        if hop.direct is not None and isinstance(event, http_layers.ResponseData) and not hop.delivering:
+            hop.direct_handed()
+
+    def _connected(self, hop: "ClientHop", event):
+        """The direct stream's connection: the attempt's, or (it failed, or the attempt was stopped
+        meanwhile) the stand-in, which then takes the request and answers what the run decides."""
+        direct = hop.direct
+        conn, err = event.reply
+        if err is None and direct.mode is Mode.HOLDING:
+            direct.server = conn
+            return event
+        if err is not None:
+            direct.connect_failed(err)
+        hop.choice = False
+        return http_layers.GetHttpConnectionCompleted(event.command, (hop.conn, None))
+
+    def _to_upstream(self, hop: "ClientHop", child, event) -> layer.CommandGenerator[None]:
+        """A direct stream's request head, with the real secrets for the moment its layers write it;
+        a client that reset the stream ends the run (the hop's `client_left`)."""
+        direct = hop.direct
+        if isinstance(event, http_layers.RequestProtocolError):
+            direct.client_left(event.message)
+            yield from super().event_to_child(child, event)
+            return
+        request = event.request
+        shown = request.headers
+        request.headers = direct.wire_headers(shown)
+        try:
+            yield from super().event_to_child(child, event)
+        finally:
+            request.headers = shown
+        stream = self.streams.get(hop.stream_id)
+        direct.head_sent(request, stream.context.server if stream is not None else direct.server)
+        hop.claimed = True
+        hop.requested.set()
+
+
+def _take(direct, event) -> bool:
+    """A response event from a direct stream's upstream, told to its DirectAttempt: True if the
+    stream gets it now (released), False if it is held or dropped."""
+    if direct.mode is Mode.DROPPED:
+        return False
+    if direct.mode is Mode.HOLDING:
+        direct.keep(event, len(event.data) if isinstance(event, http_layers.ResponseData) else 0)
+    if isinstance(event, http_layers.ResponseHeaders):
+        direct.on_head(event.response, event.end_stream)
+    elif isinstance(event, http_layers.ResponseData):
+        direct.on_data(event.data)
+    elif isinstance(event, http_layers.ResponseEndOfMessage):
+        direct.on_end()
+    elif isinstance(event, http_layers.ResponseProtocolError):
+        direct.on_error(event.message)
+    return direct.mode is Mode.RELEASED
+
+
+def _merged(events_: list) -> list:
+    """`events_` with each run of data events joined into one (one write to the client, not one a chunk)."""
+    out: list = []
+    for event in events_:
+        if isinstance(event, http_layers.ResponseData) and out and isinstance(out[-1], http_layers.ResponseData):
+            out[-1] = http_layers.ResponseData(event.stream_id, out[-1].data + event.data)
+        else:
+            out.append(event)
+    return out
+
+
+def _sweep(inner: HttpLayer) -> None:
+    """Forget the stand-ins of ended answers whose streams are gone (bounded by live streams)."""
+    for conn, child in list(inner.connections.items()):
+        if isinstance(child, HopLayer) and child.hop.detached and child.hop.stream_id not in inner.streams:
+            for http_layer in child.hop.layers:
+                http_layer.connections.pop(conn, None)
+    for sid in [sid for sid, conn in getattr(inner, "held", {}).items() if conn is _UNCLAIMED and sid not in inner.streams]:
+        del inner.held[sid]
+
+
+def _children(node: layer.Layer):
+    if isinstance(node, HttpLayer):
+        yield from node.streams.values()
+    for name in ("layer", "child_layer"):  # NextLayer's decision; a tunnel's or a stream's child
+        child = getattr(node, name, None)
+        if isinstance(child, layer.Layer):
+            yield child
+    owner = getattr(getattr(node, "_handle_event", None), "__self__", None)  # a mode layer hands on this way
+    if isinstance(owner, layer.Layer) and owner is not node:
+        yield owner
+
+
+def _stream_of(root: layer.Layer, flow: http.HTTPFlow) -> HttpStream | None:
+    todo, seen = [root], 0
+    while todo and seen < _SEARCH_LIMIT:
+        node = todo.pop()
+        seen += 1
+        if isinstance(node, HttpStream) and getattr(node, "flow", None) is flow:
+            return node
+        todo.extend(_children(node))
+    return None
+
+
+def _routes(stream: HttpStream | None) -> list[tuple[HttpLayer, layer.Layer]] | None:
+    """Each HttpLayer above `stream` with the child that leads to it, outermost first; the last
+    is the stream's own. None when the stack is not what this module understands."""
+    if stream is None:
+        return None
+    path = stream.context.layers
+    routes = []
+    for i, node in enumerate(path):
+        if isinstance(node, HttpLayer):
+            streams = set(map(id, node.streams.values()))
+            child = next((later for later in path[i + 1:] if id(later) in streams), None)
+            if child is None:
+                return None
+            routes.append((node, child))
+    if not routes or routes[-1][1] is not stream:
+        return None
+    return routes

@@ -1,0 +1,167 @@
+"""The direct attempt (mitm/direct.py) as its layers (mitm/held_layer.py) drive it: what it keeps,
+queues and hands on in each mode, the bound on what it holds, and what its record flow shows."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+from mitmproxy import http
+from mitmproxy.proxy.layers import http as http_layers
+from mitmproxy.test import tflow
+
+from codex_failover.mitm import bounded_body, held_layer
+from codex_failover.mitm.attempt import PLACEHOLDER, copy_request
+from codex_failover.mitm.direct import DirectAttempt, Mode
+
+
+class Hop:
+    """What a DirectAttempt asks of its hop."""
+
+    def __init__(self):
+        self.handler = SimpleNamespace(transports={})
+        self.direct = None
+        self.choices: list[bool] = []
+        self.cancelled = 0
+        self.left: list[str] = []
+
+    def decide(self, direct: bool) -> None:
+        self.choices.append(direct)
+
+    async def cancel_direct(self) -> None:
+        self.cancelled += 1
+
+    def client_left(self, why: str) -> None:
+        self.left.append(why)
+
+
+def sse_head(ctype: bytes = b"text/event-stream", status: int = 200) -> http.Response:
+    return http.Response.make(status, b"", {"content-type": ctype.decode()})
+
+
+def make(hop: Hop) -> DirectAttempt:
+    flow = tflow.tflow()
+    flow.request.headers["authorization"] = "Bearer sk-the-clients-own"
+    original = copy_request(flow.request)
+    return DirectAttempt(flow, copy_request(flow.request), "r1#1", 1, hop, original)
+
+
+def items(attempt: DirectAttempt) -> list[tuple[str, bytes]]:
+    out = []
+    while not attempt.queue.empty():
+        item = attempt.queue.get_nowait()
+        out.append((item.kind, item.data))
+    return out
+
+
+def test_holding_keeps_every_event_and_queues_it_for_the_run():
+    async def go():
+        hop = Hop()
+        attempt = make(hop)
+        attempt.start()
+        assert hop.direct is attempt and hop.choices == [True]
+        events = [http_layers.ResponseHeaders(1, sse_head(), end_stream=False),
+                  http_layers.ResponseData(1, b"data: {}\n\n"), http_layers.ResponseData(1, b"data: 2\n\n"),
+                  http_layers.ResponseEndOfMessage(1)]
+        assert [held_layer._take(attempt, e) for e in events] == [False] * 4  # nothing to the stream yet
+        assert attempt.kept == events
+        assert items(attempt) == [("head", b""), ("chunk", b"data: {}\n\n"), ("chunk", b"data: 2\n\n"), ("end", b"")]
+        assert attempt.streaming and attempt.finished and attempt.ended.is_set()
+        assert attempt.flow.request.headers["authorization"] == PLACEHOLDER  # the record shows no secret
+        attempt._task.cancel()
+    asyncio.run(go())
+
+
+def test_a_body_that_is_not_streamed_is_read_whole_as_mitmproxy_reads_it():
+    async def go():
+        attempt = make(Hop())
+        attempt.start()
+        for e in [http_layers.ResponseHeaders(1, sse_head(b"application/json", 429), end_stream=False),
+                  http_layers.ResponseData(1, b'{"error":'), http_layers.ResponseData(1, b' {}}'),
+                  http_layers.ResponseEndOfMessage(1)]:
+            held_layer._take(attempt, e)
+        assert items(attempt) == [("head", b""), ("end", b"")]  # the run's ReadWhole: no chunk items
+        assert attempt.flow.response.raw_content == b'{"error": {}}'
+        attempt._task.cancel()
+    asyncio.run(go())
+
+
+def test_a_release_hands_over_what_was_kept_and_then_lets_every_event_pass():
+    async def go():
+        attempt = make(Hop())
+        attempt.start()
+        head, first = http_layers.ResponseHeaders(1, sse_head(), end_stream=False), http_layers.ResponseData(1, b"a")
+        held_layer._take(attempt, head)
+        held_layer._take(attempt, first)
+        attempt.queue.get_nowait()  # the run read the head, not the chunk yet
+        fed: list[bytes | None] = []
+        assert attempt.release(fed.append) == [head, first]
+        assert fed == [b"a"] and attempt.mode is Mode.RELEASED  # the machine sees what it had not read
+        assert held_layer._take(attempt, http_layers.ResponseData(1, b"b")) is True
+        assert held_layer._take(attempt, http_layers.ResponseData(1, b"c")) is True
+        assert fed == [b"a"]  # once per read from the upstream:
+        attempt.flush_live()
+        assert fed == [b"a", b"bc"]
+        assert held_layer._take(attempt, http_layers.ResponseEndOfMessage(1)) is True
+        assert fed == [b"a", b"bc", None] and attempt.queue.empty()
+        attempt._task.cancel()
+    asyncio.run(go())
+
+
+def test_a_cancel_hands_the_stream_to_its_hop_and_takes_nothing_more():
+    from mitmproxy.test import taddons
+
+    seen: list[str] = []
+
+    class Watch:
+        def error(self, flow):
+            seen.append(f"error {flow.error.msg}")
+
+    async def go():
+        with taddons.context(Watch()):
+            hop = Hop()
+            attempt = make(hop)
+            attempt.start()
+            held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=False))
+            await attempt.cancel()
+            assert hop.cancelled == 1 and attempt.mode is Mode.DROPPED and attempt.kept == []
+            assert attempt.flow.error.msg == "attempt cancelled by codex-failover"
+            assert held_layer._take(attempt, http_layers.ResponseData(1, b"late")) is False
+            await asyncio.wait_for(attempt.over.wait(), 5)  # the record got its final hook
+    asyncio.run(go())
+    assert seen == ["error attempt cancelled by codex-failover"]
+
+
+def test_what_it_holds_is_bounded_by_failover_max_body(monkeypatch):
+    monkeypatch.setattr(bounded_body, "limit", 10)
+
+    async def go():
+        attempt = make(Hop())
+        attempt.start()
+        held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=False))
+        held_layer._take(attempt, http_layers.ResponseData(1, b"x" * 11))
+        assert ("error", b"the held response passed failover_max_body") in items(attempt)
+        attempt._task.cancel()
+    asyncio.run(go())
+
+
+def test_the_wire_gets_the_clients_own_values_and_no_proxy_authorization():
+    attempt = make(Hop())
+    attempt._hide_secrets()
+    shown = http.Headers([(b"authorization", PLACEHOLDER.encode()), (b"proxy-authorization", b"Basic eDp5"),
+                          (b"x-other", b"1")])
+    wire = attempt.wire_headers(shown)
+    assert wire["authorization"] == "Bearer sk-the-clients-own"
+    assert "proxy-authorization" not in wire and wire["x-other"] == "1"
+    assert shown["authorization"] == PLACEHOLDER  # the flow's own headers are untouched
+
+
+@pytest.mark.parametrize("runs, joined", [
+    ([b"a", b"b"], [b"ab"]),
+    ([b"a", None, b"b"], [b"a", None, b"b"]),
+])
+def test_runs_of_data_are_joined_into_one_write(runs, joined):
+    events = [http_layers.ResponseData(1, d) if d is not None else http_layers.ResponseEndOfMessage(1) for d in runs]
+    out = held_layer._merged(events)
+    assert [e.data if isinstance(e, http_layers.ResponseData) else None for e in out] == joined
