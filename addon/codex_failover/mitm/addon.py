@@ -266,8 +266,9 @@ class FailoverAddon:
         task.add_done_callback(self._tasks.discard)
         # Let the first attempt's request leave before the client flow goes on (the other addons'
         # request hooks, the hop): those have until the first output, the upstream is waiting now.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(run.dispatched.wait(), DISPATCH_FIRST)
+        if not run.dispatched.is_set():  # (a direct attempt's head leaves once this hook returns: set already)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(run.dispatched.wait(), DISPATCH_FIRST)
 
     def _released(self, run: RequestRun) -> None:
         self._held -= 1

@@ -87,13 +87,11 @@ class AttemptMaker:
 
     def prewarm_next(self, plan: Plan | None, current: Candidate) -> None:
         """Dial the connection the next candidate (by the plan) would use, if none is open or
-        underway, so a failover pays no handshake."""
+        underway, so a failover pays no handshake. (A task only for a SOCKS route's bridge.)"""
         following = [c for c in plan.candidates if c.key != current.key] if plan is not None else []
-        if following:
-            task = asyncio.get_running_loop().create_task(self._prewarm(following[0]))
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort: never an error
-
-    async def _prewarm(self, cand: Candidate) -> None:
+        if not following:
+            return
+        cand = following[0]
         if cand.base_url:
             parts = urlsplit(cand.base_url)
             scheme, host, port = parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
@@ -103,5 +101,13 @@ class AttemptMaker:
         ep = next((e for e in endpoints if e is None or self.shared.route_health.healthy(e)), None)
         if ep is None and endpoints != [None]:
             return
+        if ep is not None and ep.is_socks:
+            task = asyncio.get_running_loop().create_task(self._prewarm(cand, scheme, host, port, ep))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort: never an error
+        else:
+            via = None if ep is None else (ep.scheme, (ep.host, ep.port))  # (as via_of)
+            self.shared.engine.prewarm(WarmKey(scheme, host, port, via, cand.key), ep, self.pool.policy.connect_timeout)
+
+    async def _prewarm(self, cand: Candidate, scheme: str, host, port, ep: Endpoint) -> None:
         via = await self.via(ep)
         self.shared.engine.prewarm(WarmKey(scheme, host, port, via, cand.key), ep, self.pool.policy.connect_timeout)

@@ -79,8 +79,8 @@ class DirectAttempt(Attempt):
         self.live_feed = None  # after a release: each chunk to the committed machine (None: the end)
         self._live = bytearray()  # released chunks not yet shown to it
         self.headed = asyncio.Event()
-        self.ended = asyncio.Event()  # its response ended, failed or was stopped
-        self._sent_event = asyncio.Event()
+        self.ended = _Signal(self)  # its response ended, failed or was stopped
+        self._moved = asyncio.Event()  # sent, headed or ended changed (the record's hooks go on)
         self._stop_message: str | None = None
 
     # -- the run's side ---------------------------------------------------------------------
@@ -162,7 +162,7 @@ class DirectAttempt(Attempt):
         self.flow.request, self.flow.server_conn, self.server = record, server, server
         self.redact()
         self.sent = self.connected = True
-        self._sent_event.set()
+        self._moved.set()
 
     def connect_failed(self, err: str) -> None:
         self._stop_message = err
@@ -195,6 +195,7 @@ class DirectAttempt(Attempt):
         self.redact()
         self.queue.put_nowait(Item("head"))
         self.headed.set()
+        self._moved.set()
         if end_stream:
             self.on_end()
 
@@ -243,16 +244,12 @@ class DirectAttempt(Attempt):
     # -- the record's hooks ------------------------------------------------------------------
 
     async def _life(self) -> None:
-        """The record flow's hooks, in an attempt's order, as it goes."""
+        """The record flow's hooks, in an attempt's order, as it goes (one task; `_moved` wakes it)."""
         try:
-            sent = asyncio.ensure_future(self._sent_event.wait())
-            over = asyncio.ensure_future(self.ended.wait())
-            await asyncio.wait((sent, over), return_when=asyncio.FIRST_COMPLETED)
-            sent.cancel()
-            over.cancel()
+            await self._until(lambda: self.sent or self.ended.is_set())
             await run_hook(hooks.all_hooks["requestheaders"](self.flow))
             await run_hook(hooks.all_hooks["request"](self.flow))
-            await _first(self.headed, self.ended)
+            await self._until(lambda: self.headed.is_set() or self.ended.is_set())
             if self.flow.response is not None:
                 await run_hook(hooks.all_hooks["responseheaders"](self.flow))
             await self.ended.wait()
@@ -268,12 +265,19 @@ class DirectAttempt(Attempt):
         finally:
             self.over.set()
 
+    async def _until(self, ready) -> None:
+        while not ready():
+            self._moved.clear()
+            await self._moved.wait()
 
-async def _first(a: asyncio.Event, b: asyncio.Event) -> bool:
-    """Wait for either event; True if `a` is set."""
-    if not (a.is_set() or b.is_set()):
-        wa, wb = asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())
-        await asyncio.wait((wa, wb), return_when=asyncio.FIRST_COMPLETED)
-        wa.cancel()
-        wb.cancel()
-    return a.is_set()
+
+class _Signal(asyncio.Event):
+    """`ended`: also wakes the record's hooks."""
+
+    def __init__(self, attempt: DirectAttempt):
+        super().__init__()
+        self._attempt = attempt
+
+    def set(self) -> None:
+        super().set()
+        self._attempt._moved.set()

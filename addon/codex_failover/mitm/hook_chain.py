@@ -46,8 +46,8 @@ def _implements(addon, name: str) -> bool:
         return True
     if hasattr(addon, "addons"):
         for child in addon.addons:
-            if _implements(child, name):
-                return True
+            if getattr(child, name, None) or (hasattr(child, "addons") and _implements(child, name)):
+                return True  # (a leaf child read in place: no call per child)
     return False
 
 
@@ -57,13 +57,25 @@ def _handlers(addon, name: str):
     called in its new version, as mitmproxy calls it)."""
     func = getattr(addon, name, None)
     if func:
-        if callable(func):
-            yield func
-        elif not isinstance(func, types.ModuleType):  # a module named like a hook is skipped, as mitmproxy does
-            yield _not_callable(f"Addon handler {name} ({addon}) not callable")
+        yield _callable(addon, name, func)
     if hasattr(addon, "addons"):
         for child in addon.addons:
-            yield from _handlers(child, name)
+            if hasattr(child, "addons"):
+                yield from _handlers(child, name)
+            elif func := getattr(child, name, None):  # a leaf child read in place: no generator per child
+                yield _callable(child, name, func)
+
+
+def _callable(addon, name: str, func):
+    if callable(func):
+        return func
+    if isinstance(func, types.ModuleType):  # a module named like a hook is skipped, as mitmproxy does
+        return _skip
+    return _not_callable(f"Addon handler {name} ({addon}) not callable")
+
+
+def _skip(*_args) -> None:
+    return None
 
 
 def _not_callable(message: str):
