@@ -31,6 +31,10 @@ def finite_number(value: Any) -> float | None:
 
 
 def from_headers(headers: Mapping[str, str], now: float) -> list[Window]:
+    # One pass over the headers: a case-insensitive `get` scans them all each time (six per response).
+    headers = {k.lower(): v for k, v in headers.items() if k[:8].lower() == "x-codex-"}
+    if not headers:
+        return []
     out = []
     for name in WINDOWS:
         used = finite_number(headers.get(f"x-codex-{name}-used-percent"))

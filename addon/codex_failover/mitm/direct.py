@@ -117,12 +117,17 @@ class DirectAttempt(Attempt):
     def release(self, live_feed) -> list:
         """The commit: what was held, for the stream now; the rest passes (each chunk to `live_feed`).
         Chunks already queued that the machine has not seen yet are shown to it first."""
+        unseen, ended = bytearray(), False
         while not self.queue.empty():
             item = self.queue.get_nowait()
             if item.kind == "chunk":
-                live_feed(item.data)
+                unseen += item.data
             elif item.kind == "end":
-                live_feed(None)
+                ended = True
+        if unseen:
+            live_feed(bytes(unseen))
+        if ended:
+            live_feed(None)
         self.mode, self.live_feed = RELEASED, live_feed
         self._set_reading(True)
         kept, self.kept = self.kept, []

@@ -188,22 +188,33 @@ class _HeldHttpLayer(HttpLayer):
             if isinstance(event, http_layers.GetHttpConnectionCompleted):
                 event = self._connected(hop, event)
             elif isinstance(event, _RESPONSE_EVENTS):
-                if not _take(direct, event):
-                    return  # held for the run, or dropped
                 batch = self._batch
                 if isinstance(event, http_layers.ResponseData) and batch is not None:
                     batch.setdefault(child.stream_id, (child, hop, bytearray()))[2].extend(event.data)
                     return  # joined with the rest of this read (`_from_connection`)
-                pending = batch.pop(child.stream_id, None) if batch else None
-                if pending is not None:
-                    yield from self._pass(child, hop, http_layers.ResponseData(child.stream_id, bytes(pending[2])))
-                    direct.flush_live()
+                if batch:
+                    yield from self._joined_data(batch.pop(child.stream_id, None))
+                if not _take(direct, event):
+                    return  # held for the run, or dropped
         yield from self._pass(child, hop, event)
 
+    def _joined_data(self, pending) -> layer.CommandGenerator[None]:
+        """A read's data for a direct stream, as one event: to its attempt, and (released) on to the stream."""
+        if pending is None:
+            return
+        stream, hop, data = pending
+        direct = hop.direct
+        if direct is None:
+            return
+        event = http_layers.ResponseData(hop.stream_id, bytes(data))
+        if _take(direct, event) and self.streams.get(hop.stream_id) is stream:
+            yield from self._pass(stream, hop, event)
+        direct.flush_live()
+
     def _from_connection(self, child, event: events.Event) -> layer.CommandGenerator[None]:
-        """An upstream connection's event: the data it brings a released direct stream goes on as one
-        chunk (mitmproxy hands a stream each HTTP chunk of a read on its own: a write to the client
-        and a pass through the stream's layers each)."""
+        """An upstream connection's event: the data it brings a direct stream is one chunk, for its
+        attempt (one item for the run) and, released, for the stream (mitmproxy hands a stream each
+        HTTP chunk of a read on its own: a write to the client and a pass through its layers each)."""
         outer = self._batch
         if outer is not None:  # (within another connection's event: that one sends it)
             yield from super().event_to_child(child, event)
@@ -214,11 +225,8 @@ class _HeldHttpLayer(HttpLayer):
             batch = self._batch
         finally:
             self._batch = None
-        for stream_id, (stream, hop, data) in batch.items():
-            if self.streams.get(stream_id) is stream:
-                yield from self._pass(stream, hop, http_layers.ResponseData(stream_id, bytes(data)))
-            if hop.direct is not None:
-                hop.direct.flush_live()
+        for pending in batch.values():
+            yield from self._joined_data(pending)
 
     def _pass(self, child, hop: "ClientHop", event: events.Event) -> layer.CommandGenerator[None]:
         for command in super().event_to_child(child, event):
