@@ -66,6 +66,7 @@ class ClientHop(HopState):
         self.choice: bool | None = False
         self.direct = None  # its DirectAttempt
         self.parked = None  # the stream's GetHttpConnection, while the run has not chosen
+        self.asked = None  # a direct stream's GetHttpConnection, while mitmproxy dials for it
         self.via = None  # the flow's server connection's `via` before the stand-in took its place
 
     # -- setup ------------------------------------------------------------------------------

@@ -75,7 +75,8 @@ class DirectAttempt(Attempt):
         self.server = None  # the upstream connection mitmproxy gave the stream
         self.kept: list = []  # the response events held for the stream
         self.kept_bytes = 0
-        self.whole = bytearray()  # a body that is not streamed, for the run's ReadWhole
+        self.overflow = False  # what it held passed failover_max_body
+        self.whole: list[bytes] = []  # a body that is not streamed, for the run's ReadWhole (the kept events' own bytes)
         self.live_feed = None  # after a release: each chunk to the committed machine (None: the end)
         self._live = bytearray()  # released chunks not yet shown to it
         self.headed = asyncio.Event()
@@ -170,6 +171,9 @@ class DirectAttempt(Attempt):
         self._moved.set()
 
     def connect_failed(self, err: str) -> None:
+        if self.ended.is_set():  # stopped already (its record may have had its final hook)
+            self.mode = DROPPED
+            return
         self._stop_message = err
         self.flow.error = mitmflow.Error(err)
         self.mode = DROPPED
@@ -183,15 +187,23 @@ class DirectAttempt(Attempt):
             self.ended.set()
         self.hop.client_left(why)
 
-    def keep(self, event, size: int) -> None:
-        """A response event held for the stream (`size`: its body bytes), until the run decides."""
+    def keep(self, event, size: int) -> bool:
+        """A response event held for the stream (`size`: its body bytes), until the run decides;
+        False once what it holds passed failover_max_body (nothing more is taken: the run sees an error)."""
+        if self.overflow:
+            return False
         self.kept.append(event)
         self.kept_bytes += size
-        if self.kept_bytes > bounded_body.limit and not self.ended.is_set():
+        if self.kept_bytes > bounded_body.limit:
             log.warning("codex-failover: a held response passed failover_max_body; it is stopped")
+            self.overflow = True
+            self.kept.clear()
+            self.whole.clear()
             self.queue.put_nowait(Item("error", b"the held response passed failover_max_body"))
             self.flow.error = mitmflow.Error("the held response passed failover_max_body")
             self.ended.set()
+            return False
+        return True
 
     def on_head(self, response: http.Response, end_stream: bool) -> None:
         response = self.flow.response = copy_response(response)
@@ -213,12 +225,12 @@ class DirectAttempt(Attempt):
             self._on_chunk(data)
         else:  # read whole, as mitmproxy reads a body it does not stream (the run's ReadWhole)
             self.captured(data)
-            self.whole += data
+            self.whole.append(data)
 
     def on_end(self) -> None:
         self.finished = True
         if self.flow.response is not None and not self.streaming:
-            self.flow.response.raw_content = bytes(self.whole)
+            self.flow.response.raw_content = b"".join(self.whole)
         if self.mode is RELEASED:
             self._feed(None)
         else:

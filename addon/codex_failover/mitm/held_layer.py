@@ -23,7 +23,7 @@ from mitmproxy.proxy import events, layer
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import HttpLayer, HttpStream
 
-from .attempt import Capture
+from .attempt import Capture, copy_request
 from .direct import Mode
 
 if TYPE_CHECKING:
@@ -100,6 +100,7 @@ class _HeldHttpLayer(HttpLayer):
             return
         if hop is not None and hop.choice and hop.direct is not None and not hop.gone:
             event.via = hop.via  # (the flow shows the stand-in, whose `via` the stream asked with)
+            hop.asked = event  # until it is answered (a dial that hangs: `_direct("cancel")` answers it)
             yield from super().get_connection(event, reuse=reuse)  # attempt 1 rides the stream
             return
         del self.command_sources[event]
@@ -142,6 +143,15 @@ class _HeldHttpLayer(HttpLayer):
                 if isinstance(event, http_layers.ResponseHeaders):  # first output: the hop's bookkeeping
                     event.response.stream = Capture(on_first=hop._body_started)
                 yield from self._pass(stream, hop, event)
+        elif what == "cancel" and direct is not None and direct.server is None and hop.asked is not None:
+            asked, hop.asked = hop.asked, None  # its dial is under way (or hangs): the stand-in answers instead
+            for waiting in self.waiting_for_establishment.values():
+                if asked in waiting:
+                    waiting.remove(asked)
+            hop.choice = False
+            source = self.command_sources.pop(asked, None)
+            if source is not None:
+                yield from self.event_to_child(source, http_layers.GetHttpConnectionCompleted(asked, (hop.conn, None)))
         elif what == "cancel" and direct is not None:
             if stream is not None and direct.server is not None:  # from now on, the stream's answer is the hop's
                 stream.context.server = stream.flow.server_conn = hop.conn
@@ -184,6 +194,9 @@ class _HeldHttpLayer(HttpLayer):
             return
         hop = hop_layer.hop
         direct = hop.direct
+        if isinstance(event, http_layers.RequestProtocolError) and (hop.choice is None or hop.asked is not None):
+            # The stream waits for its connection (paused: it would queue this until then): the run stops now.
+            (direct or hop).client_left(event.message)
         if direct is not None and hop.choice and not hop.delivering:
             if isinstance(event, http_layers.GetHttpConnectionCompleted):
                 event = self._connected(hop, event)
@@ -244,6 +257,7 @@ class _HeldHttpLayer(HttpLayer):
         """The direct stream's connection: the attempt's, or (it failed, or the attempt was stopped
         meanwhile) the stand-in, which then takes the request and answers what the run decides."""
         direct = hop.direct
+        hop.asked = None
         conn, err = event.reply
         if err is None and direct.mode is Mode.HOLDING:
             direct.server = conn
@@ -262,12 +276,11 @@ class _HeldHttpLayer(HttpLayer):
             yield from super().event_to_child(child, event)
             return
         request = event.request
-        shown = request.headers
-        request.headers = direct.wire_headers(shown)
-        try:
-            yield from super().event_to_child(child, event)
-        finally:
-            request.headers = shown
+        # The wire's own copy of the request, with the real values: mitmproxy's HTTP/2 layer may write a
+        # head it queued (the upstream's stream limit) later, from the event; the flow keeps placeholders.
+        wire = copy_request(request)
+        wire.headers = direct.wire_headers(request.headers)
+        yield from super().event_to_child(child, http_layers.RequestHeaders(event.stream_id, wire, event.end_stream))
         stream = self.streams.get(hop.stream_id)
         direct.head_sent(request, stream.context.server if stream is not None else direct.server)
         hop.claimed = True
@@ -279,8 +292,8 @@ def _take(direct, event) -> bool:
     stream gets it now (released), False if it is held or dropped."""
     if direct.mode is Mode.DROPPED:
         return False
-    if direct.mode is Mode.HOLDING:
-        direct.keep(event, len(event.data) if isinstance(event, http_layers.ResponseData) else 0)
+    if direct.mode is Mode.HOLDING and not direct.keep(event, len(event.data) if isinstance(event, http_layers.ResponseData) else 0):
+        return False  # past failover_max_body: dropped
     if isinstance(event, http_layers.ResponseHeaders):
         direct.on_head(event.response, event.end_stream)
     elif isinstance(event, http_layers.ResponseData):
