@@ -132,9 +132,9 @@ def test_a_pool_change_closes_the_kept_connections(tmp_path):
 @pytest.mark.parametrize("delay", [0.05, 0.3])
 def test_an_http2_client_resetting_its_held_stream_cancels_the_attempt(tmp_path, delay):
     """Codex over HTTP/2 resets a stream it gives up on. At 0.05 s the reset arrives while the
-    addon's request hook still runs, before the stream has handed its request to the stand-in
-    (client_hop.flow_ended_unclaimed sees it); at 0.3 s the stand-in itself gets it. Either way the attempt
-    is cancelled at once, and the connection's next request is served."""
+    addon's request hook still runs or while attempt 1's connection (the stream's own) is dialled: the
+    request never leaves, or is stopped once it has; at 0.3 s the upstream has it and it is reset. Either
+    way the attempt is cancelled at once, and the connection's next request is served."""
     fake = FakeUpstreamProcess(tmp_path / "fake", "--tls", "--stall", "30")
     text, env = pool_yaml(f"https://127.0.0.1:{fake.port}", [("spare", "sk-test-spare-good")], bootstrap_timeout="20s")
     proxy = ProxyProcess(tmp_path / "proxy", text, env, extra=["--set", "ssl_insecure=true"])
@@ -143,8 +143,13 @@ def test_an_http2_client_resetting_its_held_stream_cancels_the_attempt(tmp_path,
         held = client.post_model("sk-test-client-stall")
         time.sleep(delay)
         client.reset(held)
-        wait_until(lambda: any(r.get("event") == "peer_closed" for r in fake.requests()), timeout=5,
-                   what="the attempt to be cancelled")
+
+        def cancelled() -> bool:  # the request reached the upstream and was stopped there, or never left
+            # (attempt 1 rides the stream: a reset while its connection is dialled stops it before it is sent)
+            if any(r.get("event") == "peer_closed" for r in fake.requests()):
+                return True
+            return not fake.model_requests() and proxy_status(proxy.port)["held_requests"] == 0
+        wait_until(cancelled, timeout=5, what="the attempt to be cancelled")
         following = client.wait(client.post_model("sk-test-client-good"))
         assert following.status == 200
         assert following.ended
