@@ -190,6 +190,7 @@ class ClientHop(HopState):
     def upgrade(self, headers: list[tuple[bytes, bytes]], on_data: Callable[[bytes], object]) -> None:
         """Answer 101; the frames mitmproxy's WebSocket layer sends on toward the server go to
         `on_data` (b"": the client is gone), and `write` hands it the server side's, in order."""
+        self.decide(False)  # (a held upgrade is never a direct attempt's)
         self.status, self.on_data, sid = 101, on_data, self.stream_id
         response = http.Response(b"HTTP/1.1", 101, b"Switching Protocols", http.Headers(headers), b"", None, time.time(), None)
         self._hand(http_layers.ResponseHeaders(sid, response), http_layers.ResponseEndOfMessage(sid))
