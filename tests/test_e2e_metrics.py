@@ -44,6 +44,14 @@ def test_metrics_count_a_failover(fake, tmp_path):
                             f'state="cooling"}}') == 1
         assert value(after, 'codex_failover_usage_percent{credential="spare",window="primary"}') == 10
         assert "sk-test" not in after
+        # A healthy one, served by its first attempt on the client's own connection (mitm/direct.py): timed too.
+        assert post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-good").status == 200
+        healthy = scrape(port)
+        assert value(healthy, "codex_failover_hold_seconds_count") == 2
+        assert value(healthy, "codex_failover_first_output_to_client_seconds_count") == 2
+        took = value(healthy, "codex_failover_first_output_to_client_seconds_sum") - \
+            value(after, "codex_failover_first_output_to_client_seconds_sum")
+        assert 0 < took < 1.0, took  # measured, not a stand-in zero
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10)
     finally:

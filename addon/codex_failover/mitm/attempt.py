@@ -18,7 +18,7 @@ import asyncio
 import copy
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from mitmproxy import flow as mitmflow, hooks, http
 
@@ -66,16 +66,19 @@ def hide_secrets(request: http.Request) -> None:
         request.headers.set_all(name, [PLACEHOLDER])
 
 
-def copy_request(request: http.Request) -> http.Request:
-    """`request.copy()` at a fifth of its cost (~7 against ~37 us): mitmproxy's copy serialises the
-    request and builds it again, type-checking every field. Its state is its `data`, whose fields
-    are immutable but for the headers and trailers (replay notes §11); nothing else is carried over
-    (not `stream`, which another addon may have set on the client's request)."""
-    new = object.__new__(type(request))
-    new.data = copy.copy(request.data)
-    new.data.headers = request.data.headers.copy()
-    if request.data.trailers is not None:
-        new.data.trailers = request.data.trailers.copy()
+M = TypeVar("M", http.Request, http.Response)
+
+
+def copy_request(message: M) -> M:
+    """`message.copy()` (a request, or a response) at a fifth of its cost (~7 against ~37 us):
+    mitmproxy's copy serialises the message and builds it again, type-checking every field. Its state
+    is its `data`, whose fields are immutable but for the headers and trailers (replay notes §11);
+    nothing else is carried over (not `stream`, which another addon may have set)."""
+    new = object.__new__(type(message))
+    new.data = copy.copy(message.data)
+    new.data.headers = message.data.headers.copy()
+    if message.data.trailers is not None:
+        new.data.trailers = message.data.trailers.copy()
     return new
 
 

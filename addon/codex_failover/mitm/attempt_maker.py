@@ -26,11 +26,14 @@ if TYPE_CHECKING:
 
 async def via_of(ep: Endpoint | None, bridges):
     """mitmproxy's per-connection upstream proxy for `ep` (SOCKS goes through a local bridge)."""
-    if ep is None:
-        return None
-    if ep.is_socks:
+    if ep is not None and ep.is_socks:
         return ("http", await bridges.address(ep))
-    return (ep.scheme, (ep.host, ep.port))
+    return proxy_via(ep)
+
+
+def proxy_via(ep: Endpoint | None):
+    """`via_of` for no endpoint or an HTTP proxy (nothing to wait for)."""
+    return None if ep is None else (ep.scheme, (ep.host, ep.port))
 
 
 class AttemptMaker:
@@ -105,8 +108,8 @@ class AttemptMaker:
             task = asyncio.get_running_loop().create_task(self._prewarm(cand, scheme, host, port, ep))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort: never an error
         else:
-            via = None if ep is None else (ep.scheme, (ep.host, ep.port))  # (as via_of)
-            self.shared.engine.prewarm(WarmKey(scheme, host, port, via, cand.key), ep, self.pool.policy.connect_timeout)
+            self.shared.engine.prewarm(WarmKey(scheme, host, port, proxy_via(ep), cand.key), ep,
+                                       self.pool.policy.connect_timeout)
 
     async def _prewarm(self, cand: Candidate, scheme: str, host, port, ep: Endpoint) -> None:
         via = await self.via(ep)

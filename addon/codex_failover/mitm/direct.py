@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import enum
 import logging
 import time
@@ -52,16 +51,6 @@ class Mode(enum.Enum):
 HOLDING, RELEASED, ITEMS, DROPPED = Mode.HOLDING, Mode.RELEASED, Mode.ITEMS, Mode.DROPPED
 
 
-def copy_response(response: http.Response) -> http.Response:
-    """The record's own response object (the client's stream gets the original)."""
-    new = object.__new__(type(response))
-    new.data = copy.copy(response.data)
-    new.data.headers = response.data.headers.copy()
-    if response.data.trailers is not None:
-        new.data.trailers = response.data.trailers.copy()
-    return new
-
-
 class DirectAttempt(Attempt):
     """Attempt 1, carried by the client's own stream (see the module docstring)."""
 
@@ -79,10 +68,8 @@ class DirectAttempt(Attempt):
         self.whole: list[bytes] = []  # a body that is not streamed, for the run's ReadWhole (the kept events' own bytes)
         self.live_feed = None  # after a release: each chunk to the committed machine (None: the end)
         self._live = bytearray()  # released chunks not yet shown to it
-        self.headed = asyncio.Event()
         self.ended = _Signal(self)  # its response ended, failed or was stopped
-        self._moved = asyncio.Event()  # sent, headed or ended changed (the record's hooks go on)
-        self._stop_message: str | None = None
+        self._moved = asyncio.Event()  # sent, its head in, or ended: changed (the record's hooks go on)
 
     # -- the run's side ---------------------------------------------------------------------
 
@@ -111,7 +98,6 @@ class DirectAttempt(Attempt):
         self.kept.clear()
         self._set_reading(True)
         if error is not None and not self.ended.is_set():
-            self._stop_message = error
             self.flow.error = mitmflow.Error(error)
             self.ended.set()
 
@@ -174,7 +160,6 @@ class DirectAttempt(Attempt):
         if self.ended.is_set():  # stopped already (its record may have had its final hook)
             self.mode = DROPPED
             return
-        self._stop_message = err
         self.flow.error = mitmflow.Error(err)
         self.mode = DROPPED
         self.queue.put_nowait(Item("error", err.encode()))
@@ -182,9 +167,7 @@ class DirectAttempt(Attempt):
 
     def client_left(self, why: str) -> None:
         """The client reset or left the stream: whatever mode, the record ends (the run sees the hop's)."""
-        if not self.ended.is_set():
-            self._stop_message = self._stop_message or why
-            self.ended.set()
+        self.ended.set()
         self.hop.client_left(why)
 
     def keep(self, event, size: int) -> bool:
@@ -206,12 +189,11 @@ class DirectAttempt(Attempt):
         return True
 
     def on_head(self, response: http.Response, end_stream: bool) -> None:
-        response = self.flow.response = copy_response(response)
+        response = self.flow.response = copy_request(response)  # the record's own (the stream gets this one)
         ctype = response.headers.get("content-type", "")
         self.streaming = 200 <= response.status_code < 300 and "text/event-stream" in ctype
         self.redact()
         self.queue.put_nowait(Item("head"))
-        self.headed.set()
         self._moved.set()
         if end_stream:
             self.on_end()
@@ -266,7 +248,7 @@ class DirectAttempt(Attempt):
             await self._until(lambda: self.sent or self.ended.is_set())
             await run_hook(hooks.all_hooks["requestheaders"](self.flow))
             await run_hook(hooks.all_hooks["request"](self.flow))
-            await self._until(lambda: self.headed.is_set() or self.ended.is_set())
+            await self._until(lambda: self.flow.response is not None or self.ended.is_set())
             if self.flow.response is not None:
                 await run_hook(hooks.all_hooks["responseheaders"](self.flow))
             await self.ended.wait()

@@ -62,6 +62,7 @@ class HeldClient:
         self.decided = asyncio.Event()  # the answer is given (the client has, or will have, its head)
         self.sink: HeartbeatSink | None = None  # heartbeat mode: the client already has its headers
         self.hop: ClientHop | RelaySession = RelaySession.held(abort)
+        self._released: float | None = None  # when a direct attempt was committed
 
     def hold(self) -> None:
         """In the request hook: the in-process hop, or (when mitmproxy's layers are not as
@@ -84,6 +85,9 @@ class HeldClient:
             timer = asyncio.get_running_loop().call_later(timeout, self.hop.first_out.set)
             await self.hop.first_out.wait()
             timer.cancel()
+        if self._released is not None and self.metrics is not None:  # a direct attempt's (live.py times the others)
+            self.metrics.first_output_to_client_seconds(time.monotonic() - self._released)
+            self._released = None
 
     @property
     def can_go_direct(self) -> bool:
@@ -96,7 +100,7 @@ class HeldClient:
         each chunk shown to its machine."""
         if self.metrics is not None:
             self.metrics.hold_seconds(time.monotonic() - self.started)
-            self.metrics.first_output_to_client_seconds(0.0)
+        self._released = time.monotonic()  # its first output's time is taken in `first_output`
         self.decided.set()
         assert isinstance(self.hop, ClientHop)
         self.hop.release(attempt, state.live)

@@ -98,7 +98,7 @@ class _HeldHttpLayer(HttpLayer):
         if hop is not None and hop.choice is None and not hop.gone:  # the run has not chosen: asked again then
             hop.parked = event
             return
-        if hop is not None and hop.choice and hop.direct is not None and not hop.gone:
+        if hop is not None and hop.choice and hop.direct is not None and hop.direct.mode is Mode.HOLDING and not hop.gone:
             event.via = hop.via  # (the flow shows the stand-in, whose `via` the stream asked with)
             hop.asked = event  # until it is answered (a dial that hangs: `_direct("cancel")` answers it)
             yield from super().get_connection(event, reuse=reuse)  # attempt 1 rides the stream
@@ -126,42 +126,51 @@ class _HeldHttpLayer(HttpLayer):
             yield from super()._handle_event(event)
 
     def _direct(self, hop: "ClientHop", what: str) -> layer.CommandGenerator[None]:
-        stream = self.streams.get(hop.stream_id)
-        direct = hop.direct
-        if what == "decide" or (what == "cancel" and hop.parked is not None):
+        """The run's turn for a direct stream: it chose, it committed, or it stopped the attempt."""
+        if what == "release":
+            yield from self._release(hop)
+        elif what == "cancel":
+            yield from self._cancel(hop)
+        elif hop.parked is not None:  # "decide": the stream's connection request, answered as chosen
             parked, hop.parked = hop.parked, None
-            if parked is None or parked not in self.command_sources:
-                return
-            if what == "cancel":
-                hop.choice = False
-            yield from self.get_connection(parked)
-        elif what == "release" and direct is not None and stream is not None:
-            kept = _merged(direct.release(direct.live_feed))
-            if any(isinstance(event, http_layers.ResponseData) for event in kept):
-                hop._joined = []  # head and first output in one write (ClientHop.keep_back)
-            for event in kept:
-                if isinstance(event, http_layers.ResponseHeaders):  # first output: the hop's bookkeeping
-                    event.response.stream = Capture(on_first=hop._body_started)
-                yield from self._pass(stream, hop, event)
-        elif what == "cancel" and direct is not None and direct.server is None and hop.asked is not None:
-            asked, hop.asked = hop.asked, None  # its dial is under way (or hangs): the stand-in answers instead
-            for waiting in self.waiting_for_establishment.values():
-                if asked in waiting:
-                    waiting.remove(asked)
+            if parked in self.command_sources:
+                yield from self.get_connection(parked)
+
+    def _release(self, hop: "ClientHop") -> layer.CommandGenerator[None]:
+        stream, direct = self.streams.get(hop.stream_id), hop.direct
+        if stream is None or direct is None:
+            return
+        kept = _merged(direct.release(direct.live_feed))
+        if any(isinstance(event, http_layers.ResponseData) for event in kept):
+            hop._joined = []  # head and first output in one write (ClientHop.keep_back)
+        for event in kept:
+            if isinstance(event, http_layers.ResponseHeaders):  # first output: the hop's bookkeeping
+                event.response.stream = Capture(on_first=hop._body_started)
+            yield from self._pass(stream, hop, event)
+
+    def _cancel(self, hop: "ClientHop") -> layer.CommandGenerator[None]:
+        """From now on the stream's answer is its stand-in's: the connection request it is still to make,
+        or is waiting on (a dial under way or hanging), gets the stand-in; a request that left is reset."""
+        direct, stream = hop.direct, self.streams.get(hop.stream_id)
+        if direct is None or direct.server is None:
             hop.choice = False
-            source = self.command_sources.pop(asked, None)
+            waiting, hop.parked, hop.asked = hop.parked or hop.asked, None, None
+            for queued in self.waiting_for_establishment.values():
+                if waiting in queued:
+                    queued.remove(waiting)
+            source = self.command_sources.pop(waiting, None) if waiting is not None else None
             if source is not None:
-                yield from self.event_to_child(source, http_layers.GetHttpConnectionCompleted(asked, (hop.conn, None)))
-        elif what == "cancel" and direct is not None:
-            if stream is not None and direct.server is not None:  # from now on, the stream's answer is the hop's
-                stream.context.server = stream.flow.server_conn = hop.conn
-                hop.claimed = True
-                hop.requested.set()
-            conn_layer = self.connections.get(direct.server) if direct.server is not None else None
-            if conn_layer is not None and not direct.finished:
-                error = http_layers.RequestProtocolError(hop.stream_id, "attempt cancelled by codex-failover",
-                                                         http_layers.ErrorCode.CANCEL)
-                yield from HttpLayer.event_to_child(self, conn_layer, error)
+                yield from self.event_to_child(source, http_layers.GetHttpConnectionCompleted(waiting, (hop.conn, None)))
+            return
+        if stream is not None:
+            stream.context.server = stream.flow.server_conn = hop.conn
+            hop.claimed = True
+            hop.requested.set()
+        conn_layer = self.connections.get(direct.server)
+        if conn_layer is not None and not direct.finished:
+            error = http_layers.RequestProtocolError(hop.stream_id, "attempt cancelled by codex-failover",
+                                                     http_layers.ErrorCode.CANCEL)
+            yield from HttpLayer.event_to_child(self, conn_layer, error)
 
     def event_to_child(self, child, event: events.Event) -> layer.CommandGenerator[None]:
         """A held stream's commands, with its head's bytes and log lines held while its head waits
