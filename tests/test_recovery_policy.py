@@ -92,3 +92,34 @@ def test_terminal_tracker_sees_the_end_of_a_stream():
     assert (tracker.terminal, tracker.error) == ("response.completed", None)
     tracker.unframed()
     assert recoverable_stream_end(tracker.terminal, tracker.error) is None
+
+
+@pytest.mark.parametrize("payload, terminal", [
+    ('{"type":"response.output_text.delta","delta":"hi"}', None),
+    ('{"type":"response.output_text.delta","delta":"an error, in words"}', None),  # parsed: not terminal
+    ('{"type":"response.completed","response":{}}', "response.completed"),
+    ('{"type":"response.incomplete","response":{}}', "response.incomplete"),
+    ('{"type":"error","error":{"code":"server_error"}}', "error"),
+    ('{"type":"response.\\u0066ailed","response":{"error":{"code":"server_error"}}}', "response.failed"),
+    ('{"type":"\\u0065rror","code":"server_error"}', "error"),
+    ('{"type":"response.output_text.delta","delta":"caf\\u00e9"}', None),
+])
+def test_terminal_tracker_reads_what_can_be_terminal(payload, terminal):
+    """Only an event whose bytes could spell a terminal type is parsed; an escaped one is still seen."""
+    from codex_failover.core.framer import Event
+    from codex_failover.core.recovery import TerminalTracker
+
+    tracker, event = TerminalTracker(), Event.from_ws_message(payload)
+    tracker.see(event)
+    assert tracker.terminal == terminal
+    assert tracker.terminal == (event.type if event.type in TerminalTracker.TERMINALS + ("error",) else None)
+
+
+def test_terminal_tracker_leaves_a_delta_unparsed():
+    """A stream's deltas cost a byte search, not a JSON parse (issue 27: CPU per request)."""
+    from codex_failover.core import framer
+    from codex_failover.core.recovery import TerminalTracker
+
+    event = framer.Event(b'data: {"type":"response.output_text.delta","delta":"hello"}\n\n', 1)
+    TerminalTracker().see(event)
+    assert event._payload is framer._NOT_PARSED

@@ -140,8 +140,17 @@ class RetryBudget:
         return delay
 
 
+def _may_be_terminal(raw: bytes) -> bool:
+    """Could a JSON string in `raw` be `error` or a terminal `response.*` type? (A byte search; a
+    `\\u` escape may spell any of them, so it is parsed then.)"""
+    return (b"error" in raw or b"response.completed" in raw or b"response.failed" in raw
+            or b"response.incomplete" in raw or b"\\u" in raw)
+
+
 class TerminalTracker:
-    """How a stream ended: the last terminal event seen (and its error object)."""
+    """How a stream ended: the last terminal event seen (and its error object). An event whose bytes
+    hold neither a terminal type's name nor a `\\u` escape (through which a JSON string could spell
+    one) cannot be terminal, and is not parsed: a stream's deltas cost a byte search each."""
 
     TERMINALS = ("response.completed", "response.failed", "response.incomplete")
 
@@ -150,6 +159,8 @@ class TerminalTracker:
         self.error: Mapping[str, Any] | None = None
 
     def see(self, event: Event) -> None:
+        if not _may_be_terminal(event.raw):
+            return
         kind, payload = event.type, event.payload
         if not isinstance(payload, dict):  # no JSON object: no `type` either (framer.Event.type)
             return
