@@ -86,6 +86,7 @@ CONFIGS = {"plain": "plain mitmdump, streaming", "healthy": "addon, healthy",
 FAILING = ("failover", "base-failover")  # the cells whose own key is overloaded
 CLIENTS = ("h2", "h1")
 SPARE_KEY = "sk-test-spare-good"
+LINK_TRIES = 5  # times the link's round trip is measured before the run gives up on it (a busy host)
 FAKE_PORT = 9000  # in namespace b (fresh namespaces: every port is free)
 FRONT_PORT0 = 4431  # + cell index, in b
 PROXY_PORT0 = 8081  # + cell index, in a
@@ -98,6 +99,7 @@ TEXT_DELTA = "response.output_text.delta"
 FRONT_ADDON = '''
 import json, os, time
 _out = open(os.environ["CFBENCH_FRONT_LOG"], "a", buffering=1)
+
 def requestheaders(flow):
     _out.write(json.dumps({"ts": time.time(), "port": flow.client_conn.sockname[1], "conn": flow.client_conn.id,
                            "http": flow.request.http_version,
@@ -869,11 +871,16 @@ def measure(link: DelayLink, tmp: Path, rtts: list[float], requests: int, warmup
         for rtt in rtts:
             link.set_rtt(rtt)
             time.sleep(0.2)  # packets queued at the previous delay drain first (the link keeps order)
-            conn = link.connect_ms(samples=7)
-            print(f"RTT {rtt:g} ms: TCP connect a->b {statistics.median(conn):.2f} ms median "
-                  f"(min {min(conn):.2f}, max {max(conn):.2f})", flush=True)
-            if abs(statistics.median(conn) - rtt) > 5 + 0.1 * rtt:  # the link is not what the numbers claim
-                raise RuntimeError(f"a TCP connect across the link should take about {rtt:g} ms")
+            for _ in range(LINK_TRIES):  # a busy moment of the host slows the user-space link: measured again
+                conn = link.connect_ms(samples=7)
+                print(f"RTT {rtt:g} ms: TCP connect a->b {statistics.median(conn):.2f} ms median "
+                      f"(min {min(conn):.2f}, max {max(conn):.2f})", flush=True)
+                if abs(statistics.median(conn) - rtt) <= 5 + 0.1 * rtt:
+                    break
+                time.sleep(1.0)
+            else:  # the link is not what the numbers would claim
+                raise RuntimeError(f"a TCP connect across the link should take about {rtt:g} ms "
+                                   f"({LINK_TRIES} tries; is the host busy?)")
             t, host0 = time.monotonic(), host_jiffies()
             got, counts[rtt] = asyncio.run(phase(link, cells, rtt, requests, warmup, body_text))
             host1 = host_jiffies()
