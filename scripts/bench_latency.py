@@ -99,7 +99,6 @@ TEXT_DELTA = "response.output_text.delta"
 FRONT_ADDON = '''
 import json, os, time
 _out = open(os.environ["CFBENCH_FRONT_LOG"], "a", buffering=1)
-
 def requestheaders(flow):
     _out.write(json.dumps({"ts": time.time(), "port": flow.client_conn.sockname[1], "conn": flow.client_conn.id,
                            "http": flow.request.http_version,

@@ -51,6 +51,17 @@ def fake(tmp_path):
 
 
 @pytest.fixture
+def tls_fake(tmp_path):
+    """The fake upstream behind TLS (self-signed): the client reaches it through a CONNECT tunnel."""
+    from harness import FakeUpstreamProcess
+
+    upstream = FakeUpstreamProcess(tmp_path / "fake", "--tls", "--pace", "0.002", "--deltas", "5")
+    upstream.base = f"https://127.0.0.1:{upstream.port}"
+    yield upstream
+    upstream.stop()
+
+
+@pytest.fixture
 def start_proxy(tmp_path):
     """`start_proxy(fake, creds, routes=None, extra=(), env_extra=None, **policy)`: a real mitmdump with the addon,
     its pool the API-key credentials `creds` ((name, key[, route]), served by `fake`), `routes`

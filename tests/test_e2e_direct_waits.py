@@ -48,15 +48,6 @@ def test_client_that_closes_while_its_stream_is_parked_is_not_sent_upstream(tmp_
     assert "client went away" in log
 
 
-@pytest.fixture
-def tls_fake(tmp_path):
-    from harness import FakeUpstreamProcess
-    upstream = FakeUpstreamProcess(tmp_path / "fake", "--tls", "--pace", "0.002", "--deltas", "5")
-    upstream.base = f"https://127.0.0.1:{upstream.port}"
-    yield upstream
-    upstream.stop()
-
-
 @pytest.mark.parametrize("direct", ["true", "false"])
 def test_http2_reset_while_the_stream_is_parked_stops_the_run_before_anything_is_sent(tmp_path, tls_fake, direct):
     """As above over HTTP/2: the client resets its stream at 0.8 s while the run waits for the cooling

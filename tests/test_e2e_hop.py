@@ -105,15 +105,6 @@ def run(fake, tmp_path, mode: str, tls: bool = False) -> tuple[list[dict], objec
     return notes_in(out), reply
 
 
-@pytest.fixture
-def tls_fake(tmp_path):
-    """The fake upstream behind TLS (self-signed): the client reaches it through a CONNECT tunnel."""
-    upstream = FakeUpstreamProcess(tmp_path / "fake", "--tls", "--pace", "0.002", "--deltas", "5")
-    upstream.base = f"https://127.0.0.1:{upstream.port}"
-    yield upstream
-    upstream.stop()
-
-
 @pytest.mark.parametrize("mode", ["async", "intercept", "response_async"])
 @pytest.mark.parametrize("tunnel", [False, True], ids=["absolute-form", "connect"])
 def test_a_held_flows_hook_that_awaits_still_gets_the_whole_answer(fake, tls_fake, tmp_path, mode, tunnel):
