@@ -4,7 +4,6 @@ queues and hands on in each mode, the bound on what it holds, and what its recor
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 from mitmproxy import http
@@ -20,8 +19,8 @@ class Hop:
     """What a DirectAttempt asks of its hop."""
 
     def __init__(self):
-        self.handler = SimpleNamespace(transports={})
         self.direct = None
+        self.reading: list[bool] = []  # what set_reading was asked
         self.choices: list[bool] = []
         self.cancelled = 0
         self.left: list[str] = []
@@ -34,6 +33,9 @@ class Hop:
 
     def client_left(self, why: str) -> None:
         self.left.append(why)
+
+    def set_reading(self, server, on: bool) -> None:
+        self.reading.append(on)
 
 
 def sse_head(ctype: bytes = b"text/event-stream", status: int = 200) -> http.Response:

@@ -144,6 +144,14 @@ class ClientHop(HopState):
         attempt.live_feed = live_feed
         self.pump = asyncio.get_running_loop().create_task(self._event("release"))
 
+    def set_reading(self, server, on: bool) -> None:
+        """Pause or resume reading the socket of `server`, one of the client's upstream connections
+        (the direct attempt's backpressure)."""
+        io = self.handler.transports.get(server)
+        transport = getattr(getattr(io, "writer", None), "transport", None)
+        if transport is not None and not transport.is_closing():
+            transport.resume_reading() if on else transport.pause_reading()
+
     def direct_handed(self) -> None:
         """A released direct stream was handed data: an HTTP/2 client whose window stays shut makes
         mitmproxy buffer it, so past H2_HIGH the upstream is not read until that is under H2_LOW."""

@@ -129,10 +129,8 @@ class DirectAttempt(Attempt):
         """Pause or resume reading its upstream (an HTTP/2 one, which other streams of the client's
         may share, only when `shared_too`: a client that does not read its own stream)."""
         self._paused = not on
-        io = self.hop.handler.transports.get(self.server) if self.server is not None else None
-        transport = getattr(getattr(io, "writer", None), "transport", None)
-        if transport is not None and not transport.is_closing() and (on or shared_too or self.server.alpn != b"h2"):
-            transport.resume_reading() if on else transport.pause_reading()
+        if self.server is not None and (on or shared_too or self.server.alpn != b"h2"):
+            self.hop.set_reading(self.server, on)
 
     # -- from the client's layers (synchronous) ------------------------------------------------
 
