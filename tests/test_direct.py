@@ -49,6 +49,17 @@ def make(hop: Hop) -> DirectAttempt:
     return DirectAttempt(flow, copy_request(flow.request), "r1#1", 1, hop, original)
 
 
+def run_with_master(go) -> None:
+    """Run `go()` with a test master (the record's hooks run at the loop's turns)."""
+    from mitmproxy.test import taddons
+
+    async def outer():
+        with taddons.context():
+            await go()
+            await asyncio.sleep(0)  # the record's due hooks
+    asyncio.run(outer())
+
+
 def items(attempt: DirectAttempt) -> list[tuple[str, bytes]]:
     out = []
     while not attempt.queue.empty():
@@ -71,8 +82,7 @@ def test_holding_keeps_every_event_and_queues_it_for_the_run():
         assert items(attempt) == [("head", b""), ("chunk", b"data: {}\n\n"), ("chunk", b"data: 2\n\n"), ("end", b"")]
         assert attempt.streaming and attempt.finished and attempt.ended.is_set()
         assert attempt.flow.request.headers["authorization"] == PLACEHOLDER  # the record shows no secret
-        attempt._task.cancel()
-    asyncio.run(go())
+    run_with_master(go)
 
 
 def test_a_body_that_is_not_streamed_is_read_whole_as_mitmproxy_reads_it():
@@ -85,8 +95,7 @@ def test_a_body_that_is_not_streamed_is_read_whole_as_mitmproxy_reads_it():
             held_layer._take(attempt, e)
         assert items(attempt) == [("head", b""), ("end", b"")]  # the run's ReadWhole: no chunk items
         assert attempt.flow.response.raw_content == b'{"error": {}}'
-        attempt._task.cancel()
-    asyncio.run(go())
+    run_with_master(go)
 
 
 def test_a_release_hands_over_what_was_kept_and_then_lets_every_event_pass():
@@ -107,8 +116,7 @@ def test_a_release_hands_over_what_was_kept_and_then_lets_every_event_pass():
         assert fed == [b"a", b"bc"]
         assert held_layer._take(attempt, http_layers.ResponseEndOfMessage(1)) is True
         assert fed == [b"a", b"bc", None] and attempt.queue.empty()
-        attempt._task.cancel()
-    asyncio.run(go())
+    run_with_master(go)
 
 
 def test_a_cancel_hands_the_stream_to_its_hop_and_takes_nothing_more():
@@ -144,8 +152,7 @@ def test_what_it_holds_is_bounded_by_failover_max_body(monkeypatch):
         held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=False))
         held_layer._take(attempt, http_layers.ResponseData(1, b"x" * 11))
         assert ("error", b"the held response passed failover_max_body") in items(attempt)
-        attempt._task.cancel()
-    asyncio.run(go())
+    run_with_master(go)
 
 
 def test_the_wire_gets_the_clients_own_values_and_no_proxy_authorization():
@@ -167,3 +174,63 @@ def test_runs_of_data_are_joined_into_one_write(runs, joined):
     events = [http_layers.ResponseData(1, d) if d is not None else http_layers.ResponseEndOfMessage(1) for d in runs]
     out = held_layer._merged(events)
     assert [e.data if isinstance(e, http_layers.ResponseData) else None for e in out] == joined
+
+
+def test_the_records_hooks_run_in_an_attempts_order_as_it_moves_and_the_verdict_wait_is_bounded(monkeypatch):
+    """requestheaders and request once the head left, responseheaders once its head is in, the final
+    hook after the end and the verdict, or after JUDGE_WAIT without one; each once."""
+    from mitmproxy.test import taddons
+
+    from codex_failover.mitm import direct
+
+    seen: list[str] = []
+
+    class Watch:
+        def requestheaders(self, flow):
+            seen.append("requestheaders")
+
+        def request(self, flow):
+            seen.append("request")
+
+        def responseheaders(self, flow):
+            seen.append("responseheaders")
+
+        async def response(self, flow):  # a hook that waits: the rest follows it
+            await asyncio.sleep(0)
+            seen.append(f"response {flow.marked or 'unmarked'}")
+
+        def error(self, flow):
+            seen.append(f"error {flow.error.msg}")
+
+    async def turns(n: int = 3) -> None:
+        for _ in range(n):
+            await asyncio.sleep(0)
+
+    async def go():
+        with taddons.context(Watch()):
+            attempt = make(Hop())
+            attempt.start()
+            await turns()
+            assert seen == []  # nothing before the head left
+            attempt.head_sent(attempt.flow.request, None)
+            await turns()
+            assert seen == ["requestheaders", "request"]
+            held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=False))
+            held_layer._take(attempt, http_layers.ResponseData(1, b"data: {}\n\n"))
+            held_layer._take(attempt, http_layers.ResponseEndOfMessage(1))
+            await turns()
+            assert seen == ["requestheaders", "request", "responseheaders"]  # ended: the verdict is awaited
+            attempt.judge("✅", "won", None)
+            await turns()
+            assert seen[-1] == "response ✅" and attempt.over.is_set()
+            await attempt.cancel()  # after its last hook: nothing more
+            assert len(seen) == 4
+
+            seen.clear()
+            monkeypatch.setattr(direct, "JUDGE_WAIT", 0.01)
+            slow = make(Hop())
+            slow.start()
+            held_layer._take(slow, http_layers.ResponseHeaders(1, sse_head(), end_stream=True))  # ended at once
+            await asyncio.wait_for(slow.over.wait(), 5)  # no verdict came: its final hook after JUDGE_WAIT
+            assert seen == ["requestheaders", "request", "responseheaders", "response unmarked"]
+    asyncio.run(go())

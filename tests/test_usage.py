@@ -44,3 +44,24 @@ def test_a_window_at_max_usage_percent_counts_as_full():
     assert book.record("k", [Window("primary", 80.0, 1000.0)]) is None
     assert book.record("k", [Window("primary", 80.0, 1000.0)], full_at=80) == 1000.0
     assert book.record("k", [Window("secondary", 79.9, 2000.0)], full_at=80) is None
+
+
+def test_a_messages_own_fields_are_read_in_one_pass_as_a_mapping_reads_them():
+    """mitmproxy's Headers are read through `.fields`, never `items()` (which scans every header once
+    per name); the windows are those a plain mapping of the same headers gives, repeated names joined."""
+    from mitmproxy.http import Headers
+
+    from codex_failover.core.usage import codex_headers
+
+    class FieldsOnly(Headers):
+        def items(self):  # the slow path: must not be taken
+            raise AssertionError("items() read")
+
+    raw = [(b"X-Codex-Primary-Used-Percent", b"12.5"), (b"content-type", b"text/event-stream"),
+           (b"x-codex-primary-reset-at", b"1704069000"), (b"x-codex-secondary-used-percent", b"40"),
+           (b"x-codex-secondary-reset-after-seconds", b"60"), (b"x-codex-other", b"a"), (b"X-CODEX-OTHER", b"b")]
+    headers = FieldsOnly(raw)
+    assert from_headers(headers, now=1000) == from_headers(dict(Headers(raw).items()), now=1000) == [
+        Window("primary", 12.5, 1704069000), Window("secondary", 40.0, 1060.0)]
+    assert codex_headers(headers)["x-codex-other"] == Headers(raw)["x-codex-other"] == "a, b"
+    assert codex_headers(FieldsOnly([(b"content-type", b"x")])) == {}

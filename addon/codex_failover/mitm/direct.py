@@ -20,7 +20,10 @@ response event that reaches the stream from that connection is handed here first
   with whatever the run decides next; the upstream stream is reset (HTTP/1.1: its connection closed).
 Its flow (`self.flow`) is a record, never run by the layers: it gets the hooks an attempt gets
 (requestheaders and request once its head left, responseheaders, then response or error after the
-verdict), so mitmweb shows it and `-w` saves it as it shows every attempt.
+verdict), so mitmweb shows it and `-w` saves it as it shows every attempt. They run as the attempt
+moves: each moment (head sent, head in, ended, judged) asks for one loop callback that runs whatever
+hooks are due, in order (no task waits for them: a task's four wake-ups cost every request more than
+the callbacks, docs/measurements.md).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import time
 from mitmproxy import flow as mitmflow, hooks, http
 
 from . import bounded_body
-from .attempt import Attempt, Item, copy_request
+from .attempt import JUDGE_WAIT, Attempt, Item, copy_request
 from .hook_chain import run_hook
 
 log = logging.getLogger("codex_failover")
@@ -68,8 +71,12 @@ class DirectAttempt(Attempt):
         self.whole: list[bytes] = []  # a body that is not streamed, for the run's ReadWhole (the kept events' own bytes)
         self.live_feed = None  # after a release: each chunk to the committed machine (None: the end)
         self._live = bytearray()  # released chunks not yet shown to it
+        self._stage = 0  # the record's hooks run so far (`_due`)
+        self._step_due = self._hooking = False  # a callback asked for / hooks running now
+        self._judge_timer: asyncio.TimerHandle | None = None  # the final hook's wait for the verdict
+        self._waited = False  # that wait (JUDGE_WAIT) is over
         self.ended = _Signal(self)  # its response ended, failed or was stopped
-        self._moved = asyncio.Event()  # sent, its head in, or ended: changed (the record's hooks go on)
+        self.judged = _Signal(self)  # the run's verdict is on the record (Attempt.judge)
 
     # -- the run's side ---------------------------------------------------------------------
 
@@ -79,7 +86,6 @@ class DirectAttempt(Attempt):
         self.hop.decide(True)
         if self.on_sent is not None:  # the request hook need not wait: the head leaves once it returns
             self.on_sent()
-        self._task = asyncio.get_running_loop().create_task(self._life())
 
     async def cancel(self, timeout: float = 5.0) -> None:
         """Hand the stream to its hop (the next answer comes from there); the upstream stream is reset
@@ -89,9 +95,9 @@ class DirectAttempt(Attempt):
             return
         self._drop("attempt cancelled by codex-failover" if not self.finished else None)
         await self.hop.cancel_direct()
-        if self._task is not None and not self._task.done():
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        if not self.over.is_set():  # its record's last hook
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.over.wait(), timeout)
 
     def _drop(self, error: str | None) -> None:
         self.mode = DROPPED
@@ -152,7 +158,7 @@ class DirectAttempt(Attempt):
         self.flow.request, self.flow.server_conn, self.server = record, server, server
         self.redact()
         self.sent = self.connected = True
-        self._moved.set()
+        self._moved()
 
     def connect_failed(self, err: str) -> None:
         if self.ended.is_set():  # stopped already (its record may have had its final hook)
@@ -192,7 +198,7 @@ class DirectAttempt(Attempt):
         self.streaming = 200 <= response.status_code < 300 and "text/event-stream" in ctype
         self.redact()
         self.queue.put_nowait(Item("head"))
-        self._moved.set()
+        self._moved()
         if end_stream:
             self.on_end()
 
@@ -240,36 +246,84 @@ class DirectAttempt(Attempt):
 
     # -- the record's hooks ------------------------------------------------------------------
 
-    async def _life(self) -> None:
-        """The record flow's hooks, in an attempt's order, as it goes (one task; `_moved` wakes it)."""
-        try:
-            await self._until(lambda: self.sent or self.ended.is_set())
-            await run_hook(hooks.all_hooks["requestheaders"](self.flow))
-            await run_hook(hooks.all_hooks["request"](self.flow))
-            await self._until(lambda: self.flow.response is not None or self.ended.is_set())
-            if self.flow.response is not None:
-                await run_hook(hooks.all_hooks["responseheaders"](self.flow))
-            await self.ended.wait()
-            self._keep_capture()
-            if self.flow.response is not None and self.flow.response.timestamp_end is None:
-                self.flow.response.timestamp_end = time.time()
-            await self._judged()
-            if self.verdict_error is not None or self.flow.error is not None:
-                self.flow.error = mitmflow.Error(self.verdict_error or self.flow.error.msg)
-                await run_hook(hooks.all_hooks["error"](self.flow))
-            else:
-                await run_hook(hooks.all_hooks["response"](self.flow))
-        finally:
-            self.over.set()
+    def _moved(self) -> None:
+        """Sent, its head in, ended or judged: the record's due hooks run at the loop's next turn (never
+        in the middle of the layers' or the run's step that got here)."""
+        if not self._step_due and self._stage < DONE:
+            self._step_due = True
+            asyncio.get_running_loop().call_soon(self._step)
 
-    async def _until(self, ready) -> None:
-        while not ready():
-            self._moved.clear()
-            await self._moved.wait()
+    def _step(self) -> None:
+        self._step_due = False
+        if not self._hooking:  # (else the hooks running now see it after the one they await)
+            self._task = asyncio.Task(self._hooks(), loop=asyncio.get_running_loop(), eager_start=True)
+
+    async def _hooks(self) -> None:
+        """The hooks due now, in an attempt's order (eager: a hook that does not wait needs no turn)."""
+        self._hooking = True
+        try:
+            while (hook := self._due()) is not None:
+                await run_hook(hook)
+        except BaseException:
+            self._stage = DONE
+            self.over.set()
+            raise
+        finally:
+            self._hooking = False
+
+    def _due(self) -> hooks.Hook | None:
+        """The record's next hook, once what it follows happened (None: not yet, or none left)."""
+        ended, flow = self.ended.is_set(), self.flow
+        if self._stage == SENT_HOOKS:
+            if not (self.sent or ended):
+                return None
+            self._stage = REQUEST_HOOK
+            return hooks.all_hooks["requestheaders"](flow)
+        if self._stage == REQUEST_HOOK:
+            self._stage = HEAD_HOOK
+            return hooks.all_hooks["request"](flow)
+        if self._stage == HEAD_HOOK:
+            if flow.response is None and not ended:
+                return None
+            self._stage = END_WAIT
+            if flow.response is not None:
+                return hooks.all_hooks["responseheaders"](flow)
+        if self._stage == END_WAIT:
+            if not ended:
+                return None
+            self._keep_capture()
+            if flow.response is not None and flow.response.timestamp_end is None:
+                flow.response.timestamp_end = time.time()
+            self._stage = VERDICT_WAIT
+        if self._stage == VERDICT_WAIT:
+            if not self.judged.is_set() and not self._waited:  # bounded: a final hook never hangs
+                if self._judge_timer is None:
+                    self._judge_timer = asyncio.get_running_loop().call_later(JUDGE_WAIT, self._judge_waited)
+                return None
+            if self._judge_timer is not None:
+                self._judge_timer.cancel()
+            self._stage = FINAL_HOOK
+            if self.verdict_error is not None or flow.error is not None:
+                flow.error = mitmflow.Error(self.verdict_error or flow.error.msg)
+                return hooks.all_hooks["error"](flow)
+            return hooks.all_hooks["response"](flow)
+        if self._stage == FINAL_HOOK:
+            self._stage = DONE
+            self.over.set()
+        return None
+
+    def _judge_waited(self) -> None:
+        self._waited = True
+        self._moved()
+
+
+# The record's hooks so far (DirectAttempt._due): before requestheaders, request, responseheaders,
+# waiting for the end, for the verdict, the final hook running, all done.
+SENT_HOOKS, REQUEST_HOOK, HEAD_HOOK, END_WAIT, VERDICT_WAIT, FINAL_HOOK, DONE = range(7)
 
 
 class _Signal(asyncio.Event):
-    """`ended`: also wakes the record's hooks."""
+    """`ended` and `judged`: also move the record's hooks on."""
 
     def __init__(self, attempt: DirectAttempt):
         super().__init__()
@@ -277,4 +331,4 @@ class _Signal(asyncio.Event):
 
     def set(self) -> None:
         super().set()
-        self._attempt._moved.set()
+        self._attempt._moved()
