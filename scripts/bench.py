@@ -36,6 +36,7 @@ Timestamps from different processes are wall-clock (time.time()) on one machine.
 
     scripts/bench [--quick] [--png docs/bench.png] [--json FILE]
     scripts/bench --cost [--sessions N] [--baseline OTHER/addon/failover.py ...]   (scripts/bench_cost.py)
+    scripts/bench --instructions [--requests N] [--baseline OTHER/addon/failover.py ...]   (scripts/bench_instructions.py)
     scripts/bench --session [--turns 10 30] [--uplink-mbit 10] [--rtt-ms 30]       (scripts/bench_session.py)
 """
 
@@ -552,6 +553,10 @@ def main() -> int:
         import bench_cost
 
         return bench_cost.main([a for a in sys.argv[1:] if a != "--cost"])
+    if "--instructions" in sys.argv[1:]:  # instructions per request under callgrind (scripts/bench_instructions.py)
+        import bench_instructions
+
+        return bench_instructions.main([a for a in sys.argv[1:] if a != "--instructions"])
     if "--session" in sys.argv[1:]:  # a growing session over HTTP/SSE against the gated WebSocket (scripts/bench_session.py)
         import bench_session
 

@@ -22,7 +22,9 @@ class Window:
 
 
 def finite_number(value: Any) -> float | None:
-    """`value` as a float, or None (not a number, or NaN)."""
+    """`value` as a float, or None (absent, not a number, or NaN)."""
+    if value is None:  # most windows' reset-at (and a second window) are absent: no exception for them
+        return None
     try:
         number = float(value)
     except (TypeError, ValueError):

@@ -20,10 +20,7 @@ response event that reaches the stream from that connection is handed here first
   with whatever the run decides next; the upstream stream is reset (HTTP/1.1: its connection closed).
 Its flow (`self.flow`) is a record, never run by the layers: it gets the hooks an attempt gets
 (requestheaders and request once its head left, responseheaders, then response or error after the
-verdict), so mitmweb shows it and `-w` saves it as it shows every attempt. They run as the attempt
-moves: each moment (head sent, head in, ended, judged) asks for one loop callback that runs whatever
-hooks are due, in order (no task waits for them: a task's four wake-ups cost every request more than
-the callbacks, docs/measurements.md).
+verdict), so mitmweb shows it and `-w` saves it as it shows every attempt (`RecordHooks`).
 """
 
 from __future__ import annotations
@@ -71,10 +68,7 @@ class DirectAttempt(Attempt):
         self.whole: list[bytes] = []  # a body that is not streamed, for the run's ReadWhole (the kept events' own bytes)
         self.live_feed = None  # after a release: each chunk to the committed machine (None: the end)
         self._live = bytearray()  # released chunks not yet shown to it
-        self._stage = 0  # the record's hooks run so far (`_due`)
-        self._step_due = self._hooking = False  # a callback asked for / hooks running now
-        self._judge_timer: asyncio.TimerHandle | None = None  # the final hook's wait for the verdict
-        self._waited = False  # that wait (JUDGE_WAIT) is over
+        self.record = RecordHooks(self)  # the record flow's hooks, as it moves
         self.ended = _Signal(self)  # its response ended, failed or was stopped
         self.judged = _Signal(self)  # the run's verdict is on the record (Attempt.judge)
 
@@ -95,7 +89,7 @@ class DirectAttempt(Attempt):
             return
         self._drop("attempt cancelled by codex-failover" if not self.finished else None)
         await self.hop.cancel_direct()
-        if not self.over.is_set():  # its record's last hook
+        if not self.over.is_set():  # its record's last hook (RecordHooks)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.over.wait(), timeout)
 
@@ -247,9 +241,26 @@ class DirectAttempt(Attempt):
     # -- the record's hooks ------------------------------------------------------------------
 
     def _moved(self) -> None:
-        """Sent, its head in, ended or judged: the record's due hooks run at the loop's next turn (never
-        in the middle of the layers' or the run's step that got here)."""
-        if not self._step_due and self._stage < DONE:
+        """Sent, its head in, ended or judged: the record's due hooks run at the loop's next turn."""
+        self.record.moved()
+
+
+class RecordHooks:
+    """The record flow's hooks, in an attempt's order, as its attempt moves: each moment (head sent,
+    head in, ended, judged) asks for one loop callback (never in the middle of the layers' or the run's
+    step that got there), which runs whatever hooks are due, in an eager task (a hook that does not
+    wait needs no loop turn). A task woken four times per request cost more (docs/measurements.md)."""
+
+    def __init__(self, attempt: DirectAttempt):
+        self.attempt = attempt
+        self.stage = SENT_HOOKS  # the hooks run so far (`_due`)
+        self._step_due = self._hooking = False  # a callback asked for / hooks running now
+        self._judge_timer: asyncio.TimerHandle | None = None  # the final hook's wait for the verdict
+        self._waited = False  # that wait (JUDGE_WAIT) is over
+        self._task: asyncio.Task | None = None
+
+    def moved(self) -> None:
+        if not self._step_due and self.stage < DONE:
             self._step_due = True
             asyncio.get_running_loop().call_soon(self._step)
 
@@ -259,66 +270,66 @@ class DirectAttempt(Attempt):
             self._task = asyncio.Task(self._hooks(), loop=asyncio.get_running_loop(), eager_start=True)
 
     async def _hooks(self) -> None:
-        """The hooks due now, in an attempt's order (eager: a hook that does not wait needs no turn)."""
         self._hooking = True
         try:
             while (hook := self._due()) is not None:
                 await run_hook(hook)
         except BaseException:
-            self._stage = DONE
-            self.over.set()
+            self.stage = DONE
+            self.attempt.over.set()
             raise
         finally:
             self._hooking = False
 
     def _due(self) -> hooks.Hook | None:
         """The record's next hook, once what it follows happened (None: not yet, or none left)."""
-        ended, flow = self.ended.is_set(), self.flow
-        if self._stage == SENT_HOOKS:
-            if not (self.sent or ended):
+        attempt = self.attempt
+        ended, flow = attempt.ended.is_set(), attempt.flow
+        if self.stage == SENT_HOOKS:
+            if not (attempt.sent or ended):
                 return None
-            self._stage = REQUEST_HOOK
+            self.stage = REQUEST_HOOK
             return hooks.all_hooks["requestheaders"](flow)
-        if self._stage == REQUEST_HOOK:
-            self._stage = HEAD_HOOK
+        if self.stage == REQUEST_HOOK:
+            self.stage = HEAD_HOOK
             return hooks.all_hooks["request"](flow)
-        if self._stage == HEAD_HOOK:
+        if self.stage == HEAD_HOOK:
             if flow.response is None and not ended:
                 return None
-            self._stage = END_WAIT
+            self.stage = END_WAIT
             if flow.response is not None:
                 return hooks.all_hooks["responseheaders"](flow)
-        if self._stage == END_WAIT:
+        if self.stage == END_WAIT:
             if not ended:
                 return None
-            self._keep_capture()
+            attempt._keep_capture()
             if flow.response is not None and flow.response.timestamp_end is None:
                 flow.response.timestamp_end = time.time()
-            self._stage = VERDICT_WAIT
-        if self._stage == VERDICT_WAIT:
-            if not self.judged.is_set() and not self._waited:  # bounded: a final hook never hangs
+            self.stage = VERDICT_WAIT
+        if self.stage == VERDICT_WAIT:
+            if not attempt.judged.is_set() and not self._waited:  # bounded: a final hook never hangs
                 if self._judge_timer is None:
                     self._judge_timer = asyncio.get_running_loop().call_later(JUDGE_WAIT, self._judge_waited)
                 return None
             if self._judge_timer is not None:
                 self._judge_timer.cancel()
-            self._stage = FINAL_HOOK
-            if self.verdict_error is not None or flow.error is not None:
-                flow.error = mitmflow.Error(self.verdict_error or flow.error.msg)
+            self.stage = FINAL_HOOK
+            if attempt.verdict_error is not None or flow.error is not None:
+                flow.error = mitmflow.Error(attempt.verdict_error or flow.error.msg)
                 return hooks.all_hooks["error"](flow)
             return hooks.all_hooks["response"](flow)
-        if self._stage == FINAL_HOOK:
-            self._stage = DONE
-            self.over.set()
+        if self.stage == FINAL_HOOK:
+            self.stage = DONE
+            attempt.over.set()
         return None
 
     def _judge_waited(self) -> None:
         self._waited = True
-        self._moved()
+        self.moved()
 
 
-# The record's hooks so far (DirectAttempt._due): before requestheaders, request, responseheaders,
-# waiting for the end, for the verdict, the final hook running, all done.
+# RecordHooks' stages: before requestheaders, request, responseheaders, waiting for the end, for the
+# verdict, the final hook running, all done.
 SENT_HOOKS, REQUEST_HOOK, HEAD_HOOK, END_WAIT, VERDICT_WAIT, FINAL_HOOK, DONE = range(7)
 
 
