@@ -12,13 +12,17 @@ Configurations, each its own mitmdump process, all against the same fake upstrea
 Every request is a Codex-like streamed POST .../responses (absolute-form http:// URL) on a kept-alive
 client connection, with its own `session-id` (a day of Codex sessions), answered healthy by the
 client's own credential: short streams (13 events) and long ones (48 events), from two fakes.
-Requests take turns across the configurations in blocks, so drift and neighbours hit them alike.
+Requests take turns across the configurations in blocks (`--block`, 25), so drift and neighbours hit
+them alike; each proxy meets the CPU's caches as the others left them, as a proxy left on meets them
+after the machine's other programs (larger blocks give warmer caches: short streams then cost the
+addon 0.2-0.3 ms less, plain mitmdump the same; docs/measurements.md). `--pin` runs every proxy's threads on the last CPU and the clients and fakes
+on the others (a host of 2 CPUs or more).
 
 Phases: fresh (`--requests` of each length per configuration), then each proxy is given
 `--sessions` more requests (new sessions, short streams, 4 connections), then the same measured
 requests again ("after N"), then `--idle` seconds with no traffic. Reported per configuration:
-CPU per request in ms (utime+stime of the mitmdump process from /proc, over the phase, divided by
-its requests) and its ratio to plain mitmdump's; idle CPU in ms per second and wake-ups per second
+CPU per request in ms (the time on a CPU of the mitmdump process's threads, from
+/proc/PID/task/*/schedstat, over the phase, divided by its requests) and its ratio to plain mitmdump's; idle CPU in ms per second and wake-ups per second
 (context switches of all the process's threads, from /proc/PID/task/*/status); RSS (MiB) fresh,
 after N, after idle; the state file's size; the host's load average and how busy its CPUs were.
 """
@@ -123,6 +127,15 @@ def wakeups(pid: int) -> int:
     return total
 
 
+def pin(pid: int, cpu: int) -> None:
+    """Every thread of `pid` on `cpu` (threads it starts later inherit it from their creator)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), {cpu})
+        except (OSError, ValueError):
+            continue  # a thread that just ended
+
+
 def load_average() -> str:
     with open("/proc/loadavg") as fh:
         return " ".join(fh.read().split()[:3])
@@ -137,17 +150,17 @@ def pool_text(fakes: dict[str, FakeUpstreamProcess]) -> tuple[str, dict[str, str
 
 
 def measure(proxies: dict[str, ProxyProcess], fakes: dict[str, FakeUpstreamProcess], phase: str, count: int,
-            out: dict) -> None:
+            out: dict, block_size: int = BLOCK) -> None:
     """CPU per request of each configuration and length, in turns of BLOCK requests."""
     stats = {cfg: ProcStats(p.proc.pid) for cfg, p in proxies.items()}
     for length, fake in fakes.items():
         cpu = {cfg: 0.0 for cfg in proxies}
-        for block in range(0, count, BLOCK):
-            n = min(BLOCK, count - block)
+        for block in range(0, count, block_size):
+            n = min(block_size, count - block)
             for cfg, proxy in proxies.items():
-                c0 = stats[cfg].cpu()
+                c0 = stats[cfg].run_time()
                 asyncio.run(requests(proxy.port, fake.port, f"{phase}-{length}-{block}", n))
-                cpu[cfg] += stats[cfg].cpu() - c0
+                cpu[cfg] += stats[cfg].run_time() - c0
         for cfg in proxies:
             out.setdefault(cfg, {})[f"{phase} {length}"] = cpu[cfg] / count * 1000
     for cfg in proxies:
@@ -162,7 +175,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--baseline", type=Path, action="append", default=[],
                     help="another checkout's addon/failover.py, measured alongside (may be given more than once)")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
+    ap.add_argument("--block", type=int, default=BLOCK, help="requests in one configuration's turn")
+    ap.add_argument("--pin", action="store_true", help="the proxies on the last CPU, the clients on the others")
     args = ap.parse_args(argv)
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    proxy_cpu = cpus[-1] if len(cpus) >= 2 and args.pin else None
+    if proxy_cpu is not None:  # this process (the clients) and the fakes it starts: the other CPUs
+        os.sched_setaffinity(0, set(cpus[:-1]))
     began = time.monotonic()
     out: dict[str, dict] = {}
     host0 = ProcStats.host_jiffies()
@@ -182,10 +201,13 @@ def main(argv: list[str]) -> int:
             for path in args.baseline:
                 name = f"base-{checkout_label(path)}"
                 proxies[name] = ProxyProcess(tmp / name, text, env, addon=False, extra=["-s", str(path.resolve())])
+            if proxy_cpu is not None:
+                for proxy in proxies.values():
+                    pin(proxy.proc.pid, proxy_cpu)
             for proxy in proxies.values():  # warm up: imports, first connections
                 for fake in fakes.values():
                     asyncio.run(requests(proxy.port, fake.port, "warm", 5))
-            measure(proxies, fakes, "fresh", args.requests, out)
+            measure(proxies, fakes, "fresh", args.requests, out, args.block)
             loads.append(load_average())
             for block in range(0, args.sessions, 500):  # the sessions, in turns too
                 n = min(500, args.sessions - block)
@@ -195,7 +217,7 @@ def main(argv: list[str]) -> int:
                       file=sys.stderr, flush=True)
             time.sleep(1.0)  # the keepers' last writes
             phase = f"after {args.sessions}"
-            measure(proxies, fakes, phase, args.requests, out)
+            measure(proxies, fakes, phase, args.requests, out, args.block)
             loads.append(load_average())
             time.sleep(1.0)
             stats = {cfg: ProcStats(p.proc.pid) for cfg, p in proxies.items()}
@@ -219,7 +241,9 @@ def main(argv: list[str]) -> int:
                 fake.stop()
     host1 = ProcStats.host_jiffies()
     busy = (host1[0] - host0[0]) / max(1, host1[1] - host0[1])
-    print(f"codex-failover cost benchmark: {os.cpu_count()} CPUs, load average {' -> '.join(loads)}, "
+    where = f"proxies on CPU {proxy_cpu}, clients on the others" if proxy_cpu is not None else "not pinned"
+    where += f", turns of {args.block} requests"
+    print(f"codex-failover cost benchmark: {os.cpu_count()} CPUs ({where}), load average {' -> '.join(loads)}, "
           f"host busy {busy:.0%}, {time.monotonic() - began:.0f} s")
     phases = ["fresh", f"after {args.sessions}"]
     print(f"\nCPU per request, ms (ratio to plain mitmdump); {args.requests} requests per cell, each a new session")

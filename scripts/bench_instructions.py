@@ -53,7 +53,8 @@ def count(label: str, script: Path | None, tmp: Path, fake: FakeUpstreamProcess,
     else:
         args += ["-s", str(script), "--set", f"failover_config={pool}"]
     env = {**os.environ, **env, "XDG_STATE_HOME": str(tmp / f"state-{label}"), "PYTHONHASHSEED": "0"}
-    with open(tmp / f"{label}.log", "w") as log:
+    log_path = tmp / f"{label}.log"
+    with open(log_path, "w") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             wait_port(port, proc, timeout=START_TIMEOUT)
@@ -63,6 +64,8 @@ def count(label: str, script: Path | None, tmp: Path, fake: FakeUpstreamProcess,
             asyncio.run(requests(port, fake.port, f"m-{label}", n))
             subprocess.run([*control, "off", str(proc.pid)], check=True, capture_output=True, timeout=60)
             subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True, timeout=120)
+        except Exception as exc:  # the log goes with the temporary folder: its end, now
+            raise RuntimeError(f"{label}: {exc}; its log ends:\n{_tail(log_path)}") from exc
         finally:
             stop(proc)
     total = 0
@@ -71,8 +74,15 @@ def count(label: str, script: Path | None, tmp: Path, fake: FakeUpstreamProcess,
             if line.startswith(("summary:", "totals:")):
                 total = max(total, int(line.split()[1]))
     if not total:
-        raise RuntimeError(f"{label}: callgrind counted nothing (see {tmp / f'{label}.log'})")
+        raise RuntimeError(f"{label}: callgrind counted nothing; its log ends:\n{_tail(log_path)}")
     return total
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 def main(argv: list[str]) -> int:

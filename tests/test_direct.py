@@ -234,3 +234,42 @@ def test_the_records_hooks_run_in_an_attempts_order_as_it_moves_and_the_verdict_
             await asyncio.wait_for(slow.over.wait(), 5)  # no verdict came: its final hook after JUDGE_WAIT
             assert seen == ["requestheaders", "request", "responseheaders", "response unmarked"]
     asyncio.run(go())
+
+
+def test_a_verdict_given_without_a_running_loop_holds_nothing_up_and_no_hook_runs_before_the_start():
+    """`judge` from synchronous code (no loop) neither raises nor blocks the record's later hooks; an
+    attempt never started gets no hook (its record still holds the real credentials) and its cancel
+    does not wait for one."""
+    import time as _time
+
+    from mitmproxy.test import taddons
+
+    seen: list[str] = []
+
+    class Watch:
+        def requestheaders(self, flow):
+            seen.append(f"requestheaders {flow.request.headers['authorization']}")
+
+        def response(self, flow):
+            seen.append("response")
+
+    unstarted = make(Hop())
+    unstarted.judge("❌", "lost", None)  # no loop: nothing raised, nothing scheduled
+
+    async def go():
+        with taddons.context(Watch()):
+            began = _time.monotonic()
+            await unstarted.cancel(timeout=5)
+            assert _time.monotonic() - began < 1 and seen == []
+            attempt = make(Hop())
+            attempt.start()
+            attempt.head_sent(attempt.flow.request, None)
+            held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=True))
+            for _ in range(3):
+                await asyncio.sleep(0)
+            attempt.judged.set()
+            for _ in range(3):
+                await asyncio.sleep(0)
+            assert attempt.over.is_set() and attempt.done
+    asyncio.run(go())
+    assert seen == [f"requestheaders {PLACEHOLDER}", "response"]

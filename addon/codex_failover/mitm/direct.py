@@ -80,6 +80,9 @@ class DirectAttempt(Attempt):
         self.hop.decide(True)
         if self.on_sent is not None:  # the request hook need not wait: the head leaves once it returns
             self.on_sent()
+        self.record.started = True
+        if self.sent or self.ended.is_set():  # (it moved before it started: its hooks now)
+            self.record.moved()
 
     async def cancel(self, timeout: float = 5.0) -> None:
         """Hand the stream to its hop (the next answer comes from there); the upstream stream is reset
@@ -89,7 +92,7 @@ class DirectAttempt(Attempt):
             return
         self._drop("attempt cancelled by codex-failover" if not self.finished else None)
         await self.hop.cancel_direct()
-        if not self.over.is_set():  # its record's last hook (RecordHooks)
+        if self.record.started and not self.over.is_set():  # its record's last hook (RecordHooks)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.over.wait(), timeout)
 
@@ -119,6 +122,11 @@ class DirectAttempt(Attempt):
         self._set_reading(True)
         kept, self.kept = self.kept, []
         return kept
+
+    @property
+    def done(self) -> bool:
+        """Its record had its last hook (an attempt on a kept connection: its task ended)."""
+        return self.over.is_set()
 
     def commit_through_hop(self) -> None:
         """A commit while the hop answers already (heartbeat): the items go on, the events are dropped."""
@@ -253,6 +261,7 @@ class RecordHooks:
 
     def __init__(self, attempt: DirectAttempt):
         self.attempt = attempt
+        self.started = False  # the attempt started (DirectAttempt.start): its record shows no secret
         self.stage = SENT_HOOKS  # the hooks run so far (`_due`)
         self._step_due = self._hooking = False  # a callback asked for / hooks running now
         self._judge_timer: asyncio.TimerHandle | None = None  # the final hook's wait for the verdict
@@ -260,9 +269,17 @@ class RecordHooks:
         self._task: asyncio.Task | None = None
 
     def moved(self) -> None:
-        if not self._step_due and self.stage < DONE:
-            self._step_due = True
-            asyncio.get_running_loop().call_soon(self._step)
+        """Something happened: the due hooks run at the loop's next turn. Not before the attempt started
+        (its record holds the real credentials until then), nor without a running loop (a verdict given
+        from synchronous code: the next moment on the loop picks it up)."""
+        if self._step_due or self.stage >= DONE or not self.started:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._step_due = True
+        loop.call_soon(self._step)
 
     def _step(self) -> None:
         self._step_due = False

@@ -1,0 +1,32 @@
+"""A smoke run of `scripts/bench --cost` (e2e): every configuration measured in every phase, the proxies
+on a CPU of their own with `--pin` when the host has two, the figures in its JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_cost_measures_every_cell(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_cost.py"), "--sessions", "10", "--requests", "25",
+                           "--idle", "0.5", "--json", str(tmp_path / "cost.json"),
+                           "--pin", "--block", "20", "--baseline", str(ROOT / "addon" / "failover.py")],
+                          capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    pinned = len(os.sched_getaffinity(0)) >= 2
+    assert ("proxies on CPU" in proc.stdout) == pinned and "turns of 20 requests" in proc.stdout, proc.stdout
+    figures = json.loads((tmp_path / "cost.json").read_text())["figures"]
+    assert set(figures) == {"plain", "script", "addon", next(k for k in figures if k.startswith("base-"))}
+    for cfg, cells in figures.items():
+        for phase in ("fresh", "after 10"):
+            for length in ("short", "long"):
+                assert 0 < cells[f"{phase} {length}"] < 1000, (cfg, phase, length, cells)  # ms of CPU a request
+        assert cells["idle ms/s"] >= 0 and cells["rss fresh"] > 10
