@@ -15,14 +15,15 @@ client's own credential: short streams (13 events) and long ones (48 events), fr
 Requests take turns across the configurations in blocks (`--block`, 25), so drift and neighbours hit
 them alike; each proxy meets the CPU's caches as the others left them, as a proxy left on meets them
 after the machine's other programs (larger blocks give warmer caches: short streams then cost the
-addon 0.2-0.3 ms less, plain mitmdump the same; docs/measurements.md). `--pin` runs every proxy's threads on the last CPU and the clients and fakes
-on the others (a host of 2 CPUs or more).
+addon 0.2-0.3 ms less, plain mitmdump the same; docs/measurements.md). `--pin` runs every proxy's
+threads on the last CPU and the clients and fakes on the others (a host of 2 CPUs or more).
 
 Phases: fresh (`--requests` of each length per configuration), then each proxy is given
 `--sessions` more requests (new sessions, short streams, 4 connections), then the same measured
 requests again ("after N"), then `--idle` seconds with no traffic. Reported per configuration:
 CPU per request in ms (the time on a CPU of the mitmdump process's threads, from
-/proc/PID/task/*/schedstat, over the phase, divided by its requests) and its ratio to plain mitmdump's; idle CPU in ms per second and wake-ups per second
+/proc/PID/task/*/schedstat, over the phase, divided by its requests) and its ratio to plain
+mitmdump's; idle CPU in ms per second and wake-ups per second
 (context switches of all the process's threads, from /proc/PID/task/*/status); RSS (MiB) fresh,
 after N, after idle; the state file's size; the host's load average and how busy its CPUs were.
 """
@@ -151,7 +152,7 @@ def pool_text(fakes: dict[str, FakeUpstreamProcess]) -> tuple[str, dict[str, str
 
 def measure(proxies: dict[str, ProxyProcess], fakes: dict[str, FakeUpstreamProcess], phase: str, count: int,
             out: dict, block_size: int = BLOCK) -> None:
-    """CPU per request of each configuration and length, in turns of BLOCK requests."""
+    """CPU per request of each configuration and length, in turns of `block_size` requests."""
     stats = {cfg: ProcStats(p.proc.pid) for cfg, p in proxies.items()}
     for length, fake in fakes.items():
         cpu = {cfg: 0.0 for cfg in proxies}

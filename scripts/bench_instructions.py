@@ -52,7 +52,8 @@ def count(label: str, script: Path | None, tmp: Path, fake: FakeUpstreamProcess,
         args += ["--set", "stream_large_bodies=1"]  # as `--cost` runs plain mitmdump
     else:
         args += ["-s", str(script), "--set", f"failover_config={pool}"]
-    env = {**os.environ, **env, "XDG_STATE_HOME": str(tmp / f"state-{label}"), "PYTHONHASHSEED": "0"}
+    env = {**os.environ, **env, "HOME": str(tmp / f"home-{label}"), "XDG_STATE_HOME": str(tmp / f"state-{label}"),
+           "PYTHONHASHSEED": "0"}  # (never the user's ~/.mitmproxy, ~/.codex or state file)
     log_path = tmp / f"{label}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)

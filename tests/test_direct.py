@@ -273,3 +273,46 @@ def test_a_verdict_given_without_a_running_loop_holds_nothing_up_and_no_hook_run
             assert attempt.over.is_set() and attempt.done
     asyncio.run(go())
     assert seen == [f"requestheaders {PLACEHOLDER}", "response"]
+
+
+def test_moments_that_come_while_a_hook_waits_are_taken_in_order_after_it():
+    """The head, the end and the verdict arrive while the record's `request` hook awaits: no second
+    run of the hooks starts beside it; after it, responseheaders and the final hook, each once."""
+    from mitmproxy.test import taddons
+
+    seen: list[str] = []
+    gate = asyncio.Event()
+
+    class Watch:
+        def requestheaders(self, flow):
+            seen.append("requestheaders")
+
+        async def request(self, flow):
+            seen.append("request")
+            await gate.wait()
+
+        def responseheaders(self, flow):
+            seen.append("responseheaders")
+
+        def response(self, flow):
+            seen.append("response")
+
+    async def go():
+        with taddons.context(Watch()):
+            attempt = make(Hop())
+            attempt.start()
+            attempt.head_sent(attempt.flow.request, None)
+            for _ in range(3):
+                await asyncio.sleep(0)
+            assert seen == ["requestheaders", "request"]  # and waiting
+            held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=True))
+            attempt.judge("✅", "won", None)
+            for _ in range(3):
+                await asyncio.sleep(0)
+            assert seen == ["requestheaders", "request"]
+            gate.set()
+            await asyncio.wait_for(attempt.over.wait(), 5)
+            for _ in range(3):
+                await asyncio.sleep(0)
+    asyncio.run(go())
+    assert seen == ["requestheaders", "request", "responseheaders", "response"]

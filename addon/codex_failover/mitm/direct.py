@@ -160,7 +160,7 @@ class DirectAttempt(Attempt):
         self.flow.request, self.flow.server_conn, self.server = record, server, server
         self.redact()
         self.sent = self.connected = True
-        self._moved()
+        self.record.moved()
 
     def connect_failed(self, err: str) -> None:
         if self.ended.is_set():  # stopped already (its record may have had its final hook)
@@ -200,7 +200,7 @@ class DirectAttempt(Attempt):
         self.streaming = 200 <= response.status_code < 300 and "text/event-stream" in ctype
         self.redact()
         self.queue.put_nowait(Item("head"))
-        self._moved()
+        self.record.moved()
         if end_stream:
             self.on_end()
 
@@ -246,12 +246,6 @@ class DirectAttempt(Attempt):
         except Exception:  # noqa: BLE001 - the bookkeeping of a stream never breaks the stream
             log.exception("codex-failover: a committed stream's bookkeeping failed")
 
-    # -- the record's hooks ------------------------------------------------------------------
-
-    def _moved(self) -> None:
-        """Sent, its head in, ended or judged: the record's due hooks run at the loop's next turn."""
-        self.record.moved()
-
 
 class RecordHooks:
     """The record flow's hooks, in an attempt's order, as its attempt moves: each moment (head sent,
@@ -266,7 +260,7 @@ class RecordHooks:
         self._step_due = self._hooking = False  # a callback asked for / hooks running now
         self._judge_timer: asyncio.TimerHandle | None = None  # the final hook's wait for the verdict
         self._waited = False  # that wait (JUDGE_WAIT) is over
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task | None = None  # the hooks running now (a task the loop holds only weakly)
 
     def moved(self) -> None:
         """Something happened: the due hooks run at the loop's next turn. Not before the attempt started
@@ -355,8 +349,8 @@ class _Signal(asyncio.Event):
 
     def __init__(self, attempt: DirectAttempt):
         super().__init__()
-        self._attempt = attempt
+        self._record = attempt.record
 
     def set(self) -> None:
         super().set()
-        self._attempt._moved()
+        self._record.moved()
