@@ -10,6 +10,7 @@ import pytest
 from harness import (
     FakeUpstreamProcess,
     ProxyProcess,
+    dead_port,
     free_port,
     pool_yaml,
     post_responses,
@@ -262,7 +263,7 @@ def test_https_through_connect_with_the_proxy_ca(tmp_path):
 
 
 def test_saved_flows_hold_no_pooled_secret(fake, tmp_path):
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = f"http://127.0.0.1:{dead_port()}"
     text = (f"credentials:\n  - {{name: dead, api_key_env: KEY_DEAD, base_url: {dead}/v1}}\n"
             f"  - {{name: good, api_key_env: KEY_GOOD, base_url: {fake.base}/v1}}\n")
     saved = tmp_path / "flows.mitm"

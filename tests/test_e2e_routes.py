@@ -11,7 +11,7 @@ from harness import (
     FakeUpstreamProcess,
     LocalProxies,
     ProxyProcess,
-    free_port,
+    dead_port,
     pool_yaml,
     post_responses,
     served_by,
@@ -37,7 +37,7 @@ def start_proxy(start_proxy):
 
 
 def dead():
-    return f"http://127.0.0.1:{free_port()}"
+    return f"http://127.0.0.1:{dead_port()}"
 
 
 def call(proxy, fake):

@@ -7,7 +7,7 @@ import sqlite3
 import time
 
 import pytest
-from harness import LocalProxies, ProxyProcess, free_port, pool_yaml, post_responses, wait_until
+from harness import LocalProxies, ProxyProcess, dead_port, pool_yaml, post_responses, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -118,7 +118,7 @@ def test_a_dead_route_endpoints_backoff_survives_a_restart(fake, tmp_path):
     local = LocalProxies()
     try:
         alive = local.http_proxy("alive")
-        dead = f"http://127.0.0.1:{free_port()}"
+        dead = f"http://127.0.0.1:{dead_port()}"
         routes = {"corp": [dead, f"http://127.0.0.1:{alive}"]}
         creds = [("work", "sk-test-work-good", "corp")]
         proxy = restart(tmp_path, fake, creds, routes=routes, use_client_credential=False)

@@ -17,7 +17,7 @@ from harness import (
     ProxyProcess,
     WsClient,
     WsRejected,
-    free_port,
+    dead_port,
     pool_yaml,
     proxy_status,
     wait_until,
@@ -287,7 +287,7 @@ def test_a_dead_endpoint_is_skipped_for_the_next_one_of_the_route(fake, proxies,
     alive = proxies.http_proxy("alive")
     silent = proxies.http_proxy("silent", mode="silent")
     proxy = gated(fake, [("primary", PRIMARY, "egress")], connect_timeout="0.5s",
-                  routes={"egress": [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{silent}",
+                  routes={"egress": [f"http://127.0.0.1:{dead_port()}", f"http://127.0.0.1:{silent}",
                                      f"http://127.0.0.1:{alive}"]})
     started = time.monotonic()
     client = connect(proxy, fake)

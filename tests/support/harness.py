@@ -79,6 +79,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_DEAD: list[socket.socket] = []  # held for the test process's life: the port stays refused
+
+
+def dead_port() -> int:
+    """A loopback port where a connection is refused for as long as the tests run: bound, never listening.
+
+    A port from `free_port()` is free only when asked; another test's listener (parallel workers) may
+    take it before the proxy dials it, and that listener's answer is not "nothing there"."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    _DEAD.append(held)
+    return held.getsockname()[1]
+
+
 def wait_port(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
