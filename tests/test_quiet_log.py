@@ -145,3 +145,79 @@ def test_the_add_log_event_is_made_only_while_an_addon_listens():
                 root.removeHandler(handler)
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("level, message, verbose, debug_handler, made", [
+    (logging.INFO, "Streaming response from api.openai.com.", False, False, False),  # lowered, nobody shows debug
+    (logging.INFO, "Streaming response from api.openai.com.", False, True, True),  # the debug log takes it
+    (logging.INFO, "Streaming response from api.openai.com.", True, False, True),  # failover_verbose
+    (logging.INFO, "error establishing server connection: refused", False, False, True),  # kept at INFO
+    (logging.WARNING, "HTTP/2 protocol error", False, False, True),
+    (logging.DEBUG, "closing transports...", False, False, False),
+])
+def test_a_line_the_quiet_filter_would_drop_is_not_made(level, message, verbose, debug_handler, made):
+    """`would_log` says what the filter would do with the record, before anyone makes it (the held
+    stream's own lines ask: HopState.written); a logger's level counts too."""
+    from codex_failover.mitm.quiet_log import would_log
+
+    top, logger = logging.Logger("quiet-made"), logging.Logger("quiet-made.server")
+    logger.parent = top
+    info = logging.NullHandler()
+    info.setLevel(logging.INFO)
+    top.addHandler(info)
+    if debug_handler:
+        top.addHandler(logging.NullHandler())
+    quiet = QuietLog()
+    quiet.configure(options(failover_verbose=verbose))
+    logger.addFilter(quiet)
+    assert would_log(logger, level, message) is made
+    r = logging.LogRecord(logger.name, level, __file__, 1, message, None, None)
+    # The same answer as the filter, which looks the logger up by name: here, the test's own.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(logging, "getLogger", lambda name=None: logger)
+        assert quiet.filter(r) is made
+    above = logging.Logger("quiet-made.server", logging.ERROR)
+    above.parent = top
+    above.addFilter(quiet)
+    assert would_log(above, level, message) is False
+
+
+def test_the_held_streams_lines_are_made_only_when_shown():
+    """HopState.written hands the stream's held lines to the connection handler only when the
+    quiet filter would let them through: a dropped line is never made."""
+    from mitmproxy.proxy import commands
+
+    from codex_failover.mitm.hop_state import SERVER_LOG, HopState
+
+    class Handler:
+        def __init__(self):
+            self.lines = []
+
+        def log(self, message, level):
+            self.lines.append((message, level))
+
+    quiet = QuietLog()
+    quiet.configure(options())
+    info = logging.NullHandler()
+    info.setLevel(logging.INFO)  # the terminal at its default verbosity (pytest's own handlers left out)
+    SERVER_LOG.addFilter(quiet)
+    SERVER_LOG.addHandler(info)
+    before = SERVER_LOG.level, SERVER_LOG.propagate
+    SERVER_LOG.setLevel(logging.DEBUG)
+    SERVER_LOG.propagate = False
+    try:
+        hop = HopState(Handler(), 1, lambda: None)
+        hop._deferred = [commands.Log("Streaming response from api.openai.com.", logging.INFO),
+                         commands.Log("error establishing server connection: refused", logging.INFO)]
+        hop._first_handed = True
+        hop.written()
+        assert hop.handler.lines == [("error establishing server connection: refused", logging.INFO)]
+        quiet.configure(options(failover_verbose=True))
+        hop._deferred = [commands.Log("Streaming response from api.openai.com.", logging.INFO)]
+        hop.written()
+        assert hop.handler.lines[-1] == ("Streaming response from api.openai.com.", logging.INFO)
+    finally:
+        SERVER_LOG.removeFilter(quiet)
+        SERVER_LOG.removeHandler(info)
+        SERVER_LOG.setLevel(before[0])
+        SERVER_LOG.propagate = before[1]

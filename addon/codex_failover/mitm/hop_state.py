@@ -9,8 +9,10 @@ import logging
 from typing import AsyncIterator, Callable
 
 from ..net.relay import UNCLAIMED_TTL
+from . import quiet_log
 
 log = logging.getLogger("codex_failover")
+SERVER_LOG = logging.getLogger(quiet_log.CONNECTION_LOGGERS[0])  # where a connection handler's lines go
 
 
 class HopState:
@@ -64,8 +66,9 @@ class HopState:
             return
         self.first_out.set()
         deferred, self._deferred = self._deferred, []
-        for command in deferred:
-            self.handler.log(command.message, command.level)
+        for command in deferred:  # (mitmproxy's ConnectionHandler.log, to its server logger)
+            if quiet_log.would_log(SERVER_LOG, command.level, command.message):
+                self.handler.log(command.message, command.level)
 
     # -- the client leaving ----------------------------------------------------------------
 
