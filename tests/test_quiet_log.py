@@ -200,9 +200,9 @@ def test_the_held_streams_lines_are_made_only_when_shown():
     quiet.configure(options())
     info = logging.NullHandler()
     info.setLevel(logging.INFO)  # the terminal at its default verbosity (pytest's own handlers left out)
-    SERVER_LOG.addFilter(quiet)
+    before = SERVER_LOG.level, SERVER_LOG.propagate, SERVER_LOG.filters
+    SERVER_LOG.filters = [quiet]  # (an earlier test's addon may have left its own)
     SERVER_LOG.addHandler(info)
-    before = SERVER_LOG.level, SERVER_LOG.propagate
     SERVER_LOG.setLevel(logging.DEBUG)
     SERVER_LOG.propagate = False
     try:
@@ -217,7 +217,6 @@ def test_the_held_streams_lines_are_made_only_when_shown():
         hop.written()
         assert hop.handler.lines[-1] == ("Streaming response from api.openai.com.", logging.INFO)
     finally:
-        SERVER_LOG.removeFilter(quiet)
         SERVER_LOG.removeHandler(info)
         SERVER_LOG.setLevel(before[0])
-        SERVER_LOG.propagate = before[1]
+        SERVER_LOG.propagate, SERVER_LOG.filters = before[1], before[2]
