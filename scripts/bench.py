@@ -37,6 +37,7 @@ Timestamps from different processes are wall-clock (time.time()) on one machine.
     scripts/bench [--quick] [--png docs/bench.png] [--json FILE]
     scripts/bench --cost [--sessions N] [--baseline OTHER/addon/failover.py ...]   (scripts/bench_cost.py)
     scripts/bench --instructions [--requests N] [--baseline OTHER/addon/failover.py ...]   (scripts/bench_instructions.py)
+    scripts/bench --ab OTHER/addon/failover.py [...] [--instances 3] [--length short]  (scripts/bench_ab.py)
     scripts/bench --session [--turns 10 30] [--uplink-mbit 10] [--rtt-ms 30]       (scripts/bench_session.py)
 """
 
@@ -567,6 +568,10 @@ def main() -> int:
         import bench_cost
 
         return bench_cost.main([a for a in sys.argv[1:] if a != "--cost"])
+    if "--ab" in sys.argv[1:]:  # an A/B of checkouts, several processes each (scripts/bench_ab.py)
+        import bench_ab
+
+        return bench_ab.main([a for a in sys.argv[1:] if a != "--ab"])
     if "--instructions" in sys.argv[1:]:  # instructions per request under callgrind (scripts/bench_instructions.py)
         import bench_instructions
 

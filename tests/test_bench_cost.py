@@ -30,3 +30,20 @@ def test_bench_cost_measures_every_cell(tmp_path):
             for length in ("short", "long"):
                 assert 0 < cells[f"{phase} {length}"] < 1000, (cfg, phase, length, cells)  # ms of CPU a request
         assert cells["idle ms/s"] >= 0 and cells["rss fresh"] > 10
+
+
+def test_bench_ab_compares_checkouts_over_several_processes(tmp_path):
+    """`scripts/bench --ab`: each configuration as several processes, every one measured, a ratio to
+    plain mitmdump's; a path that is no addon is one clear line."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_ab.py"), str(ROOT / "addon" / "failover.py"),
+                           "--requests", "40", "--instances", "2", "--block", "10", "--json", str(tmp_path / "ab.json")],
+                          capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "2 processes per configuration, turns of 10 requests" in proc.stdout, proc.stdout
+    figures = json.loads((tmp_path / "ab.json").read_text())["figures"]
+    assert len(figures) == 2 and figures["plain"]["ratio"] == 1.0
+    for cells in figures.values():
+        assert 0 < cells["median"] < 1000 and cells["turns"] == 4
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_ab.py"), str(tmp_path / "nothing.py")],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "no such addon" in bad.stderr
