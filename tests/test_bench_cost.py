@@ -44,6 +44,14 @@ def test_bench_ab_compares_checkouts_over_several_processes(tmp_path):
     assert len(figures) == 2 and figures["plain"]["ratio"] == 1.0
     for cells in figures.values():
         assert 0 < cells["median"] < 1000 and cells["turns"] == 4
-    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_ab.py"), str(tmp_path / "nothing.py")],
-                         capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "no such addon" in bad.stderr
+    other = tmp_path / "other" / "addon"
+    other.mkdir(parents=True)
+    (other / "codex_failover").mkdir()
+    (other / "failover.py").write_text("x = 1\n")  # loads, but is no addon: it would measure as plain
+    for argv, said in (([str(tmp_path / "nothing.py")], "no such file"),
+                       ([str(ROOT / "scripts" / "bench.py")], "not a checkout's addon/failover.py"),
+                       ([str(ROOT / "addon" / "failover.py")] * 2, "named twice"),
+                       ([str(other / "failover.py"), "--requests", "10"], "did not load as the addon")):
+        bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_ab.py"), *argv],
+                             capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and said in bad.stderr, (argv, bad.stderr)

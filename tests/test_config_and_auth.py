@@ -165,16 +165,3 @@ def test_state_section(state, error):
         with pytest.raises(ConfigError, match=error):
             parse_pool({"state": state}, "p.yaml", {}, None)
 
-
-def test_a_credential_seen_again_is_not_hashed_again():
-    """Every request's credential is fingerprinted (affinity, the boundary): a token seen again is
-    not hashed again; at most a few are remembered."""
-    from codex_failover.core import auth
-
-    auth.fingerprint.cache_clear()
-    token = "eyJ" + "a" * 1800
-    first = auth.fingerprint(token)
-    assert auth.fingerprint(token) == first and auth.fingerprint.cache_info().hits == 1
-    for n in range(40):
-        auth.fingerprint(f"sk-test-{n}")
-    assert auth.fingerprint.cache_info().currsize <= 16

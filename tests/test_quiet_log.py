@@ -220,3 +220,27 @@ def test_the_held_streams_lines_are_made_only_when_shown():
         SERVER_LOG.removeHandler(info)
         SERVER_LOG.setLevel(before[0])
         SERVER_LOG.propagate, SERVER_LOG.filters = before[1], before[2]
+
+
+def test_a_line_is_made_when_another_filter_may_change_it():
+    """Another filter on the logger (a user's, another addon's) may rewrite or raise a record before
+    the quiet filter sees it: then the line is made and the filters decide, as for any other."""
+    from codex_failover.mitm.quiet_log import would_log
+
+    class Promote(logging.Filter):
+        def filter(self, record):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            return True
+
+    top, logger = logging.Logger("quiet-other"), logging.Logger("quiet-other.server")
+    logger.parent = top
+    quiet = QuietLog()
+    quiet.configure(options())
+    logger.addFilter(Promote())
+    logger.addFilter(quiet)
+    assert would_log(logger, logging.INFO, "Streaming response from api.openai.com.") is True
+    alone = logging.Logger("quiet-other.alone")
+    alone.parent = top
+    alone.addFilter(quiet)
+    assert would_log(alone, logging.INFO, "Streaming response from api.openai.com.") is False
+    assert would_log(alone, logging.INFO, b"not a str") is False  # (as the filter reads it: str(msg))

@@ -102,22 +102,28 @@ class QuietLog(logging.Filter):
         # a wake-up of the loop) for addons' `add_log`, which mitmdump has none of. A few a request.
         return record.levelno != logging.DEBUG or shown(logging.getLogger(record.name), logging.DEBUG)
 
-    def passes(self, logger: logging.Logger, level: int, message: str) -> bool:
+    def passes(self, logger: logging.Logger, level: int, message: object) -> bool:
         """What `filter` would say of a record of `logger` at `level` with text `message`."""
         if self.verbose:
             return True
-        if level == logging.INFO and not message.startswith(KEPT):
+        if level == logging.INFO and not str(message).startswith(KEPT):
             level = logging.DEBUG
         return level != logging.DEBUG or shown(logger, logging.DEBUG)
 
 
-def would_log(logger: logging.Logger, level: int, message: str) -> bool:
-    """Would a line get past `logger`'s level and its quiet filter? False: making the record (its
-    caller looked up, the record built, then dropped by `QuietLog.filter`) can be skipped. The
-    held stream's own lines (`HopState.written`) ask, one a request: 20-50 us of CPU each."""
+def would_log(logger: logging.Logger, level: int, message: object) -> bool:
+    """Would a line get past `logger`'s level and its quiet filters? False: making the record (its
+    caller looked up, the record built, then dropped by `QuietLog.filter`) can be skipped. Any other
+    filter on the logger (a user's, another addon's) may change the record: then it is made, and the
+    filters decide as always. The held stream's own lines (`HopState.written`) ask, one a request."""
     if not logger.isEnabledFor(level):
         return False
-    return all(f.passes(logger, level, message) for f in logger.filters if isinstance(f, QuietLog))
+    for f in logger.filters:
+        if not isinstance(f, QuietLog):
+            return True
+        if not f.passes(logger, level, message):
+            return False
+    return True
 
 
 def shown(logger: logging.Logger, level: int) -> bool:
