@@ -25,6 +25,25 @@ def _stop_leftover_processes():
     stop_leftovers()
 
 
+_UNSET = object()
+
+
+@pytest.fixture(autouse=True)
+def _no_master_left_behind():
+    """mitmproxy's `ctx.master` (and `ctx.options`) is whichever master was made last, and stays after
+    its test: a later test whose hooks run without a master of its own would meet it (its addons, the
+    log lines it kept, their frames). Each test gets back what it started with."""
+    from mitmproxy import ctx
+
+    before = {name: getattr(ctx, name, _UNSET) for name in ("master", "options", "log")}
+    yield
+    for name, value in before.items():
+        if value is _UNSET:
+            ctx.__dict__.pop(name, None)
+        else:
+            setattr(ctx, name, value)
+
+
 @pytest.fixture(scope="session")
 def rules():
     return load_rules()
