@@ -30,7 +30,7 @@ _UNSET = object()
 
 @pytest.fixture(autouse=True)
 def _no_master_left_behind():
-    """mitmproxy's `ctx.master` (and `ctx.options`) is whichever master was made last, and stays after
+    """mitmproxy's `ctx.master` (and `ctx.options`, `ctx.log`) is whichever master was made last, and stays after
     its test: a later test whose hooks run without a master of its own would meet it (its addons, the
     log lines it kept, their frames). Each test gets back what it started with."""
     from mitmproxy import ctx

@@ -164,4 +164,3 @@ def test_state_section(state, error):
     else:
         with pytest.raises(ConfigError, match=error):
             parse_pool({"state": state}, "p.yaml", {}, None)
-

@@ -194,8 +194,9 @@ class ProxyProcess:
         args += extra or []
         self.log_path = tmp / "mitmdump.log"
         self._log = open(self.log_path, "w")
-        # Pool state (SQLite) in the test's own folder, never the user's ~/.local/state.
-        env = {"XDG_STATE_HOME": str(tmp / "state"), **(env or {})}
+        # Pool state (SQLite) and HOME in the test's own folder, never the user's ~/.local/state or ~/.codex.
+        (tmp / "proxy-home").mkdir(exist_ok=True)
+        env = {"XDG_STATE_HOME": str(tmp / "state"), "HOME": str(tmp / "proxy-home"), **(env or {})}
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **env})
         STARTED.append(self.proc)
         wait_port(self.port, self.proc)

@@ -93,22 +93,23 @@ class QuietLog(logging.Filter):
                 handler.removeFilter(f)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.verbose:
-            return True
-        if record.levelno == logging.INFO and not str(record.msg).startswith(KEPT):
+        if self._level(record.levelno, record.msg) != record.levelno:
             lowered(record)
-        # A debug line nobody takes is dropped here, before any handler formats it: mitmproxy's
-        # LegacyLogEvents formats every record and sends it to every addon (its own slow dispatch,
-        # a wake-up of the loop) for addons' `add_log`, which mitmdump has none of. A few a request.
-        return record.levelno != logging.DEBUG or shown(logging.getLogger(record.name), logging.DEBUG)
+        return self.passes(logging.getLogger(record.name), record.levelno, record.msg)
 
     def passes(self, logger: logging.Logger, level: int, message: object) -> bool:
-        """What `filter` would say of a record of `logger` at `level` with text `message`."""
-        if self.verbose:
-            return True
-        if level == logging.INFO and not str(message).startswith(KEPT):
-            level = logging.DEBUG
-        return level != logging.DEBUG or shown(logger, logging.DEBUG)
+        """What `filter` says of a record of `logger` at `level` with text `message` (asked before
+        the record is made: `would_log`). A debug line nobody takes is dropped, before any handler
+        formats it: mitmproxy's LegacyLogEvents formats every record and sends it to every addon (its
+        own slow dispatch, a wake-up of the loop) for addons' `add_log`, which mitmdump has none of."""
+        level = self._level(level, message)
+        return self.verbose or level != logging.DEBUG or shown(logger, logging.DEBUG)
+
+    def _level(self, level: int, message: object) -> int:
+        """The level a record has once past this filter: a connection's INFO line is DEBUG."""
+        if not self.verbose and level == logging.INFO and not str(message).startswith(KEPT):
+            return logging.DEBUG
+        return level
 
 
 def would_log(logger: logging.Logger, level: int, message: object) -> bool:
