@@ -176,12 +176,51 @@ def test_runs_of_data_are_joined_into_one_write(runs, joined):
     assert [e.data if isinstance(e, http_layers.ResponseData) else None for e in out] == joined
 
 
-def test_the_records_hooks_run_in_an_attempts_order_as_it_moves_and_the_verdict_wait_is_bounded(monkeypatch):
-    """requestheaders and request once the head left, responseheaders once its head is in, the final
-    hook after the end and the verdict, or after JUDGE_WAIT without one; each once."""
+REJECTED = "codex-failover: rejected: overloaded"
+
+
+def test_a_served_attempt_has_no_hook_of_its_own_and_marks_the_clients_flow():
+    """The client's flow is a served direct attempt's record (its request left, its answer came back):
+    no hook runs for the attempt's own flow, the client's flow gets the mark, the attempt is over and
+    out of the run's registry."""
     from mitmproxy.test import taddons
 
-    from codex_failover.mitm import direct
+    seen: list[str] = []
+
+    class Watch:
+        def requestheaders(self, flow):
+            seen.append("requestheaders")
+
+        def response(self, flow):
+            seen.append("response")
+
+    async def go():
+        with taddons.context(Watch()):
+            attempt = make(Hop())
+            attempt.registry = {attempt.flow.id: attempt}
+            attempt.start()
+            attempt.head_sent(attempt.flow.request, None)
+            held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=False))
+            held_layer._take(attempt, http_layers.ResponseData(1, b"data: {}\n\n"))
+            held_layer._take(attempt, http_layers.ResponseEndOfMessage(1))  # ended before the verdict
+            for _ in range(3):
+                await asyncio.sleep(0)
+            assert not attempt.over.is_set()  # the verdict decides what it shows
+            attempt.judge("✅", "won", None)
+            assert attempt.over.is_set() and attempt.done and attempt.registry == {}
+            assert attempt.client_flow.marked == "✅" and attempt.served
+            await attempt.cancel()
+            for _ in range(3):
+                await asyncio.sleep(0)
+    asyncio.run(go())
+    assert seen == []
+
+
+def test_a_losers_record_gets_an_attempts_hooks_in_order_once_its_verdict_is_in():
+    """Nothing while it moves; at the verdict requestheaders, request and responseheaders (its head is
+    in), the final hook once it ended, with the verdict's error; each once. A verdict that never came
+    (the run ended without one: start_run gives it) shows the record too."""
+    from mitmproxy.test import taddons
 
     seen: list[str] = []
 
@@ -200,7 +239,7 @@ def test_the_records_hooks_run_in_an_attempts_order_as_it_moves_and_the_verdict_
             seen.append(f"response {flow.marked or 'unmarked'}")
 
         def error(self, flow):
-            seen.append(f"error {flow.error.msg}")
+            seen.append(f"error {flow.marked} {flow.error.msg}")
 
     async def turns(n: int = 3) -> None:
         for _ in range(n):
@@ -210,28 +249,27 @@ def test_the_records_hooks_run_in_an_attempts_order_as_it_moves_and_the_verdict_
         with taddons.context(Watch()):
             attempt = make(Hop())
             attempt.start()
-            await turns()
-            assert seen == []  # nothing before the head left
             attempt.head_sent(attempt.flow.request, None)
-            await turns()
-            assert seen == ["requestheaders", "request"]
             held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=False))
             held_layer._take(attempt, http_layers.ResponseData(1, b"data: {}\n\n"))
-            held_layer._take(attempt, http_layers.ResponseEndOfMessage(1))
             await turns()
-            assert seen == ["requestheaders", "request", "responseheaders"]  # ended: the verdict is awaited
-            attempt.judge("✅", "won", None)
+            assert seen == []  # no verdict yet
+            attempt.judge("❌", "lost", REJECTED)
             await turns()
-            assert seen[-1] == "response ✅" and attempt.over.is_set()
-            await attempt.cancel()  # after its last hook: nothing more
-            assert len(seen) == 4
+            assert seen == ["requestheaders", "request", "responseheaders"]  # the final hook waits for the end
+            assert attempt.client_flow.marked == "" and not attempt.served
+            await attempt.cancel()  # the run stops it: ended
+            await asyncio.wait_for(attempt.over.wait(), 5)
+            assert seen[-1] == f"error ❌ {REJECTED}" and len(seen) == 4
 
             seen.clear()
-            monkeypatch.setattr(direct, "JUDGE_WAIT", 0.01)
-            slow = make(Hop())
-            slow.start()
-            held_layer._take(slow, http_layers.ResponseHeaders(1, sse_head(), end_stream=True))  # ended at once
-            await asyncio.wait_for(slow.over.wait(), 5)  # no verdict came: its final hook after JUDGE_WAIT
+            silent = make(Hop())
+            silent.start()
+            held_layer._take(silent, http_layers.ResponseHeaders(1, sse_head(), end_stream=True))  # ended at once
+            await turns()
+            assert seen == []
+            silent.judged.set()  # no verdict came (start_run gives this when its run ends)
+            await asyncio.wait_for(silent.over.wait(), 5)
             assert seen == ["requestheaders", "request", "responseheaders", "response unmarked"]
     asyncio.run(go())
 
@@ -254,7 +292,7 @@ def test_a_verdict_given_without_a_running_loop_holds_nothing_up_and_no_hook_run
             seen.append("response")
 
     unstarted = make(Hop())
-    unstarted.judge("❌", "lost", None)  # no loop: nothing raised, nothing scheduled
+    unstarted.judge("❌", "lost", REJECTED)  # no loop: nothing raised, nothing scheduled
 
     async def go():
         with taddons.context(Watch()):
@@ -276,8 +314,8 @@ def test_a_verdict_given_without_a_running_loop_holds_nothing_up_and_no_hook_run
 
 
 def test_moments_that_come_while_a_hook_waits_are_taken_in_order_after_it():
-    """The head, the end and the verdict arrive while the record's `request` hook awaits: no second
-    run of the hooks starts beside it; after it, responseheaders and the final hook, each once."""
+    """The head and the end arrive while a loser's record's `request` hook awaits: no second run of
+    the hooks starts beside it; after it, responseheaders and the final hook, each once."""
     from mitmproxy.test import taddons
 
     seen: list[str] = []
@@ -294,19 +332,19 @@ def test_moments_that_come_while_a_hook_waits_are_taken_in_order_after_it():
         def responseheaders(self, flow):
             seen.append("responseheaders")
 
-        def response(self, flow):
-            seen.append("response")
+        def error(self, flow):
+            seen.append("error")
 
     async def go():
         with taddons.context(Watch()):
             attempt = make(Hop())
             attempt.start()
             attempt.head_sent(attempt.flow.request, None)
+            attempt.judge("❌", "lost", REJECTED)
             for _ in range(3):
                 await asyncio.sleep(0)
             assert seen == ["requestheaders", "request"]  # and waiting
             held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=True))
-            attempt.judge("✅", "won", None)
             for _ in range(3):
                 await asyncio.sleep(0)
             assert seen == ["requestheaders", "request"]
@@ -315,4 +353,4 @@ def test_moments_that_come_while_a_hook_waits_are_taken_in_order_after_it():
             for _ in range(3):
                 await asyncio.sleep(0)
     asyncio.run(go())
-    assert seen == ["requestheaders", "request", "responseheaders", "response"]
+    assert seen == ["requestheaders", "request", "responseheaders", "error"]

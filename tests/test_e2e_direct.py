@@ -28,7 +28,7 @@ def post(conn: http.client.HTTPConnection, url: str, key: str, extra: dict | Non
 
 
 @pytest.mark.parametrize("direct", [True, False])
-def test_the_first_attempt_rides_the_clients_connection_and_is_saved_as_an_attempt(tmp_path, direct):
+def test_the_first_attempt_rides_the_clients_connection_and_is_saved_as_the_clients_flow(tmp_path, direct):
     fake = FakeUpstreamProcess(tmp_path)
     text, env = pool_yaml(fake.base, [("spare", "sk-test-spare-good")])
     saved = tmp_path / "flows.mitm"
@@ -55,16 +55,21 @@ def test_the_first_attempt_rides_the_clients_connection_and_is_saved_as_an_attem
         flows = list(io.FlowReader(fh).stream())
     clients = [f for f in flows if not f.is_replay and f.request.path.endswith("/responses")]  # (not the status page)
     attempts = [f for f in flows if f.is_replay]
-    assert len(clients) == len(attempts) == 3
-    for flow in attempts:
+    # A served direct attempt's record is the client's own flow (it carried the attempt); over a kept
+    # connection each attempt is a flow of its own.
+    assert len(clients) == 3 and len(attempts) == (0 if direct else 3)
+    for flow in attempts or clients:
         assert flow.marked == ":white_check_mark:", flow.comment
-        assert "attempt 1/2: client via direct: commit (output)" in flow.comment
+        assert "attempt 1/2: client via direct: commit (output)" in flow.comment or (
+            direct and "attempt 1: client via direct: commit (output)" in flow.comment), flow.comment
         assert flow.request.headers["authorization"] == "<redacted by codex-failover>"
-        assert "proxy-authorization" not in flow.request.headers
+        # (the client's flow shows what the client sent: its credential for this proxy, redacted)
+        assert flow.request.headers.get("proxy-authorization") == ("<redacted by codex-failover>" if direct else None)
         assert flow.response.status_code == 200 and b"response.created" in flow.response.raw_content
         assert flow.error is None
     for flow in clients:
         assert flow.response.status_code == 200 and b"response.completed" in (flow.response.raw_content or b"")
+        assert bool(flow.marked) == direct  # the client's flow is marked when it carried the serving attempt
 
 
 def test_a_direct_attempt_that_is_overloaded_in_stream_fails_over_and_the_client_sees_only_the_spare(tmp_path):

@@ -18,9 +18,12 @@ response event that reaches the stream from that connection is handed here first
   are dropped (the hop streams them);
 - dropped (a failover, a timeout, the client gone): the stream is handed to its hop, which answers
   with whatever the run decides next; the upstream stream is reset (HTTP/1.1: its connection closed).
-Its flow (`self.flow`) is a record, never run by the layers: it gets the hooks an attempt gets
-(requestheaders and request once its head left, responseheaders, then response or error after the
-verdict), so mitmweb shows it and `-w` saves it as it shows every attempt (`RecordHooks`).
+When it serves (the run commits it), the client's own flow is its record: that flow's request is the
+one that left and its answer is the one this attempt received, so it gets the attempt's mark and
+nothing is shown twice. When it does not (failed over, retried, timed out, cancelled), its flow
+(`self.flow`, a record never run by the layers) gets the hooks an attempt gets once the verdict is
+in (requestheaders, request, responseheaders, then error or response once it ended), so mitmweb shows
+it and `-w` saves it as it shows every other attempt (`RecordHooks`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import time
 from mitmproxy import flow as mitmflow, hooks, http
 
 from . import bounded_body
-from .attempt import JUDGE_WAIT, Attempt, Item, copy_request
+from .attempt import Attempt, Item, copy_request
 from .hook_chain import run_hook
 
 log = logging.getLogger("codex_failover")
@@ -60,6 +63,9 @@ class DirectAttempt(Attempt):
                  original: http.Request):
         super().__init__(client_flow, request, label, n, None)  # type: ignore[arg-type]
         self.hop, self.original = hop, original  # the client's request as it came: the wire's secrets
+        self.client_flow = client_flow
+        self.served = False  # the run committed it: the client's flow is its record (`judge`)
+        self.registry: dict | None = None  # the attempts by flow id it is registered in (the run's)
         self.mode = HOLDING
         self.server = None  # the upstream connection mitmproxy gave the stream
         self.kept: list = []  # the response events held for the stream
@@ -103,6 +109,13 @@ class DirectAttempt(Attempt):
         if error is not None and not self.ended.is_set():
             self.flow.error = mitmflow.Error(error)
             self.ended.set()
+
+    def judge(self, mark: str, comment: str, error: str | None) -> None:
+        """The verdict; a served one marks the client's flow, which is this attempt's record then."""
+        if error is None:
+            self.served = True
+            self.client_flow.marked = mark
+        super().judge(mark, comment, error)
 
     def release(self, live_feed) -> list:
         """The commit: what was held, for the stream now; the rest passes (each chunk to `live_feed`).
@@ -248,18 +261,18 @@ class DirectAttempt(Attempt):
 
 
 class RecordHooks:
-    """The record flow's hooks, in an attempt's order, as its attempt moves: each moment (head sent,
-    head in, ended, judged) asks for one loop callback (never in the middle of the layers' or the run's
-    step that got there), which runs whatever hooks are due, in an eager task (a hook that does not
-    wait needs no loop turn). A task woken four times per request cost more (docs/measurements.md)."""
+    """The record flow's hooks, in an attempt's order, once the verdict says it did not serve (a served
+    attempt's record is the client's own flow: no hook, docs/architecture.md#the-direct-attempt). Each
+    moment after the verdict (judged, ended) asks for one loop callback (never in the middle of the
+    layers' or the run's step that got there), which runs whatever hooks are due, in an eager task (a
+    hook that does not wait needs no loop turn). No timer waits for the verdict: a run that ends gives
+    its attempt one if it had none (`request_run.start_run`), and a cancel does."""
 
     def __init__(self, attempt: DirectAttempt):
         self.attempt = attempt
         self.started = False  # the attempt started (DirectAttempt.start): its record shows no secret
         self.stage = SENT_HOOKS  # the hooks run so far (`_due`)
         self._step_due = self._hooking = False  # a callback asked for / hooks running now
-        self._judge_timer: asyncio.TimerHandle | None = None  # the final hook's wait for the verdict
-        self._waited = False  # that wait (JUDGE_WAIT) is over
         self._task: asyncio.Task | None = None  # the hooks running now (a task the loop holds only weakly)
 
     def moved(self) -> None:
@@ -268,6 +281,12 @@ class RecordHooks:
         from synchronous code: the next moment on the loop picks it up)."""
         if self._step_due or self.stage >= DONE or not self.started:
             return
+        attempt = self.attempt
+        if self.stage == SENT_HOOKS and not self._hooking:
+            if attempt.served:  # nothing to show: the client's flow is its record
+                return self._finish()
+            if not attempt.judged.is_set():
+                return  # nothing is due before the verdict
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -297,6 +316,11 @@ class RecordHooks:
         attempt = self.attempt
         ended, flow = attempt.ended.is_set(), attempt.flow
         if self.stage == SENT_HOOKS:
+            if attempt.served:
+                self._finish()
+                return None
+            if not attempt.judged.is_set():  # shown once the verdict says how it ended
+                return None
             if not (attempt.sent or ended):
                 return None
             self.stage = REQUEST_HOOK
@@ -316,14 +340,6 @@ class RecordHooks:
             attempt._keep_capture()
             if flow.response is not None and flow.response.timestamp_end is None:
                 flow.response.timestamp_end = time.time()
-            self.stage = VERDICT_WAIT
-        if self.stage == VERDICT_WAIT:
-            if not attempt.judged.is_set() and not self._waited:  # bounded: a final hook never hangs
-                if self._judge_timer is None:
-                    self._judge_timer = asyncio.get_running_loop().call_later(JUDGE_WAIT, self._judge_waited)
-                return None
-            if self._judge_timer is not None:
-                self._judge_timer.cancel()
             self.stage = FINAL_HOOK
             if attempt.verdict_error is not None or flow.error is not None:
                 flow.error = mitmflow.Error(attempt.verdict_error or flow.error.msg)
@@ -334,14 +350,18 @@ class RecordHooks:
             attempt.over.set()
         return None
 
-    def _judge_waited(self) -> None:
-        self._waited = True
-        self.moved()
+    def _finish(self) -> None:
+        """A served attempt's record: no hook (the client's flow shows it); the attempt is over."""
+        self.stage = DONE
+        attempt = self.attempt
+        attempt.over.set()
+        if attempt.registry is not None:
+            attempt.registry.pop(attempt.flow.id, None)
 
 
-# RecordHooks' stages: before requestheaders, request, responseheaders, waiting for the end, for the
-# verdict, the final hook running, all done.
-SENT_HOOKS, REQUEST_HOOK, HEAD_HOOK, END_WAIT, VERDICT_WAIT, FINAL_HOOK, DONE = range(7)
+# RecordHooks' stages: before requestheaders (waiting for the verdict), request, responseheaders, waiting
+# for the end, the final hook running, all done.
+SENT_HOOKS, REQUEST_HOOK, HEAD_HOOK, END_WAIT, FINAL_HOOK, DONE = range(6)
 
 
 class _Signal(asyncio.Event):

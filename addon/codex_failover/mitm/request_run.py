@@ -182,6 +182,8 @@ class RequestRun:
         attempt.on_sent = self.dispatched.set
         attempt.endpoint = ep
         self.shared.attempts[attempt.flow.id] = attempt
+        if getattr(attempt, "direct", False):  # a served one has no final hook to take it out (direct.RecordHooks)
+            attempt.registry = self.shared.attempts
         self.current, self.whole, self.recorded = attempt, None, False
         state = machine.attempt
         assert state is not None
@@ -307,6 +309,8 @@ def start_run(run: RequestRun, on_done) -> asyncio.Task:
 
     def ended(_task) -> None:
         run.dispatched.set()
+        if run.current is not None:  # a verdict, if it had none (a bug): its record is shown, never kept waiting
+            run.current.judged.set()
         if not run.client.answered:  # the client left, or a bug: the relay hop must end too
             run.client.internal_error("the request ended without an answer")
         on_done(run)
