@@ -1,6 +1,6 @@
-"""Cooldowns that end when the account is back (core/cooldown_end.py decides): a nested addon that
-watches Codex's reset-credit redemptions go by, re-checks long usage-limit cooldowns through each
-account's own usage endpoint, and gives the `failover.reset NAME` command. Each ending is one log line
+"""Cooldowns that end when the account is back (core/cooldown_end.py decides): a part of the addon
+(parts.py) that watches Codex's reset-credit redemptions go by, re-checks long usage-limit cooldowns through each
+account's own usage endpoint, and ends one by `failover.reset NAME` (the addon's command). Each ending is one log line
 and shows on the status page."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import logging
 from urllib.parse import unquote
 
-from mitmproxy import command, http
+from mitmproxy import http
 
 from ..config import PoolConfig
 from ..core.auth import CHATGPT, AuthMaterial, auth_from_headers
@@ -85,11 +85,6 @@ class AccountBack:
                     self.ends.end(self._health(), key, REDEEMED, usage_only=True))
 
     # -- by hand ---------------------------------------------------------------------------
-
-    @command.command("failover.reset")
-    def reset(self, name: str) -> str:
-        """End credential NAME's cooldown (or out-of-rotation mark) now."""
-        return self.reset_by_name(name)
 
     def reset_from_status_page(self, flow: http.HTTPFlow) -> http.Response:
         """`curl -x 127.0.0.1:8080 -X POST http://codex-failover.status/reset/NAME`, from this machine only."""

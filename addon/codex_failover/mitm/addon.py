@@ -43,6 +43,7 @@ from .boundary import ClientBoundary, not_own_user
 from .engine import WarmConnections
 from .file_watch import FileWatch
 from .held_client import RelayHops
+from .parts import PartHooks
 from .passthrough_redact import PassThroughRedaction
 from .request_run import RequestRun, start_run
 from .tls_scope import TlsScope
@@ -53,7 +54,7 @@ log = logging.getLogger("codex_failover")
 STATUS_HOST = "codex-failover.status"
 DISPATCH_FIRST = 0.5  # seconds the request hook waits for the first attempt to leave (see _hold)
 
-class FailoverAddon:
+class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks from it (parts.py)
     def __init__(self) -> None:
         self.pool = PoolConfig()
         self.rules = load_rules()
@@ -77,12 +78,12 @@ class FailoverAddon:
         self._tasks: set[asyncio.Task] = set()
         self.ws_gate = WebsocketGate(self.run)
         self.quiet = quiet_log.QuietLog()
-        self.tls = TlsScope()  # a nested addon: which TLS connections are decrypted, and upstream trust
-        self.hops = RelayHops()  # nested addons, each for the flows of one kind
+        self.tls = TlsScope()  # a part (parts.py): which TLS connections are decrypted, and upstream trust
+        self.hops = RelayHops()  # parts, each for the flows of one kind (parts.py)
         self.boundary = ClientBoundary()  # whose requests are the user's own programs' (docs/machine-proxy.md)
         self.back = AccountBack(self)  # cooldowns that end early; failover.reset
-        self.addons = [self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, UsageAnswer(self),
-                       PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host))]
+        self._wire([self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, UsageAnswer(self),
+                    PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host))])
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
         self.seen_clients = SeenClients()
@@ -107,6 +108,7 @@ class FailoverAddon:
             # At start-up: one clear line and a non-zero exit, before mitmproxy says it is listening.
             print(f"codex-failover: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
+        self.boundary.configure(updated)  # (a part: parts.py)
 
     def _configure(self, updated: set[str]) -> None:
         try:
@@ -152,10 +154,10 @@ class FailoverAddon:
         log.info("codex-failover: pool %s: credentials: %s", pool.source or "(no file)", names)
         self.files.loaded(pool.credentials, self._notices)
 
-    # `running`/`done` stay synchronous: a script hot reload calls them outside the event loop's
-    # await chain (docs/architecture.md#hooks-and-tasks). Async work is started as a task.
+    # Synchronous: a script reload calls them outside the loop's await chain (architecture.md#hooks-and-tasks).
     def running(self) -> None:
         self._running = True
+        self.boundary.running()
         self._open_state()
         self._serve_metrics()
         self._spawn(self.relay.start())
@@ -261,9 +263,7 @@ class FailoverAddon:
         await self.relay.start()
         self._held += 1
         run = RequestRun(flow, self.shared(), body, f"{self.run}-r{n}", rotation=n, client_auth=client_auth)
-        task = start_run(run, self._released)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.add(start_run(run, self._released))  # (taken out by `_released`: one done callback)
         # Let the first attempt's request leave before the client flow goes on (the other addons'
         # request hooks, the hop): those have until the first output, the upstream is waiting now.
         if not run.dispatched.is_set():  # (a direct attempt's head leaves once this hook returns: set already)
@@ -272,6 +272,7 @@ class FailoverAddon:
 
     def _released(self, run: RequestRun) -> None:
         self._held -= 1
+        self._tasks.discard(run.task)
 
     def http_connect_upstream(self, flow: http.HTTPFlow) -> None:
         """Proxy credentials of a route endpoint go to that proxy only, on its CONNECT."""
@@ -291,6 +292,11 @@ class FailoverAddon:
                     "recovery_buffering": self.recovery_slots.used, "artifacts_known": len(self.provenance), "websockets": self.ws_gate.report()}
         return status.build(self.pool, self.health, self.usage, self.seen_clients, self.route_health, self.bridges,
                             counters, self.back.report())
+
+    @command.command("failover.reset")
+    def reset(self, name: str) -> str:
+        """End credential NAME's cooldown (or out-of-rotation mark) now."""
+        return self.back.reset_by_name(name)
 
     @command.command("failover.status")
     def status(self) -> str:

@@ -345,7 +345,7 @@ class Attempt:
 
 
 class AttemptHooks:
-    """A nested addon of FailoverAddon: an attempt flow's response hooks feed its Attempt."""
+    """A part of FailoverAddon (parts.py): an attempt flow's response hooks feed its Attempt."""
 
     def __init__(self, attempts: dict[str, Attempt]):
         self.attempts = attempts  # attempt flow id -> Attempt (the driver adds them)
@@ -356,12 +356,15 @@ class AttemptHooks:
             ctype = flow.response.headers.get("content-type", "")
             attempt.on_responseheaders(200 <= flow.response.status_code < 300 and "text/event-stream" in ctype)
 
-    async def response(self, flow: http.HTTPFlow) -> None:
+    def response(self, flow: http.HTTPFlow):
+        """(An awaitable for an attempt's own flow only: any other flow's hook needs no coroutine.)"""
         attempt = self.attempts.pop(flow.id, None)
         if attempt is not None and not attempt.direct:
-            await attempt.on_response()
+            return attempt.on_response()
+        return None
 
-    async def error(self, flow: http.HTTPFlow) -> None:
+    def error(self, flow: http.HTTPFlow):
         attempt = self.attempts.pop(flow.id, None)
         if attempt is not None and not attempt.direct:
-            await attempt.on_error()
+            return attempt.on_error()
+        return None

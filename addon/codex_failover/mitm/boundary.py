@@ -1,4 +1,4 @@
-"""The client boundary's shell: a nested addon that tells the request hook which requests are the
+"""The client boundary's shell: a part of the addon (parts.py) that tells the request hook which requests are the
 user's own programs' and may be lent the pool. The rules are core/client_boundary.py's; this reads
 /proc/net/tcp and /proc/net/tcp6 (once per client connection), keeps the rule in force for the
 options, and forgets a refused key the upstream served after all. docs/machine-proxy.md, "Who may

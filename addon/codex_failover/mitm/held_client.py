@@ -169,7 +169,7 @@ def _prepend(first: bytes, body):
 
 
 class RelayHops:
-    """A nested addon of FailoverAddon: a held client flow's answer is streamed live, its start kept
+    """A part of FailoverAddon (parts.py): a held client flow's answer is streamed live, its start kept
     for mitmweb; through the relay, the real (redacted) request is shown again once it ends."""
 
     def __init__(self):

@@ -1,6 +1,6 @@
 """Codex's usage question (`GET …/wham/usage`, `…/api/codex/usage`) when its own account is limited:
 answered with the usage of the pooled credential its next turn would be placed on, asked with that
-credential's own token (core/usage_view.py decides). A nested addon of FailoverAddon; the own
+credential's own token (core/usage_view.py decides). A part of FailoverAddon (parts.py); the own
 account's answer passes as it is whenever that account can send."""
 
 from __future__ import annotations
@@ -47,10 +47,14 @@ class UsageAnswer:
     def error(self, flow: http.HTTPFlow) -> None:
         self._asking.pop(flow.id, None)
 
-    async def response(self, flow: http.HTTPFlow) -> None:
+    def response(self, flow: http.HTTPFlow):
+        """(An awaitable for a usage answer it waits for only: any other flow's hook needs no coroutine.)"""
         own = self._asking.pop(flow.id, None)
         if own is None or flow.response is None:
-            return
+            return None
+        return self._answered(flow, own)
+
+    async def _answered(self, flow: http.HTTPFlow, own: AuthMaterial) -> None:
         req, owner = flow.request, self.owner
         pool, health = owner.pool, owner.health
         pooled_own = next((c for c in pool.credentials if c.auth.fingerprint == own.fingerprint), None)
