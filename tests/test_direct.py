@@ -4,6 +4,7 @@ queues and hands on in each mode, the bound on what it holds, and what its recor
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from mitmproxy import http
@@ -11,7 +12,7 @@ from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.test import tflow
 
 from codex_failover.mitm import bounded_body, held_layer
-from codex_failover.mitm.attempt import PLACEHOLDER, copy_request
+from codex_failover.mitm.attempt import PLACEHOLDER, copy_request, hide_secrets
 from codex_failover.mitm.direct import DirectAttempt, Mode
 
 
@@ -46,7 +47,8 @@ def make(hop: Hop) -> DirectAttempt:
     flow = tflow.tflow()
     flow.request.headers["authorization"] = "Bearer sk-the-clients-own"
     original = copy_request(flow.request)
-    return DirectAttempt(flow, copy_request(flow.request), "r1#1", 1, hop, original)
+    hide_secrets(flow.request)  # as the run does before its first attempt
+    return DirectAttempt(flow, "r1#1", 1, hop, original)
 
 
 def run_with_master(go) -> None:
@@ -354,3 +356,65 @@ def test_moments_that_come_while_a_hook_waits_are_taken_in_order_after_it():
                 await asyncio.sleep(0)
     asyncio.run(go())
     assert seen == ["requestheaders", "request", "responseheaders", "error"]
+
+
+def test_a_losers_record_is_settled_into_copies_of_its_own_and_a_served_ones_never_is():
+    """Until its record is shown, a direct attempt's flow holds the client flow's request, the stream's
+    response head and the stand-in server (a served attempt's is never shown: nothing is copied for
+    it). Shown (a loser), it gets its own request as it left (placeholders, no proxy credential, the
+    time it left), its own response (what the stream gets is not changed by the record's end), and a
+    server of its own when its head never left. The wire's secret is masked in any log either way."""
+    from codex_failover.mitm import secret_guard
+
+    def sent(attempt: DirectAttempt) -> None:
+        attempt.flow.request.headers["proxy-authorization"] = PLACEHOLDER  # what the client sent the proxy
+        attempt.start()
+        attempt.head_sent(attempt.flow.request, "upstream-conn")
+        held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=False))
+
+    async def go():
+        served = make(Hop())
+        sent(served)
+        assert served.flow.request is served.client_flow.request
+        stream_head = served.kept[0].response
+        assert served.flow.response is stream_head and served.flow.server_conn == "upstream-conn"
+        served.judge("✅", "won", None)
+        assert served.flow.request is served.client_flow.request and served.flow.response is stream_head
+
+        loser = make(Hop())
+        sent(loser)
+        stream_head = loser.kept[0].response
+        loser.judge("❌", "lost", REJECTED)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # its hooks began: settled
+        record = loser.flow.request
+        assert record is not loser.client_flow.request and "proxy-authorization" not in record.headers
+        assert record.headers["authorization"] == PLACEHOLDER and record.timestamp_start == loser.sent_at
+        assert loser.flow.response is not stream_head and loser.flow.response.status_code == 200
+        await loser.cancel()
+        await asyncio.wait_for(loser.over.wait(), 5)
+        assert stream_head.timestamp_end is None or stream_head is not loser.flow.response
+
+        unsent = make(Hop())
+        unsent.start()
+        unsent.connect_failed("connection refused")
+        unsent.judge("🔌", "refused", "codex-failover: failed: refused")
+        await asyncio.wait_for(unsent.over.wait(), 5)
+        assert unsent.flow.server_conn is not unsent.client_flow.server_conn
+        assert unsent.flow.server_conn.address == (unsent.flow.request.host, unsent.flow.request.port)
+
+    secret_guard.install()
+    try:
+        run_with_master(go)
+        flow = tflow.tflow()
+        flow.request.headers["authorization"] = "Bearer opaque7f3e9a1c"  # no key shape: masked only if armed
+        original = copy_request(flow.request)
+        hide_secrets(flow.request)
+
+        async def armed():
+            DirectAttempt(flow, "r2#1", 1, Hop(), original).start()
+        run_with_master(armed)
+        record = logging.getLogRecordFactory()("t", logging.INFO, __file__, 1, "saw opaque7f3e9a1c", (), None)
+        assert "opaque7f3e9a1c" not in record.getMessage()
+    finally:
+        secret_guard.uninstall()

@@ -123,11 +123,12 @@ class Attempt:
 
     direct = False  # True for attempt 1 riding the client's own stream (direct.py): no hooks feed it
 
-    def __init__(self, client_flow: http.HTTPFlow, request: http.Request, label: str, n: int, warm: WarmConnections):
+    def __init__(self, client_flow: http.HTTPFlow, request: http.Request, label: str, n: int, warm: WarmConnections,
+                 server=None):
         self.warm = warm  # the engine: where the attempt's connection comes from
         # A new flow for `request`, on the client's connection (shown as its client in mitmweb); not a
         # copy of the client flow, which would copy its connections and certificates each time.
-        self.flow = http.HTTPFlow(client_flow.client_conn, server_at((request.host, request.port)))
+        self.flow = http.HTTPFlow(client_flow.client_conn, server or server_at((request.host, request.port)))
         self.flow.request = request
         self.flow.is_replay = "request"
         self.flow.metadata[ATTEMPT_TAG] = label

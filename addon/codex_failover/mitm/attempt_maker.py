@@ -47,21 +47,21 @@ class AttemptMaker:
     def make(self, cand: Candidate, n: int, ep: Endpoint | None = None) -> Attempt:
         """Attempt `n` on `cand` (through `ep`). The first one, on the client's own credential, direct,
         to the client's own URL with its own body, rides the client's stream (direct.py)."""
-        req = copy_request(self.original)
-        if cand.base_url:
-            req.url = cand.base_url + (COMPACT if self.original.path.split("?", 1)[0].endswith(COMPACT) else "/responses")
-        if cand.auth is not None:
-            swap_credential(req.headers, cand.auth, moved=not cand.is_client)
         content = self._body_for(cand)
-        if content is not None:
-            req.content = content
-        direct = (n == 1 and cand.is_client and ep is None and not cand.base_url and content is None
-                  and PIN_HEADER not in self.original.headers and self.run.client.can_go_direct)
-        req.headers.pop(PIN_HEADER, None)
         label = f"{self.run.request_id}#{n}"
-        if direct:
-            attempt: Attempt = DirectAttempt(self.run.flow, req, label, n, self.run.client.hop, self.original)
+        if (n == 1 and cand.is_client and ep is None and not cand.base_url and content is None
+                and PIN_HEADER not in self.original.headers and self.run.client.can_go_direct):
+            # The client's own request as it came: the wire gets it, the client's flow shows it.
+            attempt: Attempt = DirectAttempt(self.run.flow, label, n, self.run.client.hop, self.original)
         else:
+            req = copy_request(self.original)
+            if cand.base_url:
+                req.url = cand.base_url + (COMPACT if self.original.path.split("?", 1)[0].endswith(COMPACT) else "/responses")
+            if cand.auth is not None:
+                swap_credential(req.headers, cand.auth, moved=not cand.is_client)
+            if content is not None:
+                req.content = content
+            req.headers.pop(PIN_HEADER, None)
             attempt = self.shared.engine.attempt(self.run.flow, req, label, n)
         attempt.dial_timeout = self.pool.policy.connect_timeout
         attempt.account = cand.key

@@ -23,7 +23,7 @@ one that left and its answer is the one this attempt received, so it gets the at
 nothing is shown twice. When it does not (failed over, retried, timed out, cancelled), its flow
 (`self.flow`, a record never run by the layers) gets the hooks an attempt gets once the verdict is
 in (requestheaders, request, responseheaders, then error or response once it ended), so mitmweb shows
-it and `-w` saves it as it shows every other attempt (`RecordHooks`).
+it and `-w` saves it as it shows every other attempt (record_hooks.py).
 """
 
 from __future__ import annotations
@@ -34,11 +34,13 @@ import enum
 import logging
 import time
 
-from mitmproxy import flow as mitmflow, hooks, http
+from mitmproxy import flow as mitmflow, http
 
 from . import bounded_body
-from .attempt import Attempt, Item, copy_request
-from .hook_chain import run_hook
+from .attempt import Attempt, Item, copy_request, hide_secrets, secrets_in
+from .record_hooks import RecordHooks, Signal
+from .secret_guard import arming
+from .warm_conn import server_at
 
 log = logging.getLogger("codex_failover")
 
@@ -59,13 +61,17 @@ class DirectAttempt(Attempt):
 
     direct = True
 
-    def __init__(self, client_flow: http.HTTPFlow, request: http.Request, label: str, n: int, hop,
-                 original: http.Request):
-        super().__init__(client_flow, request, label, n, None)  # type: ignore[arg-type]
+    def __init__(self, client_flow: http.HTTPFlow, label: str, n: int, hop, original: http.Request):
+        # Its record shows the client's own request and (until it is shown: `settle`) its stand-in server:
+        # a served attempt's record is never shown, and copies made for it would be thrown away.
+        super().__init__(client_flow, client_flow.request, label, n, None,  # type: ignore[arg-type]
+                         server=client_flow.server_conn)
         self.hop, self.original = hop, original  # the client's request as it came: the wire's secrets
         self.client_flow = client_flow
         self.served = False  # the run committed it: the client's flow is its record (`judge`)
         self.registry: dict | None = None  # the attempts by flow id it is registered in (the run's)
+        self.sent_at: float | None = None  # when its head was written
+        self._own_response = False  # its record holds a response of its own (not the stream's)
         self.mode = HOLDING
         self.server = None  # the upstream connection mitmproxy gave the stream
         self.kept: list = []  # the response events held for the stream
@@ -75,8 +81,8 @@ class DirectAttempt(Attempt):
         self.live_feed = None  # after a release: each chunk to the committed machine (None: the end)
         self._live = bytearray()  # released chunks not yet shown to it
         self.record = RecordHooks(self)  # the record flow's hooks, as it moves
-        self.ended = _Signal(self)  # its response ended, failed or was stopped
-        self.judged = _Signal(self)  # the run's verdict is on the record (Attempt.judge)
+        self.ended = Signal(self.record)  # its response ended, failed or was stopped
+        self.judged = Signal(self.record)  # the run's verdict is on the record (Attempt.judge)
 
     # -- the run's side ---------------------------------------------------------------------
 
@@ -165,15 +171,36 @@ class DirectAttempt(Attempt):
         wire.pop("proxy-authorization", None)
         return wire
 
-    def head_sent(self, request: http.Request, server) -> None:
-        """Its head was written on `server`: the record shows the request as it left."""
-        record = copy_request(request)
-        record.headers.pop("proxy-authorization", None)  # never sent (wire_headers)
-        record.timestamp_start = record.timestamp_end = time.time()
-        self.flow.request, self.flow.server_conn, self.server = record, server, server
+    def _hide_secrets(self) -> None:
+        """The wire's secret values are the client's own (its request as it came); they are masked in
+        any log, and the request its record shows (the client flow's) holds placeholders."""
+        headers = self.original.headers
+        for name in secrets_in(headers):
+            self._wire[name] = headers.get_all(name)
+        arming(v for values in self._wire.values() for v in values)
         self.redact()
+
+    def head_sent(self, request: http.Request, server) -> None:
+        """Its head was written on `server` (`request`: the client flow's, which its record shows)."""
+        self.sent_at = time.time()
+        self.flow.server_conn = self.server = server
         self.sent = self.connected = True
         self.record.moved()
+
+    def settle(self) -> None:
+        """Its record is to be shown (it did not serve): a request and a response of its own, copies of
+        what left (without the proxy's credential, never sent: `wire_headers`) and of what came, and a
+        server connection of its own if its head never left."""
+        record = copy_request(self.flow.request)
+        record.headers.pop("proxy-authorization", None)
+        if self.sent_at is not None:
+            record.timestamp_start = record.timestamp_end = self.sent_at
+        hide_secrets(record)
+        self.flow.request = record
+        if self.server is None:
+            self.flow.server_conn = server_at((record.host, record.port))
+        if self.flow.response is not None and not self._own_response:
+            self.flow.response, self._own_response = copy_request(self.flow.response), True
 
     def connect_failed(self, err: str) -> None:
         if self.ended.is_set():  # stopped already (its record may have had its final hook)
@@ -208,10 +235,12 @@ class DirectAttempt(Attempt):
         return True
 
     def on_head(self, response: http.Response, end_stream: bool) -> None:
-        response = self.flow.response = copy_request(response)  # the record's own (the stream gets this one)
         ctype = response.headers.get("content-type", "")
         self.streaming = 200 <= response.status_code < 300 and "text/event-stream" in ctype
-        self.redact()
+        # A body read whole is kept on the record's own copy; a stream's head is the stream's until the
+        # record is shown (`settle`: a served attempt's is never copied).
+        self._own_response = not self.streaming
+        self.flow.response = response if self.streaming else copy_request(response)
         self.queue.put_nowait(Item("head"))
         self.record.moved()
         if end_stream:
@@ -258,119 +287,3 @@ class DirectAttempt(Attempt):
             self.live_feed(data)
         except Exception:  # noqa: BLE001 - the bookkeeping of a stream never breaks the stream
             log.exception("codex-failover: a committed stream's bookkeeping failed")
-
-
-class RecordHooks:
-    """The record flow's hooks, in an attempt's order, once the verdict says it did not serve (a served
-    attempt's record is the client's own flow: no hook, docs/architecture.md#the-direct-attempt). Each
-    moment after the verdict (judged, ended) asks for one loop callback (never in the middle of the
-    layers' or the run's step that got there), which runs whatever hooks are due, in an eager task (a
-    hook that does not wait needs no loop turn). No timer waits for the verdict: a run that ends gives
-    its attempt one if it had none (`request_run.start_run`), and a cancel does."""
-
-    def __init__(self, attempt: DirectAttempt):
-        self.attempt = attempt
-        self.started = False  # the attempt started (DirectAttempt.start): its record shows no secret
-        self.stage = SENT_HOOKS  # the hooks run so far (`_due`)
-        self._step_due = self._hooking = False  # a callback asked for / hooks running now
-        self._task: asyncio.Task | None = None  # the hooks running now (a task the loop holds only weakly)
-
-    def moved(self) -> None:
-        """Something happened: the due hooks run at the loop's next turn. Not before the attempt started
-        (its record holds the real credentials until then), nor without a running loop (a verdict given
-        from synchronous code: the next moment on the loop picks it up)."""
-        if self._step_due or self.stage >= DONE or not self.started:
-            return
-        attempt = self.attempt
-        if self.stage == SENT_HOOKS and not self._hooking:
-            if attempt.served:  # nothing to show: the client's flow is its record
-                return self._finish()
-            if not attempt.judged.is_set():
-                return  # nothing is due before the verdict
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self._step_due = True
-        loop.call_soon(self._step)
-
-    def _step(self) -> None:
-        self._step_due = False
-        if not self._hooking:  # (else the hooks running now see it after the one they await)
-            self._task = asyncio.Task(self._hooks(), loop=asyncio.get_running_loop(), eager_start=True)
-
-    async def _hooks(self) -> None:
-        self._hooking = True
-        try:
-            while (hook := self._due()) is not None:
-                await run_hook(hook)
-        except BaseException:
-            self.stage = DONE
-            self.attempt.over.set()
-            raise
-        finally:
-            self._hooking = False
-
-    def _due(self) -> hooks.Hook | None:
-        """The record's next hook, once what it follows happened (None: not yet, or none left)."""
-        attempt = self.attempt
-        ended, flow = attempt.ended.is_set(), attempt.flow
-        if self.stage == SENT_HOOKS:
-            if attempt.served:
-                self._finish()
-                return None
-            if not attempt.judged.is_set():  # shown once the verdict says how it ended
-                return None
-            if not (attempt.sent or ended):
-                return None
-            self.stage = REQUEST_HOOK
-            return hooks.all_hooks["requestheaders"](flow)
-        if self.stage == REQUEST_HOOK:
-            self.stage = HEAD_HOOK
-            return hooks.all_hooks["request"](flow)
-        if self.stage == HEAD_HOOK:
-            if flow.response is None and not ended:
-                return None
-            self.stage = END_WAIT
-            if flow.response is not None:
-                return hooks.all_hooks["responseheaders"](flow)
-        if self.stage == END_WAIT:
-            if not ended:
-                return None
-            attempt._keep_capture()
-            if flow.response is not None and flow.response.timestamp_end is None:
-                flow.response.timestamp_end = time.time()
-            self.stage = FINAL_HOOK
-            if attempt.verdict_error is not None or flow.error is not None:
-                flow.error = mitmflow.Error(attempt.verdict_error or flow.error.msg)
-                return hooks.all_hooks["error"](flow)
-            return hooks.all_hooks["response"](flow)
-        if self.stage == FINAL_HOOK:
-            self.stage = DONE
-            attempt.over.set()
-        return None
-
-    def _finish(self) -> None:
-        """A served attempt's record: no hook (the client's flow shows it); the attempt is over."""
-        self.stage = DONE
-        attempt = self.attempt
-        attempt.over.set()
-        if attempt.registry is not None:
-            attempt.registry.pop(attempt.flow.id, None)
-
-
-# RecordHooks' stages: before requestheaders (waiting for the verdict), request, responseheaders, waiting
-# for the end, the final hook running, all done.
-SENT_HOOKS, REQUEST_HOOK, HEAD_HOOK, END_WAIT, FINAL_HOOK, DONE = range(6)
-
-
-class _Signal(asyncio.Event):
-    """`ended` and `judged`: also move the record's hooks on."""
-
-    def __init__(self, attempt: DirectAttempt):
-        super().__init__()
-        self._record = attempt.record
-
-    def set(self) -> None:
-        super().set()
-        self._record.moved()

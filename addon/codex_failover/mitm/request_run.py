@@ -182,7 +182,7 @@ class RequestRun:
         attempt.on_sent = self.dispatched.set
         attempt.endpoint = ep
         self.shared.attempts[attempt.flow.id] = attempt
-        if getattr(attempt, "direct", False):  # a served one has no final hook to take it out (direct.RecordHooks)
+        if getattr(attempt, "direct", False):  # a served one has no final hook to take it out (record_hooks.py)
             attempt.registry = self.shared.attempts
         self.current, self.whole, self.recorded = attempt, None, False
         state = machine.attempt
