@@ -36,6 +36,17 @@ def test_client_access(address, extra, allowed):
     assert ClientAccess(parse_networks(extra)).allows(address) is allowed
 
 
+def test_client_access_asked_again_answers_the_same_and_remembers_a_bounded_number():
+    from codex_failover.core import client_access
+    access = ClientAccess(parse_networks(["10.0.0.0/8"]))
+    for _ in range(2):  # the second time from what it remembered
+        assert [access.allows(a) for a in ("127.0.0.1", "10.1.2.3", "192.168.1.1", "junk", "", None)] == \
+            [True, True, False, False, False, False]
+    for i in range(client_access._REMEMBERED * 3):
+        access.allows(f"192.168.{i // 250}.{i % 250}")
+    assert len(access._answers) <= client_access._REMEMBERED and access.allows("10.9.9.9")
+
+
 def test_client_networks_accept_commas_and_reject_garbage():
     assert [str(n) for n in parse_networks(["10.0.0.5, 192.168.1.0/24", ""])] == ["10.0.0.5/32", "192.168.1.0/24"]
     with pytest.raises(ClientAccessError, match="failover_clients: 'example.com' is not an IP address or CIDR"):

@@ -5,6 +5,7 @@ runs through a real `mitmweb -s addon/failover.py`; headless Chromium (Playwrigh
 `/usr/bin/chromium`, never a downloaded browser) opens mitmweb's UI and reads it as a person would: the
 flow list, the marks, each attempt's Response, Error and Comment tabs, the client flow's story, and the
 headers. docs/mitmweb.md walks through the same views. The API's view is tests/test_e2e_saved_flows.py.
+A second mitmweb serves one request from its own credential: one flow, the client's, marked served.
 
 The marks must be drawn as colour emoji, not as empty boxes: see `assert_drawn_as_colour_emoji`.
 
@@ -359,3 +360,49 @@ def save_screenshot(page, tmp_path: Path) -> None:
     page.screenshot(path=str(shot))
     if os.environ.get("CODEX_FAILOVER_UPDATE_SCREENSHOT") == "1":
         DOCS_SCREENSHOT.write_bytes(shot.read_bytes())
+
+
+HEALTHY_KEY = "sk-proj-CLIENTSECRET3-good"
+
+
+@pytest.fixture(scope="module")
+def healthy_web(tmp_path_factory, sync_api):
+    """mitmweb after one request its own credential served (attempt 1, direct)."""
+    tmp = tmp_path_factory.mktemp("mitmweb-healthy")
+    fake = FakeUpstreamProcess(tmp)
+    try:
+        text, env = pool_yaml(fake.base, [("spare", SPARE_KEY)])
+        web = MitmwebProcess(tmp, text, env)
+        try:
+            reply = post_responses(web.port, f"{fake.base}/v1/responses", HEALTHY_KEY)
+            assert reply.status == 200 and reply.events()[-1]["type"] == "response.completed", reply.body[-500:]
+            yield web
+        finally:
+            web.stop()
+    finally:
+        fake.stop()
+
+
+def test_a_request_its_first_attempt_served_is_one_flow_the_clients_marked_served(browser, healthy_web, tmp_path):
+    """No second flow repeats the exchange: the client's flow carried attempt 1 (docs/mitmweb.md)."""
+    context = browser.new_context(viewport=VIEWPORT, device_scale_factor=1)
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    try:
+        page.goto(healthy_web.url)
+        expect(rows(page)).to_have_count(1)
+        expect(client_row(page)).to_have_count(1)
+        expect(row_marked(page, SERVED)).to_have_count(1)
+        assert_drawn_as_colour_emoji(page, SERVED)
+        client_row(page).click()
+        expect(tab(page, "Error")).to_have_count(0)
+        open_tab(page, "Comment")
+        lines = comment(page).text_content().splitlines()
+        assert any(re.fullmatch(r"• [0-9a-z]{4}-r\d+ attempt 1: client via direct: commit \(output\), HTTP 200, \d+ ms",
+                                line) for line in lines), lines
+        open_tab(page, "Response")
+        expect(detail(page).locator(".contentview pre")).to_contain_text("response.completed")
+        assert HEALTHY_KEY not in page.content()
+        page.screenshot(path=str(tmp_path / "mitmweb-healthy.png"))
+    finally:
+        context.close()

@@ -33,12 +33,26 @@ def parse_networks(items: Iterable[str]) -> tuple[_Network, ...]:
     return tuple(out)
 
 
+_REMEMBERED = 256  # addresses whose answer is kept (a machine's clients are a few; a flood starts afresh)
+
+
 class ClientAccess:
     def __init__(self, extra: Iterable[_Network] = ()):
         self.extra = tuple(extra)
+        self._answers: dict[str, bool] = {}  # address -> allowed (each model request asks: parsing it costs 5-10 us)
 
     def allows(self, address: str | None) -> bool:
         """Is a client at `address` (its peer IP as a string) allowed? Unknown addresses are not."""
+        if address is None:
+            return False
+        answer = self._answers.get(address)
+        if answer is None:
+            if len(self._answers) >= _REMEMBERED:
+                self._answers.clear()
+            answer = self._answers[address] = self._allows(address)
+        return answer
+
+    def _allows(self, address: str) -> bool:
         ip = _ip(address)
         if ip is None:
             return False

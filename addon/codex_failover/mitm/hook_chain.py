@@ -106,8 +106,8 @@ async def trigger(manager, hook: Hook, args: list | None = None) -> None:
                     if result is not None and inspect.isawaitable(result):
                         await result
                     continue
-            elif not func and not _implements(addon, name):  # no coroutine, no generator: nothing to call
-                continue
+            # An addon tree (mitmdump's script loader, whose scripts hold this addon) is walked once: it
+            # implements a request's hooks, and a walk to find out first was a second walk.
             for func in _handlers(addon, name):
                 result = func(*args)
                 if result is not None and inspect.isawaitable(result):
