@@ -204,18 +204,31 @@ def test_a_served_attempt_has_no_hook_of_its_own_and_marks_the_clients_flow():
             attempt.head_sent(attempt.flow.request, None)
             held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=False))
             held_layer._take(attempt, http_layers.ResponseData(1, b"data: {}\n\n"))
-            held_layer._take(attempt, http_layers.ResponseEndOfMessage(1))  # ended before the verdict
             for _ in range(3):
                 await asyncio.sleep(0)
             assert not attempt.over.is_set()  # the verdict decides what it shows
+            attempt.release(lambda data: None)  # the commit: the stream gets its head and bytes
             attempt.judge("✅", "won", None)
-            assert attempt.over.is_set() and attempt.done and attempt.registry == {}
-            assert attempt.client_flow.marked == "✅" and attempt.served
+            assert attempt.over.is_set() and attempt.done and attempt.client_flow.marked == "✅" and attempt.served
+            assert attempt.registry == {attempt.flow.id: attempt}  # in flight while its stream goes on
+            held_layer._take(attempt, http_layers.ResponseEndOfMessage(1))
+            assert attempt.registry == {}
             await attempt.cancel()
             for _ in range(3):
                 await asyncio.sleep(0)
+
+            # Served through the hop (the run sent the whole answer on, recovery's heartbeat): the client's
+            # flow holds the hop's answer, not this attempt's: its own record is shown, marked served.
+            through_hop = make(Hop())
+            through_hop.start()
+            through_hop.head_sent(through_hop.flow.request, None)
+            held_layer._take(through_hop, http_layers.ResponseHeaders(1, sse_head(), end_stream=True))
+            through_hop.commit_through_hop()
+            through_hop.judge("✅", "won", None)
+            await asyncio.wait_for(through_hop.over.wait(), 5)
+            assert not through_hop.served and through_hop.client_flow.marked == ""
     asyncio.run(go())
-    assert seen == []
+    assert seen == ["requestheaders", "response"]
 
 
 def test_a_losers_record_gets_an_attempts_hooks_in_order_once_its_verdict_is_in():
@@ -378,12 +391,14 @@ def test_a_losers_record_is_settled_into_copies_of_its_own_and_a_served_ones_nev
         assert served.flow.request is served.client_flow.request
         stream_head = served.kept[0].response
         assert served.flow.response is stream_head and served.flow.server_conn == "upstream-conn"
+        served.release(lambda data: None)
         served.judge("✅", "won", None)
         assert served.flow.request is served.client_flow.request and served.flow.response is stream_head
 
         loser = make(Hop())
         sent(loser)
         stream_head = loser.kept[0].response
+        stream_head.timestamp_end = None  # (as a streamed head arrives: its end is still to come)
         loser.judge("❌", "lost", REJECTED)
         await asyncio.sleep(0)
         await asyncio.sleep(0)  # its hooks began: settled
@@ -393,7 +408,7 @@ def test_a_losers_record_is_settled_into_copies_of_its_own_and_a_served_ones_nev
         assert loser.flow.response is not stream_head and loser.flow.response.status_code == 200
         await loser.cancel()
         await asyncio.wait_for(loser.over.wait(), 5)
-        assert stream_head.timestamp_end is None or stream_head is not loser.flow.response
+        assert stream_head.timestamp_end is None and loser.flow.response.timestamp_end is not None
 
         unsent = make(Hop())
         unsent.start()
@@ -418,3 +433,22 @@ def test_a_losers_record_is_settled_into_copies_of_its_own_and_a_served_ones_nev
         assert "opaque7f3e9a1c" not in record.getMessage()
     finally:
         secret_guard.uninstall()
+
+
+def test_a_verdict_that_serves_after_the_record_began_to_show_leaves_that_record_as_it_is_shown():
+    """Recovery: attempt 1 was recorded retried (its record shown), then delivered after all: the
+    exchange stays shown once, in its own record; the client's flow is not marked as its record."""
+    async def go():
+        attempt = make(Hop())
+        attempt.start()
+        attempt.head_sent(attempt.flow.request, None)
+        held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=False))
+        attempt.judge("🔄", "retried", "codex-failover: retried: no terminal event")
+        for _ in range(3):
+            await asyncio.sleep(0)
+        attempt.release(lambda data: None)
+        attempt.judge("✅", "delivered", None)
+        assert not attempt.served and attempt.client_flow.marked == ""
+        held_layer._take(attempt, http_layers.ResponseEndOfMessage(1))
+        await asyncio.wait_for(attempt.over.wait(), 5)
+    run_with_master(go)

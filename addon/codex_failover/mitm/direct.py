@@ -38,7 +38,7 @@ from mitmproxy import flow as mitmflow, http
 
 from . import bounded_body
 from .attempt import Attempt, Item, copy_request, hide_secrets, secrets_in
-from .record_hooks import RecordHooks, Signal
+from .record_hooks import SENT_HOOKS, RecordHooks, Signal
 from .secret_guard import arming
 from .warm_conn import server_at
 
@@ -99,6 +99,8 @@ class DirectAttempt(Attempt):
     async def cancel(self, timeout: float = 5.0) -> None:
         """Hand the stream to its hop (the next answer comes from there); the upstream stream is reset
         unless the whole response is in. A released winner is mitmproxy's stream: nothing to do."""
+        if not self.record.started and self.registry is not None:  # never started: no hook will take it out
+            self.registry.pop(self.flow.id, None)
         self.judged.set()
         if self.mode in (RELEASED, DROPPED):
             return
@@ -117,10 +119,15 @@ class DirectAttempt(Attempt):
             self.ended.set()
 
     def judge(self, mark: str, comment: str, error: str | None) -> None:
-        """The verdict; a served one marks the client's flow, which is this attempt's record then."""
-        if error is None:
+        """The verdict. Served on the client's own stream (released: the stream got this attempt's head
+        and bytes), it marks the client's flow, which is its record then. Answered through the hop
+        (recovery's heartbeat; a whole answer the run sends on) or given once its record began to show,
+        it keeps a record of its own. A loser's response is its own from here: the stream's stays as it is."""
+        if error is None and self.mode is RELEASED and self.record.stage == SENT_HOOKS:
             self.served = True
             self.client_flow.marked = mark
+        elif error is not None and self.flow.response is not None and not self._own_response:
+            self.flow.response, self._own_response = copy_request(self.flow.response), True
         super().judge(mark, comment, error)
 
     def release(self, live_feed) -> list:
@@ -197,7 +204,7 @@ class DirectAttempt(Attempt):
             record.timestamp_start = record.timestamp_end = self.sent_at
         hide_secrets(record)
         self.flow.request = record
-        if self.server is None:
+        if not self.sent:  # (until then it shows the client's stand-in)
             self.flow.server_conn = server_at((record.host, record.port))
         if self.flow.response is not None and not self._own_response:
             self.flow.response, self._own_response = copy_request(self.flow.response), True

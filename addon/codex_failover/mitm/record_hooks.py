@@ -39,9 +39,13 @@ class RecordHooks:
         """Something happened: the due hooks run at the loop's next turn. Not before the attempt started
         (its record holds the real credentials until then), nor without a running loop (a verdict given
         from synchronous code: the next moment on the loop picks it up)."""
-        if self._step_due or self.stage >= DONE or not self.started:
-            return
         attempt = self.attempt
+        if self.stage >= DONE:
+            if attempt.ended.is_set() and attempt.registry is not None:  # a served one: in flight until it ended
+                attempt.registry.pop(attempt.flow.id, None)
+            return
+        if self._step_due or not self.started:
+            return
         if self.stage == SENT_HOOKS and not self._hooking:
             if attempt.served:  # nothing to show: the client's flow is its record
                 return self._finish()
@@ -112,12 +116,11 @@ class RecordHooks:
         return None
 
     def _finish(self) -> None:
-        """A served attempt's record: no hook (the client's flow shows it); the attempt is over."""
+        """A served attempt's record: no hook (the client's flow shows it); out of the attempts in flight
+        once its stream ended (`moved`)."""
         self.stage = DONE
-        attempt = self.attempt
-        attempt.over.set()
-        if attempt.registry is not None:
-            attempt.registry.pop(attempt.flow.id, None)
+        self.attempt.over.set()
+        self.moved()
 
 
 # RecordHooks' stages: before requestheaders (waiting for the verdict), request, responseheaders, waiting

@@ -308,12 +308,14 @@ def start_run(run: RequestRun, on_done) -> asyncio.Task:
     run.task = asyncio.get_running_loop().create_task(_guarded(run))
 
     def ended(_task) -> None:
-        run.dispatched.set()
-        if run.current is not None:  # a verdict, if it had none (a bug): its record is shown, never kept waiting
-            run.current.judged.set()
-        if not run.client.answered:  # the client left, or a bug: the relay hop must end too
-            run.client.internal_error("the request ended without an answer")
-        on_done(run)
+        try:
+            run.dispatched.set()
+            if run.current is not None:  # a verdict, if it had none (a bug): its record is shown, never kept waiting
+                run.current.judged.set()
+            if not run.client.answered:  # the client left, or a bug: the relay hop must end too
+                run.client.internal_error("the request ended without an answer")
+        finally:
+            on_done(run)  # the held count and the task set, whatever happened above
 
     run.task.add_done_callback(ended)
     return run.task
