@@ -71,16 +71,15 @@ def sync_api():
     return _playwright_or_skip()
 
 
-@pytest.fixture(scope="module")
-def mitmweb(tmp_path_factory, sync_api):
-    """mitmweb after one failover: three flows, the client's and two attempts."""
-    tmp = tmp_path_factory.mktemp("mitmweb-browser")
+@contextlib.contextmanager
+def mitmweb_after_one_request(tmp: Path, client_key: str):
+    """A mitmweb (with "spare" in its pool) that served one Codex request on `client_key`."""
     fake = FakeUpstreamProcess(tmp)
     try:
         text, env = pool_yaml(fake.base, [("spare", SPARE_KEY)])
         web = MitmwebProcess(tmp, text, env)
         try:
-            reply = post_responses(web.port, f"{fake.base}/v1/responses", CLIENT_KEY)
+            reply = post_responses(web.port, f"{fake.base}/v1/responses", client_key)
             assert reply.status == 200, reply.body[-500:]
             assert reply.events()[-1]["type"] == "response.completed", reply.body[-500:]
             yield web
@@ -88,6 +87,13 @@ def mitmweb(tmp_path_factory, sync_api):
             web.stop()
     finally:
         fake.stop()
+
+
+@pytest.fixture(scope="module")
+def mitmweb(tmp_path_factory, sync_api):
+    """mitmweb after one failover: three flows, the client's and two attempts."""
+    with mitmweb_after_one_request(tmp_path_factory.mktemp("mitmweb-browser"), CLIENT_KEY) as web:
+        yield web
 
 
 @pytest.fixture(scope="module")
@@ -368,19 +374,8 @@ HEALTHY_KEY = "sk-proj-CLIENTSECRET3-good"
 @pytest.fixture(scope="module")
 def healthy_web(tmp_path_factory, sync_api):
     """mitmweb after one request its own credential served (attempt 1, direct)."""
-    tmp = tmp_path_factory.mktemp("mitmweb-healthy")
-    fake = FakeUpstreamProcess(tmp)
-    try:
-        text, env = pool_yaml(fake.base, [("spare", SPARE_KEY)])
-        web = MitmwebProcess(tmp, text, env)
-        try:
-            reply = post_responses(web.port, f"{fake.base}/v1/responses", HEALTHY_KEY)
-            assert reply.status == 200 and reply.events()[-1]["type"] == "response.completed", reply.body[-500:]
-            yield web
-        finally:
-            web.stop()
-    finally:
-        fake.stop()
+    with mitmweb_after_one_request(tmp_path_factory.mktemp("mitmweb-healthy"), HEALTHY_KEY) as web:
+        yield web
 
 
 def test_a_request_its_first_attempt_served_is_one_flow_the_clients_marked_served(browser, healthy_web, tmp_path):

@@ -18,9 +18,10 @@ response event that reaches the stream from that connection is handed here first
   are dropped (the hop streams them);
 - dropped (a failover, a timeout, the client gone): the stream is handed to its hop, which answers
   with whatever the run decides next; the upstream stream is reset (HTTP/1.1: its connection closed).
-When it serves (the run commits it), the client's own flow is its record: that flow's request is the
-one that left and its answer is the one this attempt received, so it gets the attempt's mark and
-nothing is shown twice. When it does not (failed over, retried, timed out, cancelled), its flow
+When it serves on the client's stream (the run commits it: released), the client's own flow is its
+record: that flow's request is the one that left and its answer the one this attempt received, so it
+gets the attempt's mark and nothing is shown twice (`judge`). Otherwise (failed over, retried, timed
+out, cancelled, or answered through the hop), its flow
 (`self.flow`, a record never run by the layers) gets the hooks an attempt gets once the verdict is
 in (requestheaders, request, responseheaders, then error or response once it ended), so mitmweb shows
 it and `-w` saves it as it shows every other attempt (record_hooks.py).
