@@ -157,7 +157,6 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
     # Synchronous: a script reload calls them outside the loop's await chain (architecture.md#hooks-and-tasks).
     def running(self) -> None:
         self._running = True
-        self.boundary.running()
         self._open_state()
         self._serve_metrics()
         self._spawn(self.relay.start())
@@ -168,6 +167,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
             if not is_loopback_host(host):
                 log.warning("codex-failover: listening on %s; the pool and the status page serve %s",
                             host or "every interface", self.clients.describe())
+        self.boundary.running()  # a part's, after the addon's own (as mitmproxy ran a nested addon's)
 
     def done(self) -> None:
         # Before mitmproxy's Save writes the flows still in flight (it comes after scripts).
