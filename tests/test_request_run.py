@@ -284,6 +284,60 @@ def test_a_recovery_slot_goes_back_when_the_driver_raises_while_buffering(tmp_pa
     assert shared.recovery_slots.used == 0, "a slot lost is lost for the whole process"
 
 
+def test_a_run_that_ends_without_a_verdict_gives_its_attempt_one_and_its_bookkeeping_runs(tmp_path, monkeypatch):
+    """A bug mid-attempt: the attempt's record must not wait for a verdict that never comes (it waits
+    on no timer), and the run's done bookkeeping runs even when answering the client fails too."""
+    from codex_failover.mitm.request_run import start_run
+
+    chunks = sse_answer("client")
+    run, _, _ = make_run(tmp_path, monkeypatch, [[("head", 200, SSE), ("chunks", chunks[:9])]], RECOVERY_POOL)
+    real_next = ScriptedAttempt.next
+
+    async def exploding(self, timeout):
+        item = await real_next(self, min(timeout or 0.05, 0.05))
+        if item is None:
+            raise RuntimeError("a bug while buffering")
+        return item
+
+    def failing_answer(why):
+        raise RuntimeError("and answering failed too")
+
+    monkeypatch.setattr(ScriptedAttempt, "next", exploding)
+    done: list = []
+
+    async def go():
+        task = start_run(run, done.append)
+        monkeypatch.setattr(run.client, "internal_error", failing_answer)
+        with pytest.raises(RuntimeError):
+            await asyncio.wait_for(task, 10)
+        await asyncio.sleep(0)  # its done callback
+    asyncio.run(go())
+    assert run.current is not None and not run.log.history  # no verdict was given
+    assert done == [run]
+
+
+def test_a_direct_attempt_whose_run_ended_without_a_verdict_is_given_one(tmp_path, monkeypatch):
+    """Its record's hooks wait for a verdict on no timer (record_hooks.py): the run's end gives it."""
+    from codex_failover.mitm.request_run import start_run
+
+    run, _, _ = make_run(tmp_path, monkeypatch, [stream(sse_answer("client"))])
+    direct = SimpleNamespace(direct=True, judged=asyncio.Event())
+
+    async def bug():
+        run.current = direct
+        raise RuntimeError("a bug before any verdict")
+
+    monkeypatch.setattr(run, "run", bug)
+    monkeypatch.setattr(run, "hold", lambda: None)
+    monkeypatch.setattr(run.client, "internal_error", lambda why: None)
+
+    async def go():
+        await asyncio.wait_for(start_run(run, lambda _run: None), 10)
+        await asyncio.sleep(0)
+    asyncio.run(go())
+    assert direct.judged.is_set()
+
+
 def test_a_client_gone_before_its_first_output_is_recorded_so_and_homes_no_session(tmp_path, monkeypatch):
     run, _, shared = make_run(tmp_path, monkeypatch, [stream(sse_answer("client"))])
 
