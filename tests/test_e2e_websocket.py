@@ -304,7 +304,9 @@ def test_a_client_leaving_mid_hold_closes_the_upstream_socket_and_leaves_nothing
     proxy = gated(fake, [("primary", "sk-test-stall-1")])
     client = connect(proxy, fake)
     client.send_json(CREATE)
-    time.sleep(0.3)  # held: the fake stalls after response.created
+    deadline = time.monotonic() + 5  # held: the turn reached the fake, which stalls after response.created
+    while time.monotonic() < deadline and not [r for r in fake.requests() if r.get("event") == "ws_turn"]:
+        time.sleep(0.02)
     client.close(1001)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and not [r for r in fake.requests() if r.get("event") == "ws_closed"]:
