@@ -31,7 +31,7 @@ from ..core.outcomes import Rejection
 from ..core.provenance import artifacts_of_message
 from ..core.request_machine import MOVE, RECONNECT, exhausted_answer, goes_home, settle_turn
 from ..core.usage import from_event, from_headers
-from ..core.vocabulary import NO_USABLE_CREDENTIAL, Verdict
+from ..core.vocabulary import NO_USABLE_CREDENTIAL, STATE_LOST, Verdict
 from ..core.ws_turns import Step, Turn, TurnGate
 from ..mitm import client_answers
 from ..mitm.attempt import hide_secrets
@@ -253,7 +253,9 @@ class GateSession:
         if outcome == MOVE and turn is not None:
             await self._move(up, turn, rejection)
         elif outcome == RECONNECT and turn is not None:
-            self.story.note(f"turn {turn.n} rejected ({rejection.reason}) and cannot move ({turn.why_pinned}); "
+            why = "its socket does not hold the response it continues" if rejection.reason == STATE_LOST else \
+                f"cannot move ({turn.why_pinned})"
+            self.story.note(f"turn {turn.n} rejected ({rejection.reason}) and {why}; "
                        f"closing the client socket with {RECONNECT_CLOSE} so Codex reconnects with the full request")
             up.conn.close(1000)
             self.down.close(RECONNECT_CLOSE, "codex-failover: reconnect")
