@@ -190,3 +190,18 @@ def test_previous_response_not_found_after_a_move_tells_codex_to_reconnect(world
         again.close()
     assert events[-1]["type"] == "response.completed"
     assert "reason=state_lost" in proxy.log()
+
+
+def test_a_websocket_turn_for_a_model_the_account_lacks_moves_and_is_remembered(world):
+    fake, proxy = world
+    key = "sk-test-first-no-pro-model-ws"
+    client = connect(fake, proxy, key)
+    try:
+        client.send_json(create(model=PRO))
+        events = client.recv_turn(10.0)
+    finally:
+        client.close()
+    assert events[-1]["type"] == "response.completed" and f"Hello from {SPARE}" in text_of(events)
+    seen = before(fake, key)
+    assert served_by(ask(fake, proxy, key, PRO)) == SPARE  # the next request for that model skips it
+    assert before(fake, key) == seen

@@ -27,6 +27,7 @@ from mitmproxy import http
 
 from ..core.attempt_events import Scope
 from ..core.classifier import Decision
+from ..core.codex_request import model_of
 from ..core.outcomes import Rejection
 from ..core.provenance import artifacts_of_message
 from ..core.request_machine import MOVE, RECONNECT, exhausted_answer, goes_home, settle_turn
@@ -243,6 +244,7 @@ class GateSession:
         failed = decision.verdict is Verdict.FAILOVER
         rejection = _rejection(decision, step) if failed else None
         windows = from_headers(_wrapped_headers(step), self.shared.health.now()) if failed else []
+        self.scope.model = model_of(turn.body) if turn else None  # (a credential may lack the turn's model)
         outcome = settle_turn(self.scope, up.cand, rejection, windows, turn.movable if turn else None,
                               lambda: self.dialer.others_ready(up.cand.key))
         if rejection is None:
