@@ -407,6 +407,10 @@ TURNS = [
     ("outside a turn: exhausted", ws_rejection(), None, True, EXHAUSTED, {"a": "overloaded"}),
     ("a turn's usage limit cools until it resets", ws_rejection("usage_limit", 429), True, True, MOVE,
      {"a": "usage_limit"}),
+    # The socket lost the turn's state (previous_response_not_found after a move): Codex reconnects and
+    # re-sends it whole, even with nobody else ready; nothing cools.
+    ("a turn whose socket lost its state reconnects", ws_rejection("state_lost", 400), False, False, RECONNECT, {}),
+    ("the edge's refusal moves a turn and cools nothing", ws_rejection("edge_blocked", 403), True, True, MOVE, {}),
 ]
 
 

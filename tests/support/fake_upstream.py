@@ -81,6 +81,20 @@ SCENARIOS = {
     "overload-msg": "an `error` event and a response.failed carrying only the overload message (no type, no code)",
     "capacity-400": "HTTP 400 'Selected model is at capacity' with code null",
     "lb-503": "a load balancer's plain-text (HTML) 503 page",
+    "deactivated-402": "HTTP 402 {\"detail\": {\"code\": \"deactivated_workspace\"}} (the account's workspace cannot serve)",
+    "not-included-429": "HTTP 429 usage_not_included, plan_type free (the plan has no Codex)",
+    "workspace-cap-429": "HTTP 429 usage_limit_reached without resets_at, x-codex-rate-limit-reached-type: "
+                         "workspace_member_usage_limit_reached",
+    "no-pro-model": "HTTP 400 'The 'gpt-pro-fake' model is not supported when using Codex with a ChatGPT account' for "
+                    "model gpt-pro-fake (POST or WebSocket turn); any other model is answered",
+    "model-404": "HTTP 404 model_not_found",
+    "model-param-404": "HTTP 404 with no code and param: model",
+    "cf-challenge-403": "HTTP 403 Cloudflare managed challenge ('Just a moment...', cf-mitigated: challenge)",
+    "cf-blocked-403": "HTTP 403 Cloudflare block page ('Sorry, you have been blocked')",
+    "region-403": "HTTP 403 unsupported_country_region_territory",
+    "empty-403": "HTTP 403 with an empty body (also on the WebSocket upgrade)",
+    "capacity-top": "response.failed whose `error` is at the event's top level ('Selected model is at capacity')",
+    "status-code-503": "WS: an `error` carrying status_code 503 (not status) and no known code",
     "good": "a normal streamed answer (reasoning summary + text)",
     "bomb-gzip": "synchronous HTTP 503, Content-Encoding gzip: about 1 MB that decodes to 1 GiB of zeros",
     "bomb-zstd": "synchronous HTTP 503, Content-Encoding zstd: about 32 KB that decodes to 1 GiB of zeros",
@@ -305,6 +319,14 @@ def json_error(status: int, error: dict, extra: dict[str, str] | None = None) ->
     return status, {"content-type": "application/json", **(extra or {})}, json.dumps({"error": error}).encode()
 
 
+PRO_MODEL = "gpt-pro-fake"  # the model the `no-pro-model` credential's plan lacks
+
+
+def not_entitled() -> tuple[int, dict[str, str], bytes]:
+    return 400, {"content-type": "application/json"}, json.dumps(
+        {"detail": f"The '{PRO_MODEL}' model is not supported when using Codex with a ChatGPT account."}).encode()
+
+
 # Scenarios after which the connection closes anyway: a stall has read from the request side.
 KEEP_NOT = {"stall", "stall-first", "stall-headers", "stall-after-output"}
 
@@ -329,6 +351,25 @@ SYNC = {
     "lb-503": lambda: (503, {"content-type": "text/html"},
                        b"<html><head><title>503 Service Temporarily Unavailable</title></head><body>"
                        b"<center><h1>503 Service Temporarily Unavailable</h1></center><hr><center>nginx</center></body></html>"),
+    "deactivated-402": lambda: (402, {"content-type": "application/json"}, b'{"detail":{"code":"deactivated_workspace"}}'),
+    "not-included-429": lambda: json_error(429, {"type": "usage_not_included", "plan_type": "free", "message":
+                                                 "To use Codex with your ChatGPT plan, upgrade to Plus."}),
+    "workspace-cap-429": lambda: json_error(429, {"type": "usage_limit_reached", "plan_type": "team",
+                                                  "message": "The usage limit has been reached"},
+                                            {"x-codex-rate-limit-reached-type": "workspace_member_usage_limit_reached"}),
+    "model-404": lambda: json_error(404, {"type": "invalid_request_error", "code": "model_not_found", "param": None,
+                                          "message": "The model `gpt-fake` does not exist or you do not have access to it."}),
+    "model-param-404": lambda: json_error(404, {"type": "invalid_request_error", "code": None, "param": "model",
+                                                "message": "Model not available for this account."}),
+    "cf-challenge-403": lambda: (403, {"content-type": "text/html; charset=UTF-8", "cf-mitigated": "challenge"},
+                                 b"<!DOCTYPE html><html><head><title>Just a moment...</title></head><body>"
+                                 b"<noscript>Enable JavaScript and cookies to continue</noscript></body></html>"),
+    "cf-blocked-403": lambda: (403, {"content-type": "text/html"},
+                               b"<html><head><title>Attention Required! | Cloudflare</title></head><body>"
+                               b"<h1>Sorry, you have been blocked</h1></body></html>"),
+    "region-403": lambda: json_error(403, {"type": "request_forbidden", "code": "unsupported_country_region_territory",
+                                           "param": None, "message": "Country, region, or territory not supported"}),
+    "empty-403": lambda: (403, {}, b""),
     "invalid": lambda: json_error(400, {"type": "invalid_request_error", "code": "invalid_value",
                                         "message": "Invalid value for 'input'.", "param": "input"}),
     "bomb-gzip": lambda: bomb("gzip"),
@@ -457,6 +498,7 @@ class FakeUpstream:
         record["session"] = headers.get("session-id") or headers.get("session_id")
         record["proxy_authorization"] = "proxy-authorization" in headers  # must never arrive here
         record["account_headers"] = {k: headers[k] for k in ("openai-organization", "openai-project") if k in headers}
+        record["attestation"] = "x-oai-attestation" in headers  # (the Desktop app's; never its value)
         record.update(request_facts(body, headers))
         self._log(record)
         if scenario == "overload-once":
@@ -466,6 +508,11 @@ class FakeUpstream:
         if scenario == "echo-key-401":
             await write_full(writer, *echo_key(headers))
             return True
+        if scenario == "no-pro-model":
+            if record.get("model") == PRO_MODEL:
+                await write_full(writer, *not_entitled())
+                return True
+            scenario = "good"
         if scenario in SYNC:
             await write_full(writer, *SYNC[scenario]())
             return True
@@ -606,6 +653,10 @@ class FakeUpstream:
             events = [b": keepalive\n\n"] * 60 + events + turn.answer()
         elif scenario == "slow-down":
             events += [turn.failed("slow_down", "Please slow down.")]
+        elif scenario == "capacity-top":
+            events += [turn.ev("response.failed", error={"type": "server_error", "code": None, "message":
+                                                         "Selected model is at capacity. Please try a different model."},
+                               response={"id": turn.rid, "object": "response", "status": "failed", "output": [], "error": None})]
         elif scenario == "capacity":
             events += [turn.failed("server_error", "Selected model is at capacity. Please try a different model.")]
         elif scenario == "server-error":
@@ -796,6 +847,12 @@ class WsSession:
             msgs = [turn.wrapped(429, {"type": "usage_limit_reached", "message": "The usage limit has been reached",
                                        "plan_type": "plus", "resets_at": int(time.time()) + 3600, "resets_in_seconds": 3600},
                                  headers={"x-codex-primary-used-percent": "100.0"})]
+        elif scenario == "status-code-503":  # the status under another name (pi#4172, codex-lb#789)
+            msgs = [turn.created(), turn.encode({"type": "error", "status_code": 503, "error": {
+                "type": "server_error", "code": "upstream_unavailable", "message": "Service temporarily unavailable."}})]
+        elif scenario == "no-pro-model" and create.get("model") == PRO_MODEL:
+            msgs = [turn.wrapped(400, {"type": "invalid_request_error", "code": None,
+                                       "message": json.loads(not_entitled()[2])["detail"]})]
         elif scenario == "delta-overload":
             msgs = [turn.created(), turn.ev("response.output_text.delta", item_id="m", output_index=0, content_index=0,
                                             delta="Hi"), turn.wrapped(503, OVERLOADED)]
@@ -896,6 +953,7 @@ def request_facts(body: bytes, headers: dict[str, str]) -> dict:
     metadata = doc.get("client_metadata") if isinstance(doc.get("client_metadata"), dict) else {}
     return {
         "body_json": True,
+        "model": doc.get("model"),
         "previous_response_id": doc.get("previous_response_id"),
         "encrypted_reasoning": sum(1 for i in items if isinstance(i, dict) and i.get("type") == "reasoning"
                                    and i.get("encrypted_content")),

@@ -129,5 +129,6 @@ class Scope:
     client_auth: AuthMaterial | None = None
     where: str = ""  # "[r1] ", for the pool's log lines
     tell: Callable[[int, str], None] = lambda level, text: None
+    model: str | None = None  # the request's `model` (which credential lacks it: entitlement.py)
 
 

@@ -43,13 +43,14 @@ from .recovery import RECOVERABLE_STATUS
 from .routes import Endpoint
 from .rules import Rules
 from .stream_view import StreamView
-from .taxonomy import classify_response
+from .taxonomy import answer_headers, classify_response
 from .transport import classify_connection_error
 from .usage import Window, from_headers
 from .vocabulary import (
     CLIENT_GONE,
     HOST_NETWORK,
     INCOMPLETE_RESPONSE,
+    MODEL_NOT_ENTITLED,
     NO_TERMINAL,
     PRE_DISPATCH,
     RESPONSE_TIMEOUT,
@@ -100,6 +101,7 @@ class AttemptMachine:
     reported: bool = False  # the result was told to the failover loop
     status: int = 0
     retry_after: str | None = None
+    headers: Mapping[str, str] | None = None  # the answer's head (a rule may read a header)
     verdict: Decision | None = None  # the classifier's, once it decided
 
     def __post_init__(self) -> None:
@@ -171,6 +173,7 @@ class AttemptMachine:
             return self._failed_to_connect(event.message)
         assert isinstance(event, Head), f"expected the head, got {event!r}"
         self.status, self.retry_after = event.status, event.headers.get("retry-after")
+        self.headers = event.headers
         health = self.scope.feedback.health
         self._usage(from_headers(event.headers, health.now()))
         if event.streaming:
@@ -250,7 +253,7 @@ class AttemptMachine:
                                        [Record(Verdict.FAILED, INCOMPLETE_RESPONSE, None), Cancel()])
         assert isinstance(event, Whole) and event.content is not None, f"expected the whole body, got {event!r}"
         status, content = self.status, event.content
-        verdict = classify_response(status, content, self.scope.rules)
+        verdict = classify_response(status, content, self.scope.rules, answer_headers(self.headers or {}))
         recovery = self.scope.pool.recovery
         if recovery.enabled and status in RECOVERABLE_STATUS and not names_a_rejection(self.scope.rules, verdict.error):
             if verdict.verdict == Verdict.FAILOVER:  # (a 408 is the client's: nothing to learn)
@@ -330,6 +333,8 @@ class AttemptMachine:
 def learn(scope: Scope, cand: Candidate, rejection: Rejection) -> None:
     """What a rejection teaches the pool: the one rule, for HTTP attempts and WebSocket turns alike.
     It cools (or takes out) its credential only when `cools` says so; for how long is taxonomy's."""
+    if rejection.reason == MODEL_NOT_ENTITLED:
+        scope.feedback.not_entitled(cand.key, cand.name, scope.model, scope.where)
     if cools(cand, rejection):
         scope.feedback.rejected(cand.key, cand.name, rejection.reason, rejection.status, rejection.error,
                               rejection.retry_after, scope.pool.policy, scope.where)

@@ -145,8 +145,10 @@ class BootstrapClassifier:
             return (Verdict.HOLD, HOLDING, None) if self._empty_part(payload.get("part")) else (Verdict.COMMIT, OUTPUT, None)
         if kind in ("error", "response.failed"):
             error = stream_error(payload)
+            wrapped = payload.get("headers")
             klass = self.rules.rejection_class(
-                error.get("code"), error.get("type"), error.get("message"), error.get("status")
+                error.get("code"), error.get("type"), error.get("message"), error.get("status"),
+                param=error.get("param"), headers=_lower_keys(wrapped) if isinstance(wrapped, dict) else None,
             )
             if klass:
                 return Verdict.FAILOVER, klass, error
@@ -178,24 +180,37 @@ class BootstrapClassifier:
 
 
 def stream_error(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """The error object of an `error` event (nested, flat, or WebSocket-wrapped with a status)
-    or of `response.failed` (`response.error`). Always a dict; `status` kept when present."""
-    if payload.get("type") == "response.failed":
-        response = payload.get("response")
-        found = response.get("error") if isinstance(response, dict) else None
-    else:
+    """The error object of an `error` event or of `response.failed`, read where Codex reads it: under
+    `response` (`response.error`), at the event's top level (`error`), or flat (code and message on the
+    event itself, an `error` event only); a WebSocket-wrapped error's `status` or `status_code` is kept
+    as `status`. Always a dict."""
+    response = payload.get("response")
+    found = response.get("error") if isinstance(response, dict) else None
+    if not isinstance(found, dict):
         nested = payload.get("error")
-        found = nested if isinstance(nested, dict) else _flat_error(payload)
+        if isinstance(nested, dict):
+            found = nested
+        elif isinstance(nested, str):
+            found = {"message": nested}
+        elif payload.get("type") != "response.failed":
+            found = _flat_error(payload)
     error = dict(found) if isinstance(found, dict) else {}
-    status = payload.get("status")
-    if isinstance(status, int) and not isinstance(status, bool):
-        error.setdefault("status", status)
+    for name in ("status", "status_code"):
+        status = payload.get(name)
+        if isinstance(status, int) and not isinstance(status, bool):
+            error.setdefault("status", status)
+            break
     return error
 
 
 def _flat_error(payload: Mapping[str, Any]) -> dict[str, Any]:
     """A flat `error` event carries code/message at top level; its `type` is the event's."""
-    return {k: v for k, v in payload.items() if k not in ("type", "sequence_number", "status")}
+    return {k: v for k, v in payload.items() if k not in ("type", "sequence_number", "status", "status_code", "headers",
+                                                          "response")}
+
+
+def _lower_keys(headers: Mapping[Any, Any]) -> dict[str, str]:
+    return {str(k).lower(): str(v) for k, v in headers.items()}
 
 
 def _replace_release(decision: Decision, release: tuple[Event, ...]) -> Decision:

@@ -10,6 +10,7 @@ from typing import Iterable, Mapping, MutableMapping
 from urllib.parse import urlsplit
 
 from .auth import AuthMaterial
+from .replay_safety import ATTESTATION
 
 # Default endpoints; configured base URLs add to these.
 KNOWN_BASE_URLS = ("https://chatgpt.com/backend-api/codex", "https://api.openai.com/v1")
@@ -19,9 +20,10 @@ _AUTH_HEADERS = ("authorization", "chatgpt-account-id", "x-openai-fedramp")
 TURN_STATE = "x-codex-turn-state"
 # Headers that scope a request to the client's account, besides the credential itself: Codex sends
 # OpenAI-Organization / OpenAI-Project (API-key mode, from $OPENAI_ORGANIZATION / $OPENAI_PROJECT)
-# and echoes x-codex-turn-state (issued by the account that served the turn). None of them belongs
-# on another credential's attempt.
-ACCOUNT_SCOPED = ("openai-organization", "openai-project", TURN_STATE)
+# and echoes x-codex-turn-state (issued by the account that served the turn); the Desktop app and the
+# IDE extension send x-oai-attestation (their device's attestation for the signed-in account's request:
+# replay_safety.py). None of them belongs on another credential's attempt.
+ACCOUNT_SCOPED = ("openai-organization", "openai-project", TURN_STATE, ATTESTATION)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,12 @@ def parse_body(raw: bytes) -> object:
         return json.loads(raw)
     except ValueError:
         return None
+
+
+def model_of(body: object) -> str | None:
+    """A parsed request body's `model`, when it names one."""
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) and model else None
 
 
 def asks_to_stream(body: object) -> bool:

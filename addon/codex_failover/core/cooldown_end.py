@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from .health import COOLING, OUT, Health
-from .usage import Window, finite_number
+from .usage import Window, finite_number, spend_control
 from .vocabulary import USAGE_LIMIT_REASONS
 
 CONSUME_PATH = "/wham/rate-limit-reset-credits/consume"
@@ -41,31 +41,34 @@ def usage_url(base_url: str) -> str:
 
 
 def usage_windows(doc: object) -> list[Window]:
-    """The windows of a usage answer (`rate_limit.primary_window` / `secondary_window`)."""
+    """The windows of a usage answer (`rate_limit.primary_window` / `secondary_window`, and a
+    `spend_control.individual_limit`); tolerant of `"rate_limit": null` (Business accounts)."""
     limit = doc.get("rate_limit") if isinstance(doc, Mapping) else None
-    if not isinstance(limit, Mapping):
-        return []
     out = []
-    for name in ("primary", "secondary"):
-        window = limit.get(f"{name}_window")
-        if isinstance(window, Mapping) and (used := finite_number(window.get("used_percent"))) is not None:
-            out.append(Window(name, used, finite_number(window.get("reset_at"))))
-    return out
+    if isinstance(limit, Mapping):
+        for name in ("primary", "secondary"):
+            window = limit.get(f"{name}_window")
+            if isinstance(window, Mapping) and (used := finite_number(window.get("used_percent"))) is not None:
+                out.append(Window(name, used, finite_number(window.get("reset_at"))))
+    spend = spend_control(doc)[1]
+    return out + ([spend] if spend is not None else [])
 
 
 def usage_has_headroom(doc: object, full_at: float = 100.0) -> bool | None:
-    """True: the account may send again; False: still limited; None: the answer says nothing."""
+    """True: the account may send again; False: still limited; None: the answer says nothing. A
+    spend control that is `reached` (or whose individual limit is full) is a limit too."""
     limit = doc.get("rate_limit") if isinstance(doc, Mapping) else None
-    if not isinstance(limit, Mapping):
-        return None
-    if limit.get("allowed") is False or limit.get("limit_reached") is True:
+    reached, _ = spend_control(doc)
+    if reached is True:
+        return False
+    if isinstance(limit, Mapping) and (limit.get("allowed") is False or limit.get("limit_reached") is True):
         return False
     windows = usage_windows(doc)
     if any(w.used_percent >= full_at for w in windows):
         return False
-    if limit.get("allowed") is True or limit.get("limit_reached") is False or windows:
+    if isinstance(limit, Mapping) and (limit.get("allowed") is True or limit.get("limit_reached") is False):
         return True
-    return None
+    return True if windows or reached is False else None
 
 
 @dataclass

@@ -65,7 +65,7 @@ from .outcomes import (
     Wait,
     own_refusal,
 )
-from .planner import Candidate, Plan
+from .planner import NOT_ENTITLED, Candidate, Plan
 from .policy import PoolConfig
 from .pool_wait import retry_after as true_retry_after, soonest
 from .recovery import RetryBudget
@@ -80,6 +80,7 @@ from .vocabulary import (
     OVERLOADED,
     PRE_DISPATCH,
     RESPONSE_TIMEOUT,
+    ROUTE_CLASSES,
     ROUTE_DOWN,
     SERVER_ERROR_RETRYABLE,
     SLOW_DOWN,
@@ -88,7 +89,8 @@ from .vocabulary import (
 )
 
 # Rejections worth retrying on the same credential when it is the only one (with backoff).
-RETRY_SAME = frozenset({OVERLOADED, SLOW_DOWN, SERVER_ERROR_RETRYABLE, CLOSED_BEFORE_OUTPUT, UPSTREAM_5XX, NOT_PROCESSED})
+RETRY_SAME = frozenset({OVERLOADED, SLOW_DOWN, SERVER_ERROR_RETRYABLE, CLOSED_BEFORE_OUTPUT, UPSTREAM_5XX, NOT_PROCESSED,
+                        *ROUTE_CLASSES})
 SAME_CREDENTIAL_BACKOFF = (0.5, 1.0, 2.0, 4.0)
 # The request may have reached upstream: never replayed elsewhere (docs/architecture.md#replay-safety).
 MAY_HAVE_BEEN_SENT = frozenset({AMBIGUOUS, RESPONSE_TIMEOUT, INCOMPLETE_RESPONSE})
@@ -174,6 +176,10 @@ class FailoverLoop:
         if ep is not None:
             if rejection.reason == HOST_NETWORK:
                 self.route_health.release(ep)  # not the route's fault
+            elif rejection.reason in ROUTE_CLASSES:  # the edge refused this egress: the endpoint backs off
+                backoff = self.route_health.failed(ep, f"the edge refused it ({rejection.reason})")
+                self._tell(logging.WARNING, f"{ep.label}: the edge refused the request ({rejection.reason}); "
+                                            f"not dialled again for {int(backoff)}s")
             else:
                 self.route_health.succeeded(ep)
         self._settle(rejection)
@@ -299,7 +305,8 @@ class FailoverLoop:
         first = soonest(self.health, self.plan.all_keys)
         retry_after = self.retry_after()
         if self.last is None:
-            states = tuple((c.name, why, self.health.state(c.key).reason) for c, why in self.plan.skipped)
+            states = tuple((c.name, why, self.health.state(c.key).reason) for c, why in self.plan.skipped) + \
+                tuple((c.name, NOT_ENTITLED, None) for c in self.plan.lacking)
             return AllCooling(states, retry_after, first)
         return Exhausted(self.last, retry_after, first)
 

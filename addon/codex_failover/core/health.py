@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .cooldown_policy import OverloadStreaks
+from .entitlement import ModelBook
 from .tracked import Tracked
 
 READY = "ready"
@@ -30,6 +31,7 @@ class Health(Tracked):
         self._cooling: dict[str, tuple[float, str]] = {}
         self._out: dict[str, str] = {}
         self.streaks = OverloadStreaks()  # each credential's overload streak (cooldown_policy.py)
+        self.models = ModelBook(clock=clock)  # which credential lacks which model (entitlement.py)
 
     def now(self) -> float:
         return self._clock()

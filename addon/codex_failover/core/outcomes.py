@@ -14,18 +14,23 @@ from .pool_wait import Soonest
 from .routes import Endpoint
 from .vocabulary import (
     AUTH_REJECTED,
+    EDGE_BLOCKED,
     HANDSHAKE_FAILED,
     HOST_NETWORK,
+    MODEL_NOT_ENTITLED,
     NOT_PROCESSED,
     PRE_DISPATCH,
     ROUTE_DOWN,
+    STATE_LOST,
     TLS_FAILED,
     UPGRADE_REFUSED,
 )
 
 # Failures that say nothing about the credential: they never cool it.
+# Nor do the edge's refusals (the route's), a socket that lost a turn's state, or a model the account's plan
+# lacks (remembered per credential and model instead: `learn`).
 NOT_THE_CREDENTIAL = frozenset({UPGRADE_REFUSED, HANDSHAKE_FAILED, PRE_DISPATCH, HOST_NETWORK, TLS_FAILED, ROUTE_DOWN,
-                                NOT_PROCESSED})
+                                NOT_PROCESSED, EDGE_BLOCKED, STATE_LOST, MODEL_NOT_ENTITLED})
 
 # Why a Wait.
 BACKOFF = "backoff before retrying the only credential"

@@ -9,6 +9,7 @@ from .health import Health
 from .policy import Credential, Policy, PoolConfig
 
 CLIENT = "client"
+NOT_ENTITLED = "not_entitled"  # a plan's `lacking`: the credential's plan lacks the request's model (entitlement.py)
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ def client_key(auth: AuthMaterial | None) -> str:
 class Plan:
     candidates: tuple[Candidate, ...]
     skipped: tuple[tuple[Candidate, str], ...]  # (candidate, why), e.g. cooling / out of rotation
+    lacking: tuple[Candidate, ...] = ()  # ready, but known to lack the request's model: never waited for
 
     @property
     def all_keys(self) -> tuple[str, ...]:
@@ -37,11 +39,12 @@ class Plan:
 
 
 def make_plan(client_auth: AuthMaterial | None, pool: PoolConfig, health: Health, movable: bool = True,
-              sticky: str | None = None, rotation: int = 0, bound: str | None = None) -> Plan:
+              sticky: str | None = None, rotation: int = 0, bound: str | None = None, model: str | None = None) -> Plan:
     """Candidates in policy order: the session's sticky credential first, then the client's own
     (if `use_client_credential`), then the pool by priority (fill-first, or round-robin by
     `rotation` within a priority). A request that may not move gets only the credential holding
-    its state (`bound`, by key), or its own when that is unknown or no longer in the pool."""
+    its state (`bound`, by key), or its own when that is unknown or no longer in the pool. A movable
+    request's credentials known to lack its `model` are `lacking`, not tried."""
     policy = pool.policy
     pooled = {c.auth.fingerprint: c for c in pool.credentials}
     own = pooled.get(client_auth.fingerprint) if client_auth else None
@@ -58,7 +61,9 @@ def make_plan(client_auth: AuthMaterial | None, pool: PoolConfig, health: Health
         ordered += [_as_candidate(c, is_client=False) for c in _by_priority(eligible, policy.selection, rotation)]
         if sticky is not None:
             ordered.sort(key=lambda c: c.key != sticky)  # stable: only the sticky one moves up
-    return _sorted_out(ordered, health, policy)
+    lacking = tuple(c for c in ordered if health.models.lacks(c.key, model))
+    plan = _sorted_out([c for c in ordered if c not in lacking], health, policy)
+    return Plan(plan.candidates, plan.skipped, lacking)
 
 
 def _sorted_out(ordered: list[Candidate], health: Health, policy: Policy) -> Plan:

@@ -17,7 +17,7 @@ from .policy import Policy
 from .seen_clients import label
 from .taxonomy import cooldown_seconds, hinted_seconds
 from .usage import UsageBook, Window
-from .vocabulary import AUTH_REJECTED, OVERLOAD_CLASSES, USAGE_WINDOW_FULL
+from .vocabulary import ACCOUNT_DISABLED, AUTH_REJECTED, OVERLOAD_CLASSES, USAGE_WINDOW_FULL
 
 log = logging.getLogger("codex_failover")
 
@@ -38,6 +38,12 @@ class PoolFeedback:
             log.error("%scredential %s rejected with HTTP %s: taken out of rotation until its auth file or key "
                       "changes", where, name, status)
             return
+        if reason == ACCOUNT_DISABLED:
+            code = (error or {}).get("code") or (error or {}).get("type") or reason
+            self.health.take_out(key, f"the account cannot use Codex ({code}); fix it, then run `codex login`")
+            log.error("%scredential %s: its account cannot use Codex (%s, HTTP %s): taken out of rotation until "
+                      "its auth file or key changes", where, name, code, status)
+            return
         if reason in OVERLOAD_CLASSES:
             return self._overloaded(key, name, reason, error, retry_after, policy, where)
         seconds = cooldown_seconds(reason, error, retry_after, self.health.now(), policy)
@@ -57,6 +63,13 @@ class PoolFeedback:
             self.health.restore(back)
             log.info("%scredential %s is back in rotation early: more than %g%% of the pool is resting for "
                      "overload", where, back, policy.overload.max_held_out * 100)
+
+    def not_entitled(self, key: str, name: str, model: str | None, where: str = "") -> None:
+        """The credential's plan lacks `model`: skipped for that model only, for a while
+        (entitlement.py); it stays in rotation for every other model."""
+        if self.health.models.not_entitled(key, model):
+            log.info("%scredential %s is not entitled to model %s: skipped for it for %d min (still in rotation "
+                     "for other models)", where, name, model, self.health.models.keep // 60)
 
     def usage_seen(self, key: str, name: str, windows: list[Window], policy: Policy, where: str = "",
                    full_at: float = 100.0) -> None:

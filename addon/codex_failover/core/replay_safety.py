@@ -8,7 +8,14 @@ A failover that corrupts a conversation is worse than none (docs/architecture.md
 - input `reasoning` items with `encrypted_content` cannot be read by another account: by default
   they move with that field stripped (their summaries stay), unless they go back to the credential
   that made them; `encrypted_reasoning: pin` binds them like a compaction item;
-- the user can pin a request with the `x-codex-failover-pin: true` header.
+- the user can pin a request with the `x-codex-failover-pin: true` header;
+- `x-oai-attestation` (the Codex Desktop app and IDE extension, openai/codex#20619): the host app's
+  device attestation, generated fresh for each backend call of the signed-in account. It binds the
+  device and that account's request, not the conversation: a request carrying it may move, and an
+  attempt on another account goes without it (`codex_request.ACCOUNT_SCOPED`), as the CLI's requests
+  always do. It is never shown to another account, so one device is never presented as the user of
+  several accounts, and the request is not held to an account that cannot serve it
+  (docs/decisions.md#x-oai-attestation).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any, Callable, Mapping
 from .provenance import needs_of
 
 PIN_HEADER = "x-codex-failover-pin"
+ATTESTATION = "x-oai-attestation"  # the host app's attestation: kept on the account it was made for only
 TURN_STATE = "x-codex-turn-state"  # also in client_metadata (WebSocket, and Lite bodies)
 STRIP = "strip"
 PIN = "pin"

@@ -40,6 +40,7 @@ from .outcomes import (
 )
 from .planner import Candidate
 from .usage import Window
+from .vocabulary import STATE_LOST
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,9 @@ def settle_turn(scope: Scope, cand: Candidate, rejection: Rejection | None, wind
     learns, by the same rules as an HTTP attempt (`learn`), and what the gate does next:
     SERVED_TURN; MOVE (self-contained: the same create on the next credential's socket); RECONNECT
     (it cannot move, but another credential could serve Codex's full re-send: close with 1012);
-    EXHAUSTED (deliver the rejection). `movable` is None outside a turn."""
+    EXHAUSTED (deliver the rejection). A turn whose socket lost its state (STATE_LOST) always
+    reconnects: nothing else could serve it, and Codex's re-send is whole. `movable` is None outside a
+    turn."""
     if rejection is None:
         scope.feedback.succeeded(cand.key, scope.session)
         return SERVED_TURN
@@ -127,6 +130,8 @@ def settle_turn(scope: Scope, cand: Candidate, rejection: Rejection | None, wind
     if own_refusal(rejection.reason, cand):
         scope.feedback.client_refused(scope.client_auth)  # never lent the pool, as on HTTP
         return EXHAUSTED
+    if rejection.reason == STATE_LOST:
+        return RECONNECT  # the socket lost the turn's state: Codex's re-send carries its full input
     if movable:
         return MOVE
     if movable is not None and others_ready():

@@ -29,13 +29,27 @@ class RejectionRule:
     require_message: tuple[str, ...] = ()
     statuses: frozenset[int] = frozenset()
     plain_text: bool = False  # `statuses` only for a body that is not a JSON error (a gateway's page)
+    headers: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (response header name, values it may contain)
+    params: frozenset[str] = frozenset()  # the error's `param`
+    require_status: frozenset[int] = frozenset()  # when given, only an error with one of these statuses
 
-    def matches(self, code: str, kind: str, message: str) -> bool:
-        """`code`, `kind` and `message` must already be lower-cased."""
-        hit = code in self.codes or kind in self.types or any(m in message for m in self.messages)
+    @property
+    def reads_the_body(self) -> bool:
+        return bool(self.codes or self.types or self.messages or self.headers or self.params)
+
+    def matches(self, code: str, kind: str, message: str, param: str = "", status: object = None,
+                headers: Mapping[str, str] | None = None) -> bool:
+        """`code`, `kind`, `message` and `param` must already be lower-cased; `headers` by lower-case name."""
+        hit = code in self.codes or kind in self.types or any(m in message for m in self.messages) \
+            or param in self.params or self._header_hit(headers or {})
         if not hit:
             return False
+        if self.require_status and status not in self.require_status:
+            return False
         return not self.require_message or any(m in message for m in self.require_message)
+
+    def _header_hit(self, headers: Mapping[str, str]) -> bool:
+        return any(v in headers.get(name, "").lower() for name, values in self.headers for v in values)
 
 
 @dataclass(frozen=True)
@@ -49,12 +63,14 @@ class Rules:
     rejections: tuple[RejectionRule, ...] = field(default_factory=tuple)
 
     def rejection_class(self, code: object, kind: object, message: object, status: object = None,
-                        plain_text: bool = False) -> str | None:
-        """The rejection class of an error, by its body first, then by its HTTP status. `plain_text`:
-        the body was no JSON error at all (then `message` is its text, if any)."""
-        code_s, kind_s, msg_s = (_lower(code), _lower(kind), _lower(message))
+                        plain_text: bool = False, param: object = None,
+                        headers: Mapping[str, str] | None = None) -> str | None:
+        """The rejection class of an error, by its body (and the answer's headers, by lower-case name)
+        first, then by its HTTP status. `plain_text`: the body was no JSON error at all (then `message`
+        is its text, if any)."""
+        code_s, kind_s, msg_s, param_s = (_lower(code), _lower(kind), _lower(message), _lower(param))
         for rule in self.rejections:
-            if (rule.codes or rule.types or rule.messages) and rule.matches(code_s, kind_s, msg_s):
+            if rule.reads_the_body and rule.matches(code_s, kind_s, msg_s, param_s, status, headers):
                 return rule.klass
         if isinstance(status, int) and not isinstance(status, bool):
             for rule in sorted(self.rejections, key=lambda r: not r.plain_text):
@@ -131,7 +147,8 @@ def _size(value: object, where: str) -> int:
 def _rejections(value: object, where: str) -> tuple[RejectionRule, ...]:
     if not isinstance(value, list) or not value:
         raise RulesError(f"{where}: expected a non-empty list of rules")
-    allowed = {"class", "codes", "types", "messages", "require_message", "statuses", "plain_text"}
+    allowed = {"class", "codes", "types", "messages", "require_message", "statuses", "plain_text", "headers", "params",
+               "require_status"}
     rules = []
     for i, item in enumerate(value):
         here = f"{where}[{i}]"
@@ -147,11 +164,14 @@ def _rejections(value: object, where: str) -> tuple[RejectionRule, ...]:
             require_message=_string_list(entry.get("require_message", []), f"{here}.require_message"),
             statuses=_statuses(entry.get("statuses", []), f"{here}.statuses"),
             plain_text=_bool(entry.get("plain_text", False), f"{here}.plain_text"),
+            headers=_headers(entry.get("headers", {}), f"{here}.headers"),
+            params=_strings(entry.get("params", []), f"{here}.params"),
+            require_status=_statuses(entry.get("require_status", []), f"{here}.require_status"),
         )
         if rule.plain_text and not rule.statuses:
             raise RulesError(f"{here}.plain_text: applies to statuses, and the rule lists none")
-        if not (rule.codes or rule.types or rule.messages or rule.statuses):
-            raise RulesError(f"{here}: needs at least one of codes, types, messages, statuses")
+        if not (rule.reads_the_body or rule.statuses):
+            raise RulesError(f"{here}: needs at least one of codes, types, messages, headers, params, statuses")
         rules.append(rule)
     return tuple(rules)
 
@@ -162,6 +182,18 @@ def _statuses(value: object, where: str) -> frozenset[int]:
     ):
         raise RulesError(f"{where}: expected a list of HTTP status codes (100-599)")
     return frozenset(value)
+
+
+def _headers(value: object, where: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """`{header-name: [values it may contain]}`, names and values lower-cased."""
+    if not isinstance(value, dict):
+        raise RulesError(f"{where}: expected a mapping of header names to lists of values")
+    out = []
+    for name, values in value.items():
+        if not isinstance(name, str) or not name:
+            raise RulesError(f"{where}: header names must be non-empty strings")
+        out.append((name.lower(), _string_list(values, f"{where}.{name}")))
+    return tuple(out)
 
 
 def _bool(value: object, where: str) -> bool:

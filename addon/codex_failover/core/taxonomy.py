@@ -16,24 +16,34 @@ from .vocabulary import (
     CAPACITY,
     CLIENT_ERROR,
     CLOSED_BEFORE_OUTPUT,
+    EDGE_BLOCKED,
     HOST_NETWORK,
+    MODEL_NOT_ENTITLED,
     OK,
     PRE_DISPATCH,
     RATE_LIMITED,
     ROUTE_DOWN,
+    STATE_LOST,
     UPSTREAM_5XX,
     USAGE_LIMIT,
     USAGE_WINDOW_FULL,
+    WORKSPACE_LIMIT,
     Verdict,
 )
 
 # Classes that never cool their credential (cooldown_seconds is 0 for them): they say nothing about the
 # account. Every other class cools for upstream's own time, else the policy's overload_cooldown.
-_NO_COOLDOWN = {CLOSED_BEFORE_OUTPUT, UPSTREAM_5XX, AUTH_REJECTED, PRE_DISPATCH, ROUTE_DOWN, HOST_NETWORK}
+_NO_COOLDOWN = {CLOSED_BEFORE_OUTPUT, UPSTREAM_5XX, AUTH_REJECTED, PRE_DISPATCH, ROUTE_DOWN, HOST_NETWORK, EDGE_BLOCKED,
+                MODEL_NOT_ENTITLED, STATE_LOST}
+# A workspace spend cap says no time: the account rests this long (the usage endpoint cannot tell
+# when an admin raises the cap, so it is not re-checked there), unless upstream names one.
+WORKSPACE_REST = 6 * 3600.0
 # Status for an exhausted request, by the class of the rejection that decided it. Codex treats
 # 429 as final for the turn and re-sends a 503 four times (docs/architecture.md#what-codex-does-with-our-answers).
-_EXHAUSTED_STATUS = {USAGE_LIMIT: 429, USAGE_WINDOW_FULL: 429, CAPACITY: 429, RATE_LIMITED: 429,
-                     PRE_DISPATCH: 502, ROUTE_DOWN: 502, HOST_NETWORK: 502}
+_EXHAUSTED_STATUS = {USAGE_LIMIT: 429, USAGE_WINDOW_FULL: 429, CAPACITY: 429, RATE_LIMITED: 429, WORKSPACE_LIMIT: 429,
+                     PRE_DISPATCH: 502, ROUTE_DOWN: 502, HOST_NETWORK: 502, EDGE_BLOCKED: 502,
+                     MODEL_NOT_ENTITLED: 400}
+_PAGE_TEXT = 16384  # how much of a page that is no JSON error is matched (an edge's block page says it late)
 _TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
 
 
@@ -57,7 +67,12 @@ def error_object(body: bytes) -> dict[str, Any]:
         return dict(inner)
     if isinstance(inner, str):
         return {"message": inner}
-    return {k: doc[k] for k in ("code", "type", "message") if k in doc}
+    detail = doc.get("detail")  # the ChatGPT backend's own shape: {"detail": {"code": ...}} or {"detail": "text"}
+    if isinstance(detail, dict):
+        return {k: detail[k] for k in ("code", "type", "message", "param") if k in detail}
+    if isinstance(detail, str):
+        return {"message": detail}
+    return {k: doc[k] for k in ("code", "type", "message", "param") if k in doc}
 
 
 def _is_json(body: bytes) -> bool:
@@ -68,23 +83,36 @@ def _is_json(body: bytes) -> bool:
     return True
 
 
-def classify_response(status: int, body: bytes, rules: Rules) -> ResponseVerdict:
-    """A synchronous answer (headers and complete body known, not an event stream)."""
+def classify_response(status: int, body: bytes, rules: Rules, headers: Mapping[str, str] | None = None) -> ResponseVerdict:
+    """A synchronous answer (headers and complete body known, not an event stream). `headers`: the
+    answer's, by lower-case name (`answer_headers`). A 401/403 that names no rejection (an edge's
+    page, a region, the account's state) is the credential's: AUTH_REJECTED."""
     if 200 <= status < 300:
         return ResponseVerdict(Verdict.COMMIT, OK)
     error = error_object(body)
     plain = not error and not _is_json(body)
     # A page that is no JSON error (a gateway's): its text is matched as the message, never kept.
-    message = body[:2048].decode("utf-8", "replace") if plain else error.get("message")
+    message = body[:_PAGE_TEXT].decode("utf-8", "replace") if plain else error.get("message")
     error.setdefault("status", status)
-    if status in (401, 403):
-        return ResponseVerdict(Verdict.FAILOVER, AUTH_REJECTED, error)
-    klass = rules.rejection_class(error.get("code"), error.get("type"), message, status, plain_text=plain)
+    klass = rules.rejection_class(error.get("code"), error.get("type"), message, status, plain_text=plain,
+                                  param=error.get("param"), headers=headers)
     if klass:
         return ResponseVerdict(Verdict.FAILOVER, klass, error)
+    if status in (401, 403):
+        return ResponseVerdict(Verdict.FAILOVER, AUTH_REJECTED, error)
     if status >= 500:
         return ResponseVerdict(Verdict.FAILOVER, UPSTREAM_5XX, error)
     return ResponseVerdict(Verdict.DELIVER, CLIENT_ERROR, error)
+
+
+def answer_headers(headers: object) -> dict[str, str]:
+    """An answer's headers by lower-case name, from a mapping or (name, value) byte pairs."""
+    items = headers.items() if isinstance(headers, Mapping) else headers if isinstance(headers, (list, tuple)) else ()
+    out: dict[str, str] = {}
+    for name, value in items:
+        key = name.decode("latin-1") if isinstance(name, bytes) else str(name)
+        out[key.lower()] = value.decode("latin-1") if isinstance(value, bytes) else str(value)
+    return out
 
 
 def retry_after_seconds(value: str | None, now: float) -> float | None:
@@ -108,7 +136,7 @@ def cooldown_seconds(reason: str, error: Mapping[str, Any] | None, retry_after: 
     if reason in _NO_COOLDOWN:
         return 0.0
     hinted = hinted_seconds(error or {}, retry_after, now)
-    seconds = hinted if hinted is not None else policy.overload_cooldown
+    seconds = hinted if hinted is not None else WORKSPACE_REST if reason == WORKSPACE_LIMIT else policy.overload_cooldown
     return min(max(seconds, 1.0), policy.max_cooldown)
 
 

@@ -77,6 +77,24 @@ def from_event(payload: Mapping[str, Any]) -> list[Window]:
     return out
 
 
+SPEND = "spend_control"  # a Business workspace's spend control, read as one more window
+
+
+def spend_control(doc: object) -> tuple[bool | None, Window | None]:
+    """A usage answer's `spend_control` block (Business accounts under group-based spend controls,
+    whose `rate_limit` is null): whether it says the limit is `reached`, and its `individual_limit`
+    as a window (`used_percent`, `reset_at`, else `reset_after_seconds` is not read: no clock here).
+    (None, None) when the answer has none, or a malformed one."""
+    block = doc.get("spend_control") if isinstance(doc, Mapping) else None
+    if not isinstance(block, Mapping):
+        return None, None
+    reached = block.get("reached")
+    limit = block.get("individual_limit")
+    used = finite_number(limit.get("used_percent")) if isinstance(limit, Mapping) else None
+    window = Window(SPEND, used, finite_number(limit.get("reset_at"))) if used is not None and isinstance(limit, Mapping) else None
+    return (reached if isinstance(reached, bool) else None), window
+
+
 class UsageBook(Tracked):
     def __init__(self) -> None:
         super().__init__()

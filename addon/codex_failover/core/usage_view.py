@@ -11,6 +11,10 @@ the signed-in account is at its limit, though the proxy would serve the turn fro
   and credits; no number of one account is mixed with another's. It says so twice: a top-level
   `codex_failover` object (`served_by`, and the own account's state) and, where Codex lists extra
   limits on `/status`, an entry named `pool: NAME` carrying the same windows.
+
+A Business account under spend controls answers `"rate_limit": null` and a `spend_control` block: its
+limit is read from that block (cooldown_end.usage_has_headroom), and its answer passes whole, with no
+`pool:` entry (it has no windows to repeat).
 """
 
 from __future__ import annotations

@@ -32,6 +32,14 @@ CAPACITY = "capacity"
 SERVER_ERROR_RETRYABLE = "server_error_retryable"
 RATE_LIMITED = "rate_limited"
 USAGE_LIMIT = "usage_limit"
+# What a rejection says about the account, the route or the model (docs/decisions.md#every-shape-and-what-it-means).
+ACCOUNT_DISABLED = "account_disabled"  # the account cannot use Codex at all (a deactivated workspace, no Codex in its plan)
+WORKSPACE_LIMIT = "workspace_limit"  # the workspace's spend cap: a long rest
+EDGE_BLOCKED = "edge_blocked"  # the edge in front of the service refused the route (a challenge, a block, a region)
+MODEL_NOT_ENTITLED = "model_not_entitled"  # this account's plan lacks the requested model
+
+# The WebSocket gate's: a turn named a response its socket does not hold (previous_response_not_found).
+STATE_LOST = "state_lost"
 
 # The classifier's (an event stream held in its bootstrap window).
 HOLDING = "holding"
@@ -76,3 +84,5 @@ CLIENT_GONE = "client_gone"
 # Families.
 OVERLOAD_CLASSES = frozenset({OVERLOADED, SLOW_DOWN, CAPACITY, SERVER_ERROR_RETRYABLE})
 USAGE_LIMIT_REASONS = frozenset({USAGE_LIMIT, USAGE_WINDOW_FULL})
+OUT_OF_ROTATION = frozenset({AUTH_REJECTED, ACCOUNT_DISABLED})  # a pooled credential leaves rotation for these
+ROUTE_CLASSES = frozenset({EDGE_BLOCKED})  # the route's, not the account's: counted against the route

@@ -25,10 +25,11 @@ from .classifier import BootstrapClassifier, Decision
 from .framer import Event
 from .replay_safety import _nobody, assess, removals
 from .rules import Rules
-from .vocabulary import Verdict
+from .vocabulary import STATE_LOST, Verdict
 
 Message = tuple[bytes, bool]  # (content, is_text), exactly as received
 PREVIOUS = "previous_response_id"
+PREVIOUS_NOT_FOUND = "previous_response_not_found"
 
 
 @dataclass
@@ -180,6 +181,8 @@ class TurnGate:
         if not decision.final:
             return Step()
         held, self._held, self._clf = tuple(self._held), [], None
+        if lost_state(self.turn, decision):
+            decision = Decision(Verdict.FAILOVER, STATE_LOST, decision.trigger, decision.error)
         if decision.verdict is Verdict.FAILOVER:
             return Step(decision=decision, held=held)
         return Step(release=held, decision=decision)
@@ -197,6 +200,16 @@ class TurnGate:
         if isinstance(rid, str):
             turn.response_id = rid
             self._warmups[rid] = turn.body
+
+
+def lost_state(turn: Turn | None, decision: Decision) -> bool:
+    """The turn named a response its socket does not hold (`previous_response_not_found`: the
+    service keeps a turn's state per connection, and a socket the gate moved holds none of the old
+    one's). Such a turn is never ended: Codex is told to reconnect, and re-sends its full input on
+    the new socket (request_machine.settle_turn)."""
+    if turn is None or not turn.body.get(PREVIOUS) or decision.verdict is not Verdict.DELIVER:
+        return False
+    return str((decision.error or {}).get("code") or "").lower() == PREVIOUS_NOT_FOUND
 
 
 def _covers(body: dict[str, Any], warmup: dict[str, Any]) -> bool:

@@ -8,12 +8,15 @@ import time
 
 from mitmproxy import http
 
+from ..core.planner import NOT_ENTITLED
 from ..core.pool_wait import Soonest, back_in, time_fields
 from ..core.taxonomy import exhausted_status
 from ..core.vocabulary import (
     AUTH_REJECTED,
     CAPACITY,
+    EDGE_BLOCKED,
     HOST_NETWORK,
+    MODEL_NOT_ENTITLED,
     NO_USABLE_CREDENTIAL,
     OVERLOADED,
     PRE_DISPATCH,
@@ -24,6 +27,7 @@ from ..core.vocabulary import (
     USAGE_LIMIT,
     USAGE_LIMIT_REASONS,
     USAGE_WINDOW_FULL,
+    WORKSPACE_LIMIT,
 )
 from ..net.relay import HOP_BY_HOP
 from .secret_guard import SECRETS
@@ -40,6 +44,9 @@ _DEFAULTS = {
     PRE_DISPATCH: ("upstream_error", "upstream_connect_failed"),
     ROUTE_DOWN: ("upstream_error", "route_down"),
     HOST_NETWORK: ("upstream_error", "network_unreachable"),
+    WORKSPACE_LIMIT: ("usage_limit_reached", "usage_limit_reached"),
+    EDGE_BLOCKED: ("upstream_error", "edge_blocked"),
+    MODEL_NOT_ENTITLED: ("invalid_request_error", "model_not_found"),
 }
 _KEEP = ("type", "code", "message", "param", "resets_at", "resets_in_seconds", "plan_type")
 
@@ -99,6 +106,12 @@ def all_cooling(skipped, retry_after: int | None, pinned: str | None = None,
                 first: Soonest | None = None) -> http.Response:
     """Every credential is cooling or out of rotation: answered at once, nothing dialled. The status
     and the time are those of the cooldown that ends first."""
+    if skipped and all(status == NOT_ENTITLED for _, status, _ in skipped):
+        error = {"type": "invalid_request_error", "code": MODEL_NOT_ENTITLED, "param": "model",
+                 "message": "codex-failover: no credential of this pool is entitled to this model (each said so "
+                            "lately); not dialled.",
+                 "credentials": [{"credential": name, "state": status} for name, status, _ in skipped]}
+        return _json(exhausted_status(MODEL_NOT_ENTITLED), error)
     reasons = [r for _, status, r in skipped if status == "cooling"]
     reason = _answer_class(reasons[0] if reasons else None, first)
     kind, code = _DEFAULTS.get(reason or "", ("service_unavailable_error", NO_USABLE_CREDENTIAL))

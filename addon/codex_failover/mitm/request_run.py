@@ -39,7 +39,7 @@ from ..core.attempt_events import (
 )
 from ..core.attempt_machine import AttemptMachine
 from ..core.auth import AuthMaterial, auth_from_headers
-from ..core.codex_request import is_compact
+from ..core.codex_request import is_compact, model_of
 from ..core.failover_loop import FailoverLoop
 from ..core.outcomes import AllCooling, Exhausted, Final, RouteDown, Try, Wait
 from ..core.planner import Candidate, Plan, make_plan
@@ -79,6 +79,7 @@ class RequestRun:
         self.log = RunLog(request_id, flow, shared.metrics, shown_changed)
         self.original: http.Request | None = None  # the request as the client sent it (attempts copy it)
         self.move = MovePolicy(True)
+        self.model: str | None = None  # the request's model (a credential may lack it)
         self.session: str | None = None  # the client's key and its Codex session (thread) id: affinity's key
         self.winner: Attempt | None = None  # the committed attempt, streaming through the relay
         self.current: Attempt | None = None  # the attempt in flight, or the last one
@@ -107,6 +108,7 @@ class RequestRun:
         self.log.client_auth = self.client_auth
         self.session = affinity_key(self.client_auth.fingerprint if self.client_auth else None,
                                     session_of(req.headers, self.body))
+        self.model = model_of(self.body)
         self.maker = AttemptMaker(self, req)
         self.body = None  # the maker has it (for a moved copy), and lets it go once built
         loop = FailoverLoop(self._plan, self.health, self.shared.route_health, self.pool, tell=self._tell)
@@ -114,7 +116,7 @@ class RequestRun:
         shared = self.shared
         context = Scope(self.rules, self.pool, shared.feedback, shared.provenance, shared.recovery_slots,
                           time.monotonic, is_compact(req.path), self.session, self.client_auth,
-                          f"[{self.request_id}] ", self._tell)
+                          f"[{self.request_id}] ", self._tell, self.model)
         try:
             await self._follow(RequestMachine(loop, context))
         except BaseException:
@@ -159,7 +161,7 @@ class RequestRun:
         shared = self.shared
         sticky = shared.affinity.get(self.session) or self.move.prefers
         plan = make_plan(self.client_auth, self.pool, self.health, self.move.movable, sticky, self.rotation,
-                         self.move.bound_to)
+                         self.move.bound_to, self.model)
         first, self.last_plan = self.last_plan is None, plan
         if first and plan.skipped and plan.candidates:  # (with nothing to try, the answer says it)
             log.info("[%s] not tried: %s", self.request_id, "; ".join(

@@ -23,7 +23,7 @@ from ..core.planner import Candidate, Plan, make_plan
 from ..core.pool_wait import Soonest, back_in, soonest, time_fields
 from ..core.replay_safety import PIN_HEADER, assess
 from ..core.routes import Endpoint
-from ..core.taxonomy import classify_response, error_object, exhausted_status
+from ..core.taxonomy import answer_headers, classify_response, error_object, exhausted_status
 from ..core.vocabulary import HANDSHAKE_FAILED, PRE_DISPATCH, UPGRADE_REFUSED, USAGE_LIMIT_REASONS, Verdict
 from ..mitm import fallbacks
 from ..mitm.attempt_maker import via_of
@@ -272,7 +272,7 @@ class Dialer:
                                    policy.connect_timeout, policy.connect_timeout, deflate)
 
     def _upgrade_rejected(self, exc: HandshakeRejected) -> Rejection:
-        verdict = classify_response(exc.status, exc.body, self.shared.rules)
+        verdict = classify_response(exc.status, exc.body, self.shared.rules, answer_headers(exc.headers))
         retry_after = next((v.decode("latin-1") for k, v in exc.headers if k.lower() == b"retry-after"), None)
         # Not a known rejection (e.g. an upstream without the WebSocket transport): Codex can use SSE.
         reason = verdict.reason if verdict.verdict == Verdict.FAILOVER else UPGRADE_REFUSED

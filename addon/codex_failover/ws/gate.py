@@ -27,11 +27,12 @@ from mitmproxy import http
 
 from ..core.attempt_events import Scope
 from ..core.classifier import Decision
+from ..core.codex_request import model_of
 from ..core.outcomes import Rejection
 from ..core.provenance import artifacts_of_message
 from ..core.request_machine import MOVE, RECONNECT, exhausted_answer, goes_home, settle_turn
 from ..core.usage import from_event, from_headers
-from ..core.vocabulary import NO_USABLE_CREDENTIAL, Verdict
+from ..core.vocabulary import NO_USABLE_CREDENTIAL, STATE_LOST, Verdict
 from ..core.ws_turns import Step, Turn, TurnGate
 from ..mitm import client_answers
 from ..mitm.attempt import hide_secrets
@@ -243,6 +244,7 @@ class GateSession:
         failed = decision.verdict is Verdict.FAILOVER
         rejection = _rejection(decision, step) if failed else None
         windows = from_headers(_wrapped_headers(step), self.shared.health.now()) if failed else []
+        self.scope.model = model_of(turn.body) if turn else None  # (a credential may lack the turn's model)
         outcome = settle_turn(self.scope, up.cand, rejection, windows, turn.movable if turn else None,
                               lambda: self.dialer.others_ready(up.cand.key))
         if rejection is None:
@@ -253,7 +255,9 @@ class GateSession:
         if outcome == MOVE and turn is not None:
             await self._move(up, turn, rejection)
         elif outcome == RECONNECT and turn is not None:
-            self.story.note(f"turn {turn.n} rejected ({rejection.reason}) and cannot move ({turn.why_pinned}); "
+            why = "its socket does not hold the response it continues" if rejection.reason == STATE_LOST else \
+                f"cannot move ({turn.why_pinned})"
+            self.story.note(f"turn {turn.n} rejected ({rejection.reason}) and {why}; "
                        f"closing the client socket with {RECONNECT_CLOSE} so Codex reconnects with the full request")
             up.conn.close(1000)
             self.down.close(RECONNECT_CLOSE, "codex-failover: reconnect")
