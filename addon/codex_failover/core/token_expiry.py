@@ -23,9 +23,14 @@ WARN_WITHIN = 24 * 3600.0  # seconds before `exp` a token is worth a warning
 def refresh_command(cred: Credential) -> str:
     """`CODEX_HOME=<folder of its auth.json> codex login`: `codex login` writes the auth.json of
     the folder CODEX_HOME names (~/.codex when unset)."""
-    if not cred.auth_file:
+    return login_command(cred.auth_file)
+
+
+def login_command(auth_file: str | None) -> str:
+    """The command that writes `auth_file` anew (see refresh_command)."""
+    if not auth_file:
         return "codex login (for that account)"
-    folder = str(Path(cred.auth_file).expanduser().parent)
+    folder = str(Path(auth_file).expanduser().parent)
     rest = folder[len(str(Path.home())) + 1:] if folder.startswith(str(Path.home()) + "/") else None
     shown = f"~/{rest}" if rest and shlex.quote(rest) == rest else shlex.quote(folder)  # ~ expands after =
     return f"CODEX_HOME={shown} codex login"

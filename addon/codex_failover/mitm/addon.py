@@ -150,9 +150,11 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.matcher = EndpointMatcher(pool.gated_base_urls)
         for note in pool.notes:
             log.warning("codex-failover: %s", note)
-        names = ", ".join(f"{c.name} ({c.kind})" for c in pool.credentials) or "none (client credential only)"
+        names = ", ".join([*(f"{c.name} ({c.kind})" for c in pool.credentials),
+                           *(f"{s.name} (skipped: its auth file cannot be used)" for s in pool.skipped)]) \
+            or "none (client credential only)"
         log.info("codex-failover: pool %s: credentials: %s", pool.source or "(no file)", names)
-        self.files.loaded(pool.credentials, self._notices)
+        self.files.loaded(pool.credentials, self._notices, pool.skipped)
 
     # Synchronous: a script reload calls them outside the loop's await chain (architecture.md#hooks-and-tasks).
     def running(self) -> None:
