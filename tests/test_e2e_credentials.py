@@ -11,7 +11,7 @@ import json
 import time
 
 import pytest
-from harness import ProxyProcess, post_responses, wait_until
+from harness import ProxyProcess, post_responses, proxy_status, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -53,6 +53,8 @@ def test_unusable_auth_files_at_start_and_while_running(fake, tmp_path):
             assert str(path) in line and problem in line
             assert f"CODEX_HOME={path.parent} codex login" in line
         assert "gone (skipped" in log
+        shown = {c["name"]: c for c in proxy_status(proxy.port)["credentials"]}
+        assert shown["out"]["state"] == "skipped" and "codex login" in shown["out"]["reason"]
         assert _served_by(post_responses(proxy.port, url(fake), "sk-test-client-overload")) == "sk-test-good-good"
 
         good.write_text(LOGGED_OUT)  # while running: logged out

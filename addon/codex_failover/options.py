@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from .core.client_access import ClientAccess, ClientAccessError, parse_networks
 from .core.intercept_scope import MODES as INTERCEPT_MODES
+from .core.token_refresh import DEFAULT_URL as DEFAULT_REFRESH_URL
 from .core.units import parse_size
 from .metrics import parse_address
 
@@ -34,6 +36,11 @@ def add_options(loader) -> None:
                       "The first attempt, on the client's own credential to the URL it asked for, goes on the "
                       "client's own connection (mitmproxy's), its answer held there; off: every attempt goes "
                       "over the addon's kept upstream connections (a second flow each: more CPU a request).")
+    loader.add_option("failover_token_refresh", bool, True,
+                      "Refresh pooled ChatGPT logins' tokens as Codex does (before they end, past 8 days, once "
+                      "after a 401), writing the new tokens back to their auth.json; off: never refresh.")
+    loader.add_option("failover_refresh_url", str, DEFAULT_REFRESH_URL,
+                      "The token endpoint pooled ChatGPT logins are refreshed at (for tests and gateways).")
     loader.add_option("failover_verbose", bool, False,
                       "Also log mitmproxy's per-connection lines (every client's, the attempts' and relay "
                       "hops') and mitmdump's flow echo; off: the addon's lines, warnings and errors only.")
@@ -62,6 +69,11 @@ def parse_options(options, updated: set[str]) -> Parsed:
             parsed.max_body = parse_size(options.failover_max_body)
         except ValueError:
             raise ValueError(f"failover_max_body: {options.failover_max_body!r} is not a size (e.g. 32m)") from None
+    if "failover_refresh_url" in updated:
+        parts = urlsplit(options.failover_refresh_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc:
+            raise ValueError("failover_refresh_url: expected an http(s) URL without user:password "
+                             f"(default {DEFAULT_REFRESH_URL})")
     if "failover_metrics" in updated and options.failover_metrics:
         parse_address(options.failover_metrics)
     if "mode" in updated and any(m.startswith("upstream:") for m in options.mode):

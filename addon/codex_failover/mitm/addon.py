@@ -47,6 +47,7 @@ from .parts import PartHooks
 from .passthrough_redact import PassThroughRedaction
 from .request_run import RequestRun, start_run
 from .tls_scope import TlsScope
+from .token_refresher import TokenRefresher
 from .usage_answer import UsageAnswer
 
 log = logging.getLogger("codex_failover")
@@ -82,6 +83,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.hops = RelayHops()  # parts, each for the flows of one kind (parts.py)
         self.boundary = ClientBoundary()  # whose requests are the user's own programs' (docs/machine-proxy.md)
         self.back = AccountBack(self)  # cooldowns that end early; failover.reset
+        self.refresher = TokenRefresher(self)  # pooled ChatGPT logins' tokens (token_refresher.py)
         self._wire([self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, UsageAnswer(self),
                     PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host))])
         self.clients = ClientAccess()
@@ -123,6 +125,8 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
             self.max_body = WsConn.max_message = bounded_body.limit = parsed.max_body  # the WebSocket's, every decode's
         if "failover_metrics" in updated and self._running:
             self._serve_metrics()
+        if "failover_token_refresh" in updated:
+            self.files.expiry.auto = bool(ctx.options.failover_token_refresh)
         if "failover_config" in updated or "failover_rules" in updated:
             self._load_files()
         if "connection_strategy" in updated or not updated or "failover_config" in updated:
@@ -163,6 +167,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self._serve_metrics()
         self._spawn(self.relay.start())
         self.back.start()
+        self.refresher.start()
         for line in fallbacks.in_force():
             log.warning(line)
         for host in warm_conn.listen_hosts(ctx.options.mode, ctx.options.listen_host):
@@ -177,6 +182,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
             attempt.redact()
         self._close_state()
         self.back.stop()
+        self.refresher.stop()
         self.listener.stop()
         self.quiet.uninstall()
         self._spawn(self.relay.close())
@@ -257,6 +263,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
     def _refresh_auth_files(self) -> None:
         """At most once a second: the pool file and auth files that changed, reloaded (file_watch.py)."""
         self.pool = self.files.refresh(lambda: self.pool, self._load_files, self.health)
+        self.refresher.check()  # starts the token refreshes that are due (at most once a second)
 
     async def _hold(self, flow: http.HTTPFlow, body: dict, client_auth: AuthMaterial) -> None:
         """Start the held request's run and return: the client flow gets its stand-in server
@@ -275,6 +282,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
     def _released(self, run: RequestRun) -> None:
         self._held -= 1
         self._tasks.discard(run.task)
+        self.refresher.check(force=True)  # a pooled credential's 401 in this run forces its refresh now
 
     def http_connect_upstream(self, flow: http.HTTPFlow) -> None:
         """Proxy credentials of a route endpoint go to that proxy only, on its CONNECT."""
