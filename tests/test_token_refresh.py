@@ -184,3 +184,20 @@ def test_the_lock_keeps_a_second_holder_out(tmp_path):
     assert got
     auth_refresh.release(got[0])
     assert stat.S_IMODE(os.stat(auth_refresh.lock_path(path)).st_mode) == 0o600
+
+
+def test_the_clients_own_pooled_login_is_matched_by_account_after_a_refresh():
+    """The pool refreshed the login the client also uses: the client's (older or newer) token is
+    still its own pooled credential, its own session and its own usage, not another account."""
+    from codex_failover.core.affinity import affinity_key
+    from codex_failover.core.health import Health
+    from codex_failover.core.planner import client_key, make_plan
+    from codex_failover.core.policy import Credential, PoolConfig
+
+    pooled, client = material(token="refreshed-by-the-pool"), material(token="codexs-older-one")
+    spare = AuthMaterial(CHATGPT, jwt({"other": 1}), account_id="acct-2")
+    pool = PoolConfig((Credential("mine", pooled, "https://x", "f"), Credential("spare", spare, "https://x", "g")))
+    plan = make_plan(client, pool, Health(lambda: NOW))
+    assert [(c.name, c.is_client) for c in plan.candidates] == [("mine", True), ("spare", False)]
+    assert affinity_key(client.account, "s1") == affinity_key(pooled.account, "s1")
+    assert client_key(client) == client_key(pooled)

@@ -20,7 +20,7 @@ def unreachable(client_auth: AuthMaterial | None, pool: PoolConfig, movable: boo
     policy = pool.policy
     if policy.use_client_credential or not pool.credentials or not movable or client_auth is None:
         return None
-    others = [c for c in pool.credentials if c.auth.fingerprint != client_auth.fingerprint]
+    others = [c for c in pool.credentials if c.auth.account != client_auth.account]
     if any(c.kind == client_auth.kind or policy.cross_kind for c in others):
         return None
     wanted = kind_name(client_auth.kind)

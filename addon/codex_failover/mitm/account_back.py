@@ -79,7 +79,7 @@ class AccountBack:
         req = flow.request
         if not redeems_reset_credit(req.method, req.path, flow.response.status_code):
             return
-        pooled = next((c.name for c in self._pool().credentials if c.auth.fingerprint == auth.fingerprint), None)
+        pooled = next((c.name for c in self._pool().credentials if c.auth.account == auth.account), None)
         key = pooled or client_key(auth)
         self._ended(key, pooled or f"client key #{auth.fingerprint[:8]}",
                     self.ends.end(self._health(), key, REDEEMED, usage_only=True))

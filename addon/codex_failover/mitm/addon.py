@@ -235,7 +235,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         client_auth = auth_from_headers(req.headers)
         if client_auth is None or self.boundary.passed_by(flow, client_auth):
             return  # no key of its own, a browser's, another user's, refused lately: untouched, never the pool's
-        pooled = next((c.name for c in self.pool.credentials if c.auth.fingerprint == client_auth.fingerprint), None)
+        pooled = next((c.name for c in self.pool.credentials if c.auth.account == client_auth.account), None)
         self.seen_clients.saw(client_auth, pooled)
         if is_websocket_upgrade(req.method, req.headers):
             if ctx.options.failover_websocket == "downgrade":

@@ -106,7 +106,7 @@ class RequestRun:
         if self.client_auth is None:
             self.client_auth = auth_from_headers(req.headers)
         self.log.client_auth = self.client_auth
-        self.session = affinity_key(self.client_auth.fingerprint if self.client_auth else None,
+        self.session = affinity_key(self.client_auth.account if self.client_auth else None,
                                     session_of(req.headers, self.body))
         self.model = model_of(self.body)
         self.maker = AttemptMaker(self, req)
