@@ -237,6 +237,8 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
             return  # no key of its own, a browser's, another user's, refused lately: untouched, never the pool's
         pooled = next((c.name for c in self.pool.credentials if c.auth.account == client_auth.account), None)
         self.seen_clients.saw(client_auth, pooled)
+        if pooled is None:
+            self.back.saw_client(client_auth, req.url)  # its usage is re-checked with it (memory only)
         if is_websocket_upgrade(req.method, req.headers):
             if ctx.options.failover_websocket == "downgrade":
                 flow.response = client_answers.websocket_downgrade()
@@ -305,7 +307,8 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
 
     @command.command("failover.reset")
     def reset(self, name: str) -> str:
-        """End credential NAME's cooldown (or out-of-rotation mark) now."""
+        """End credential NAME's cooldown (or out-of-rotation mark) now; `client` (or a client
+        credential's label tail, e.g. 1a2b) ends the clients' own."""
         return self.back.reset_by_name(name)
 
     @command.command("failover.status")
