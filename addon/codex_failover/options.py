@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import difflib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -44,6 +45,21 @@ def add_options(loader) -> None:
     loader.add_option("failover_verbose", bool, False,
                       "Also log mitmproxy's per-connection lines (every client's, the attempts' and relay "
                       "hops') and mitmdump's flow echo; off: the addon's lines, warnings and errors only.")
+
+
+def unknown_options(deferred: Iterable[str], known: Iterable[str]) -> list[str]:
+    """One line per option given with --set that nothing knows (mitmproxy keeps them aside, in
+    `options.deferred`, and says nothing) and that looks like one of the addon's: its name and the
+    closest real one. The value is never shown (it may be a secret)."""
+    ours = sorted(k for k in known if k.startswith("failover_"))
+    out = []
+    for name in sorted(set(deferred) - set(known)):
+        close = difflib.get_close_matches(name, ours, n=1, cutoff=0.6)
+        if not close and not name.startswith(("failover", "codex")):
+            continue
+        hint = f"did you mean {close[0]}?" if close else f"the addon's options are {', '.join(ours)}"
+        out.append(f"unknown option {name} (--set {name}=...) is ignored; {hint}")
+    return out
 
 
 @dataclass

@@ -19,6 +19,7 @@ from ..core.client_access import ClientAccess, is_loopback_host
 from ..core.codex_request import EndpointMatcher, asks_to_stream, is_compact, is_websocket_upgrade, parse_body
 from ..core.health import Health
 from ..core.intercept_scope import InterceptScope
+from ..core.pool_reach import kinds_at_start
 from ..core.provenance import Provenance
 from ..core.recovery import Slots
 from ..core.routes import RouteHealth
@@ -29,7 +30,7 @@ from ..core.usage import UsageBook
 from ..metrics import Metrics, MetricsListener, snapshot_on_loop
 from ..net.relay import Relay
 from ..net.socks_bridge import SocksBridges
-from ..options import add_options, parse_options
+from ..options import add_options, parse_options, unknown_options
 from ..rules_file import load_rules
 from ..shared import Shared
 from ..state_keeper import StateKeeper, close_keeper, open_keeper
@@ -45,6 +46,7 @@ from .file_watch import FileWatch
 from .held_client import RelayHops
 from .parts import PartHooks
 from .passthrough_redact import PassThroughRedaction
+from .proxyauth_notice import ProxyAuthNotice
 from .request_run import RequestRun, start_run
 from .tls_scope import TlsScope
 from .token_refresher import TokenRefresher
@@ -83,8 +85,10 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.hops = RelayHops()  # parts, each for the flows of one kind (parts.py)
         self.boundary = ClientBoundary()  # whose requests are the user's own programs' (docs/machine-proxy.md)
         self.back = AccountBack(self)  # cooldowns that end early; failover.reset
+        self.proxyauth = ProxyAuthNotice()  # the first 407 per client address, one line
         self.refresher = TokenRefresher(self)  # pooled ChatGPT logins' tokens (token_refresher.py)
-        self._wire([self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, UsageAnswer(self),
+        self._wire([self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, self.proxyauth,
+                    UsageAnswer(self),
                     PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host))])
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
@@ -154,6 +158,8 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.matcher = EndpointMatcher(pool.gated_base_urls)
         for note in pool.notes:
             log.warning("codex-failover: %s", note)
+        if (kinds := kinds_at_start(pool)) is not None:
+            log.info("codex-failover: %s", kinds)
         names = ", ".join([*(f"{c.name} ({c.kind})" for c in pool.credentials),
                            *(f"{s.name} (skipped: its auth file cannot be used)" for s in pool.skipped)]) \
             or "none (client credential only)"
@@ -174,6 +180,8 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
             if not is_loopback_host(host):
                 log.warning("codex-failover: listening on %s; the pool and the status page serve %s",
                             host or "every interface", self.clients.describe())
+        for line in unknown_options(getattr(ctx.options, "deferred", {}), ctx.options.keys()):
+            log.warning("codex-failover: %s", line)
         self.boundary.running()  # a part's, after the addon's own (as mitmproxy ran a nested addon's)
 
     def done(self) -> None:
@@ -285,6 +293,10 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self._held -= 1
         self._tasks.discard(run.task)
         self.refresher.check(force=True)  # a pooled credential's 401 in this run forces its refresh now
+
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None and flow.response.status_code == 407:  # --proxyauth refused the CONNECT
+            self.proxyauth.refused(flow)
 
     def http_connect_upstream(self, flow: http.HTTPFlow) -> None:
         """Proxy credentials of a route endpoint go to that proxy only, on its CONNECT."""

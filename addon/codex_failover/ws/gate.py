@@ -29,6 +29,7 @@ from ..core.attempt_events import Scope
 from ..core.classifier import Decision
 from ..core.codex_request import model_of
 from ..core.outcomes import Rejection
+from ..core.pool_reach import kind_gap
 from ..core.provenance import artifacts_of_message
 from ..core.request_machine import MOVE, RECONNECT, exhausted_answer, goes_home, settle_turn
 from ..core.usage import from_event, from_headers
@@ -330,8 +331,9 @@ class GateSession:
         last = exhausted_answer(rejection, up.conn.open, self.dialer.last)
         turn = self.gate.turn
         pinned = f", and it cannot move ({turn.why_pinned})" if turn is not None and not turn.movable else ""
+        gap = kind_gap(self.dialer.client_auth, self.shared.pool) if not pinned else None
         self.story.note(f"no other credential can serve turn {turn.n if turn else 0}{pinned}: "
-                   f"delivering the rejection ({last.reason})")
+                        f"delivering the rejection ({last.reason})" + (f"; {gap}" if gap else ""))
         for frame in as_frames(last, self.dialer.soonest()):
             await self.down.send(frame)
         if not up.conn.open:
