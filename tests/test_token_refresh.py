@@ -57,7 +57,7 @@ def test_single_flight_backoff_and_permanent_failure_until_a_new_login():
     assert book.transient(auth, NOW) == 2 * tr.RETRY_FIRST  # doubling
     book.start(auth, tr.STALE)
     book.permanent(auth)
-    assert book.state(auth.account) == tr.FAILED
+    assert book.state(auth.account) == tr.REFUSED
     assert book.due(auth, NOW + 30 * DAY) is None  # never again for this token
     assert book.due(auth, NOW, after_401=True) is None
     fresh = material(token="relogged", last=NOW - 9 * DAY)  # `codex login` anew
@@ -95,10 +95,10 @@ def test_a_401_forces_one_refresh_per_token():
 
 
 def test_every_transition_is_in_the_table():
-    states = {tr.IDLE, tr.REFRESHING, tr.WAITING, tr.FAILED}
+    states = {tr.IDLE, tr.REFRESHING, tr.WAITING, tr.REFUSED}
     assert {s for s, _ in tr.TRANSITIONS} <= states and set(tr.TRANSITIONS.values()) <= states
     with pytest.raises(KeyError):
-        tr.Refreshes()._go(tr._Account(tr.FAILED), tr.START)  # a failed account never starts by itself
+        tr.Refreshes()._go(tr._Account(tr.REFUSED), tr.START)  # a failed account never starts by itself
 
 
 @pytest.mark.parametrize("status,doc,outcome", [

@@ -44,7 +44,7 @@ PERMANENT_CODES = ("refresh_token_expired", "refresh_token_invalidated", "invali
 IDLE = "idle"
 REFRESHING = "refreshing"
 WAITING = "waiting"  # a transient failure: not before `until`
-FAILED = "failed"  # a permanent failure: until the token changes (a new login)
+REFUSED = "refused"  # a permanent failure: until the token changes (a new login)
 
 # Events.
 START = "start"
@@ -58,9 +58,9 @@ TRANSITIONS: dict[tuple[str, str], str] = {
     (WAITING, START): REFRESHING,
     (REFRESHING, DONE): IDLE,
     (REFRESHING, TRANSIENT): WAITING,
-    (REFRESHING, PERMANENT): FAILED,
+    (REFRESHING, PERMANENT): REFUSED,
     (WAITING, NEW_TOKEN): IDLE,
-    (FAILED, NEW_TOKEN): IDLE,
+    (REFUSED, NEW_TOKEN): IDLE,
     (IDLE, NEW_TOKEN): IDLE,
     (REFRESHING, NEW_TOKEN): REFRESHING,  # its own result decides
 }
@@ -179,7 +179,7 @@ class Refreshes:
         if entry.token and entry.token != auth.fingerprint and entry.state != REFRESHING:
             self._go(entry, NEW_TOKEN)  # a new login or someone else's refresh: start afresh
             entry.failures = 0
-        if entry.state in (REFRESHING, FAILED) or (entry.state == WAITING and now < entry.until):
+        if entry.state in (REFRESHING, REFUSED) or (entry.state == WAITING and now < entry.until):
             return None
         if after_401:
             return None if entry.forced == auth.fingerprint else AFTER_401

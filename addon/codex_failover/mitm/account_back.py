@@ -51,9 +51,10 @@ class AccountBack:
         # each sent, so the re-check can ask its usage endpoint too. Memory only, never stored or shown.
         self.own: OrderedDict[str, tuple[AuthMaterial, str]] = OrderedDict()
 
-    def saw_client(self, auth: AuthMaterial, url: str) -> None:
-        """A client's own (not pooled) credential on a model request to `url`."""
-        if auth.kind != CHATGPT:
+    def saw_client(self, auth: AuthMaterial, url: str, pooled: str | None = None) -> None:
+        """A client's own credential on a model request to `url` (`pooled`: the pool's name for it,
+        re-checked as a pooled credential)."""
+        if auth.kind != CHATGPT or pooled is not None:
             return
         parts = urlsplit(url)
         path = parts.path.rstrip("/")

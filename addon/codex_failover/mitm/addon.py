@@ -57,6 +57,30 @@ log = logging.getLogger("codex_failover")
 STATUS_HOST = "codex-failover.status"
 DISPATCH_FIRST = 0.5  # seconds the request hook waits for the first attempt to leave (see _hold)
 
+def _say_pool(pool: PoolConfig) -> None:
+    """The lines a pool load gives: clamped values, a pool of one kind, the credentials."""
+    for note in pool.notes:
+        log.warning("codex-failover: %s", note)
+    if (kinds := kinds_at_start(pool)) is not None:
+        log.info("codex-failover: %s", kinds)
+    names = ", ".join([*(f"{c.name} ({c.kind})" for c in pool.credentials),
+                       *(f"{s.name} (skipped: its auth file cannot be used)" for s in pool.skipped)]) \
+        or "none (client credential only)"
+    log.info("codex-failover: pool %s: credentials: %s", pool.source or "(no file)", names)
+
+
+def _say_start(clients: ClientAccess) -> None:
+    """The warnings at start: fallbacks in force, a non-loopback listener, unknown options."""
+    for line in fallbacks.in_force():
+        log.warning(line)
+    for host in warm_conn.listen_hosts(ctx.options.mode, ctx.options.listen_host):
+        if not is_loopback_host(host):
+            log.warning("codex-failover: listening on %s; the pool and the status page serve %s",
+                        host or "every interface", clients.describe())
+    for line in unknown_options(getattr(ctx.options, "deferred", {}), ctx.options.keys()):
+        log.warning("codex-failover: %s", line)
+
+
 class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks from it (parts.py)
     def __init__(self) -> None:
         self.pool = PoolConfig()
@@ -85,9 +109,8 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.hops = RelayHops()  # parts, each for the flows of one kind (parts.py)
         self.boundary = ClientBoundary()  # whose requests are the user's own programs' (docs/machine-proxy.md)
         self.back = AccountBack(self)  # cooldowns that end early; failover.reset
-        self.proxyauth = ProxyAuthNotice()  # the first 407 per client address, one line
         self.refresher = TokenRefresher(self)  # pooled ChatGPT logins' tokens (token_refresher.py)
-        self._wire([self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, self.proxyauth,
+        self._wire([self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, ProxyAuthNotice(),
                     UsageAnswer(self),
                     PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host))])
         self.clients = ClientAccess()
@@ -129,9 +152,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
             self.max_body = WsConn.max_message = bounded_body.limit = parsed.max_body  # the WebSocket's, every decode's
         if "failover_metrics" in updated and self._running:
             self._serve_metrics()
-        if "failover_token_refresh" in updated:
-            self.files.expiry.auto = bool(ctx.options.failover_token_refresh)
-        if "failover_config" in updated or "failover_rules" in updated:
+        if updated & {"failover_config", "failover_rules", "failover_token_refresh"}:
             self._load_files()
         if "connection_strategy" in updated or not updated or "failover_config" in updated:
             # Eager connects to the real host at CONNECT time, before an attempt can pick its target.
@@ -140,6 +161,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
                 ctx.options.connection_strategy = "lazy"
 
     def _load_files(self) -> None:
+        self.files.expiry.auto = bool(ctx.options.failover_token_refresh)  # what the token lines say
         self.files.before_load(ctx.options.failover_config or None)
         try:
             pool = load_pool(ctx.options.failover_config or None)
@@ -156,14 +178,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.provenance.idle = pool.policy.session_idle  # an artifact lives as long as its session may
         self.route_health.floor, self.route_health.cap = pool.policy.route_backoff, pool.policy.route_backoff_max
         self.matcher = EndpointMatcher(pool.gated_base_urls)
-        for note in pool.notes:
-            log.warning("codex-failover: %s", note)
-        if (kinds := kinds_at_start(pool)) is not None:
-            log.info("codex-failover: %s", kinds)
-        names = ", ".join([*(f"{c.name} ({c.kind})" for c in pool.credentials),
-                           *(f"{s.name} (skipped: its auth file cannot be used)" for s in pool.skipped)]) \
-            or "none (client credential only)"
-        log.info("codex-failover: pool %s: credentials: %s", pool.source or "(no file)", names)
+        _say_pool(pool)
         self.files.loaded(pool.credentials, self._notices, pool.skipped)
 
     # Synchronous: a script reload calls them outside the loop's await chain (architecture.md#hooks-and-tasks).
@@ -174,14 +189,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self._spawn(self.relay.start())
         self.back.start()
         self.refresher.start()
-        for line in fallbacks.in_force():
-            log.warning(line)
-        for host in warm_conn.listen_hosts(ctx.options.mode, ctx.options.listen_host):
-            if not is_loopback_host(host):
-                log.warning("codex-failover: listening on %s; the pool and the status page serve %s",
-                            host or "every interface", self.clients.describe())
-        for line in unknown_options(getattr(ctx.options, "deferred", {}), ctx.options.keys()):
-            log.warning("codex-failover: %s", line)
+        _say_start(self.clients)
         self.boundary.running()  # a part's, after the addon's own (as mitmproxy ran a nested addon's)
 
     def done(self) -> None:
@@ -245,8 +253,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
             return  # no key of its own, a browser's, another user's, refused lately: untouched, never the pool's
         pooled = next((c.name for c in self.pool.credentials if c.auth.account == client_auth.account), None)
         self.seen_clients.saw(client_auth, pooled)
-        if pooled is None:
-            self.back.saw_client(client_auth, req.url)  # its usage is re-checked with it (memory only)
+        self.back.saw_client(client_auth, req.url, pooled)  # its usage is re-checked with it (memory only)
         if is_websocket_upgrade(req.method, req.headers):
             if ctx.options.failover_websocket == "downgrade":
                 flow.response = client_answers.websocket_downgrade()
@@ -294,10 +301,6 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self._tasks.discard(run.task)
         self.refresher.check(force=True)  # a pooled credential's 401 in this run forces its refresh now
 
-    def http_connect(self, flow: http.HTTPFlow) -> None:
-        if flow.response is not None and flow.response.status_code == 407:  # --proxyauth refused the CONNECT
-            self.proxyauth.refused(flow)
-
     def http_connect_upstream(self, flow: http.HTTPFlow) -> None:
         """Proxy credentials of a route endpoint go to that proxy only, on its CONNECT."""
         endpoint = self.warm.endpoint_of(flow.client_conn)  # the CONNECT of a kept connection's dial
@@ -319,8 +322,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
 
     @command.command("failover.reset")
     def reset(self, name: str) -> str:
-        """End credential NAME's cooldown (or out-of-rotation mark) now; `client` (or a client
-        credential's label tail, e.g. 1a2b) ends the clients' own."""
+        """End credential NAME's cooldown or out-of-rotation mark now (`client`: the clients' own)."""
         return self.back.reset_by_name(name)
 
     @command.command("failover.status")

@@ -23,6 +23,8 @@ class ProxyAuthNotice:
         if flow.response is not None and flow.response.status_code == 407:
             self.refused(flow)
 
+    http_connect = requestheaders  # a CONNECT refused
+
     def refused(self, flow: http.HTTPFlow) -> None:
         peer = flow.client_conn.peername[0] if flow.client_conn.peername else "?"
         if peer in self._told:
