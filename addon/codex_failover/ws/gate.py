@@ -331,9 +331,8 @@ class GateSession:
         last = exhausted_answer(rejection, up.conn.open, self.dialer.last)
         turn = self.gate.turn
         pinned = f", and it cannot move ({turn.why_pinned})" if turn is not None and not turn.movable else ""
-        gap = kind_gap(self.dialer.client_auth, self.shared.pool) if not pinned else None
         self.story.note(f"no other credential can serve turn {turn.n if turn else 0}{pinned}: "
-                        f"delivering the rejection ({last.reason})" + (f"; {gap}" if gap else ""))
+                        f"delivering the rejection ({last.reason}){'' if pinned else _kind_gap(self)}")
         for frame in as_frames(last, self.dialer.soonest()):
             await self.down.send(frame)
         if not up.conn.open:
@@ -377,3 +376,9 @@ def watch_usage(shared: Shared, sid: str, up: Upstream, message: Message) -> Non
             return
         shared.feedback.usage_seen(up.cand.key, up.cand.name, from_event(payload), shared.pool.policy,
                                    f"[{sid}] ", up.cand.full_at)
+
+
+def _kind_gap(session) -> str:
+    """Why nothing of the pool was offered, when it is the kind: `; ...cross_kind...` (or "")."""
+    gap = kind_gap(session.dialer.client_auth, session.shared.pool)
+    return f"; {gap}" if gap else ""
