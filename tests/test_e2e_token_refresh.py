@@ -174,10 +174,12 @@ def test_refresh_token_reused_is_answered_by_reading_the_file_again(fake, tmp_pa
 def test_two_proxies_over_one_redis_refresh_an_account_once_and_both_serve_with_it(fake, tmp_path):
     redis = RedisProcess()
     path = seed(fake, tmp_path / "work")
+    fake.control("/_fake/oauth/next", {"delay": 4})  # the first proxy's refresh is still in flight when the second starts
     proxies = []
     try:
         for n in range(2):
             proxies.append(ProxyProcess(tmp_path / f"p{n}", pool(fake, path, state=redis.url), extra=refresh_opts(fake)))
+        wait_until(lambda: "another proxy is refreshing this account" in proxies[1].log(), 10, "the second's claim refused")
         wait_until(lambda: json.loads(path.read_text())["tokens"]["refresh_token"] != f"rt-{ACCOUNT}-0", 10,
                    "the refresh")
         time.sleep(1.1)  # the auth files are looked at once a second

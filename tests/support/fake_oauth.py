@@ -7,8 +7,9 @@ answers a model request carrying a revoked access token with 401. Test controls 
 `/_fake/oauth/account` {"account", "refresh_token", "access_token", "revoked"?} seeds an account's
 login (`revoked`: its access token is refused already);
 `/_fake/oauth/next` {"scenario": "refresh_token_expired" | "invalid_grant" | "transient" | "race",
-"path": auth.json} decides the next answer ("race": someone else, as Codex would, refreshes that
-file first, so this request's token has been used: 401 refresh_token_reused).
+"path": auth.json, "delay"?: seconds} decides the next answer ("race": someone else, as Codex would,
+refreshes that file first, so this request's token has been used: 401 refresh_token_reused; `delay`:
+the answer comes that much later).
 """
 
 from __future__ import annotations

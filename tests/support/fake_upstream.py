@@ -445,6 +445,8 @@ class FakeUpstream:
             await write_full(writer, 200, {"content-type": "application/json"}, b"{}")
             return True
         if path.split("?")[0] == "/oauth/token" and method == "POST":
+            if self.oauth.next and self.oauth.next[0].get("delay"):  # a slow answer: a refresh stays in flight
+                await asyncio.sleep(float(self.oauth.next[0]["delay"]))
             status, answer = self.oauth.token(body, headers)
             await write_full(writer, status, {"content-type": "application/json"}, json.dumps(answer).encode())
             return True
