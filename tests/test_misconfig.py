@@ -110,3 +110,25 @@ def test_the_first_407_per_client_address_is_one_line(fake, tmp_path):
         assert "PROXY-SECRET-9" not in proxy.log()
     finally:
         proxy.stop()
+
+
+@pytest.mark.e2e
+def test_a_gated_turn_of_the_other_kind_says_cross_kind_when_nothing_can_serve_it(fake, tmp_path):
+    from harness import WsClient
+
+    text, env = pool_yaml(fake.base, [("k1", "sk-test-k1-good")], cooldown_wait="0")
+    proxy = ProxyProcess(tmp_path, text, env, extra=["--set", "failover_websocket=gate"])
+    try:
+        client = WsClient.connect(proxy.port, f"{fake.base}/v1/responses", {
+            "authorization": f"Bearer {_jwt({'exp': time.time() + 60})}", "chatgpt-account-id": "acct-client-overload",
+            "openai-beta": "responses_websockets=2026-02-06", "session-id": "thread-1"})
+        client.send_json({"type": "response.create", "model": "gpt-fake", "stream": True, "store": False,
+                          "input": [{"type": "message", "role": "user",
+                                     "content": [{"type": "input_text", "text": "hi"}]}]})
+        events = client.recv_turn(10)
+        client.close()
+        assert events[-1]["type"] == "error"
+        line = wait_until(lambda: _lines(proxy, "no other credential can serve turn"), 5, "the gate's line")[0]
+        assert "the pool has only API-key credentials" in line and "cross_kind" in line
+    finally:
+        proxy.stop()
