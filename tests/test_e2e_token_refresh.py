@@ -245,3 +245,23 @@ def test_real_codex_refreshes_with_the_refresh_token_the_proxy_wrote(tmp_path, c
             if p is not None:
                 p.stop()
         fake.stop()
+
+
+def test_a_redis_claim_is_held_by_one_proxy_and_released_by_it_only():
+    from codex_failover.state_store import RedisStore
+
+    redis = RedisProcess()
+    try:
+        store = RedisStore(redis.url, "cf46")
+        assert store.claim("refresh:acct", "proxy-a", 5.0)
+        assert not store.claim("refresh:acct", "proxy-b", 5.0)  # held
+        store.release("refresh:acct", "proxy-b")  # not its claim: no effect
+        assert not store.claim("refresh:acct", "proxy-b", 5.0)
+        store.release("refresh:acct", "proxy-a")
+        assert store.claim("refresh:acct", "proxy-b", 0.2)
+        time.sleep(0.3)  # a claim lapses by itself (a proxy that died mid-refresh)
+        assert store.claim("refresh:acct", "proxy-c", 5.0)
+        assert store.load(time.time()) == []  # claims are not rows
+        store.close()
+    finally:
+        redis.stop()
