@@ -66,7 +66,6 @@ def test_example_pool_file_documents_every_policy_field():
         ("credentials:\n  - name: a\n", "credentials[0] (a): give exactly one of auth_file or api_key_env"),
         ("credentials:\n  - name: a b\n    api_key_env: K\n", "credentials[0].name"),
         ("credentials:\n  - name: a\n    api_key_env: MISSING\n", "credentials[0].api_key_env: environment variable MISSING is not set"),
-        ("credentials:\n  - name: a\n    auth_file: /nonexistent/auth.json\n", "credentials[0].auth_file: cannot read"),
         ("credentials:\n  - {name: a, api_key_env: K}\n  - {name: a, api_key_env: K}\n", "credentials[1].name: duplicate name 'a'"),
         ("credentials:\n  - {name: a, api_key_env: K, base_url: 'ftp://x'}\n", "credentials[0].base_url"),
         ("credentials:\n  - {name: a, api_key_env: K, base_url: 'https://u:p@x/v1'}\n", "credentials in the URL"),
@@ -87,6 +86,37 @@ def test_broken_pool_files_name_file_field_and_problem(tmp_path, text, needle):
     assert str(path) in message
     assert needle in message
     assert "sk-secret-value" not in message
+
+
+@pytest.mark.parametrize("content,problem", [
+    (None, "No such file or directory"),  # removed
+    ("", "is empty"),  # emptied
+    (json.dumps({"OPENAI_API_KEY": None, "tokens": None, "last_refresh": None}), "logged out"),  # `codex logout`
+    ("{broken", "not valid JSON"),
+])
+def test_unusable_auth_file_is_skipped_not_fatal(tmp_path, content, problem):
+    """A credential whose auth.json cannot be used does not stop the start: it is skipped, named,
+    and the rest of the pool loads."""
+    home = tmp_path / "spare"
+    home.mkdir()
+    if content is not None:
+        (home / "auth.json").write_text(content)
+    path = write(tmp_path, f"credentials:\n  - name: spare\n    auth_file: {home}/auth.json\n"
+                           "  - name: key\n    api_key_env: K\n")
+    pool = load_pool(path, {"K": "sk-secret-value"})
+    assert [c.name for c in pool.credentials] == ["key"]
+    (skip,) = pool.skipped
+    assert (skip.name, skip.auth_file) == ("spare", str(home / "auth.json"))
+    assert problem in skip.problem
+    line = skip.line(f"CODEX_HOME={home} codex login")
+    assert str(home / "auth.json") in line and "codex login" in line
+
+
+def test_skipped_name_still_counts_for_duplicates(tmp_path):
+    path = write(tmp_path, f"credentials:\n  - name: a\n    auth_file: {tmp_path}/none.json\n"
+                           "  - name: a\n    api_key_env: K\n")
+    with pytest.raises(ConfigError, match="duplicate name 'a'"):
+        load_pool(path, {"K": "sk-secret-value"})
 
 
 def test_auth_file_without_credentials(tmp_path):

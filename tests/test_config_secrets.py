@@ -154,7 +154,26 @@ def assert_clean(message, secret):
         assert value not in message, message
 
 
-@pytest.mark.parametrize("name,doc,auth,field,secret,needle,scrub_only", ROWS, ids=[r[0] for r in ROWS])
+FATAL = [r for r in ROWS if r[2] is None]  # an auth.json that cannot be used skips its credential instead
+
+
+@pytest.mark.parametrize("name,doc,auth,field,secret,needle,scrub_only",
+                         [r for r in ROWS if r[2] is not None], ids=[r[0] for r in ROWS if r[2] is not None])
+def test_unusable_auth_file_skips_its_credential_without_the_secret(tmp_path, name, doc, auth, field, secret, needle,
+                                                                   scrub_only):
+    """A credential whose auth.json cannot be used is skipped, never fatal: its problem (the line
+    the proxy logs) names the file and never quotes what the file holds."""
+    path = write(tmp_path, doc, auth)
+    pool = load_pool(path, ENV)
+    assert pool.credentials == ()
+    (skip,) = pool.skipped
+    assert skip.name == "a"
+    assert str(tmp_path / "auth.json") in skip.problem
+    assert needle in skip.problem
+    assert_clean(skip.line("codex login"), secret)
+
+
+@pytest.mark.parametrize("name,doc,auth,field,secret,needle,scrub_only", FATAL, ids=[r[0] for r in FATAL])
 def test_error_names_file_field_line_and_never_the_secret(tmp_path, name, doc, auth, field, secret, needle, scrub_only):
     path = write(tmp_path, doc, auth)
     with pytest.raises(ConfigError) as info:
@@ -169,7 +188,7 @@ def test_error_names_file_field_line_and_never_the_secret(tmp_path, name, doc, a
 
 
 @pytest.mark.parametrize("name,doc,auth,field,secret,needle,scrub_only",
-                         [r for r in ROWS if not r[-1]], ids=[r[0] for r in ROWS if not r[-1]])
+                         [r for r in FATAL if not r[-1]], ids=[r[0] for r in FATAL if not r[-1]])
 def test_no_message_formats_a_secret_even_without_the_scrub(tmp_path, name, doc, auth, field, secret, needle, scrub_only):
     """The first line of defence alone: each message is built without the secret."""
     write(tmp_path, doc, auth)

@@ -27,8 +27,8 @@ def start(fake, tmp_path, **policy) -> tuple[ProxyProcess, dict[str, str]]:
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps({"tokens": {"access_token": tokens[name], "account_id": f"acct-{name}"}}))
         lines += [f"  - name: {name}", f"    auth_file: {path}", f"    base_url: {fake.base}/backend-api/codex"]
-    lines += ["policy:", "  use_client_credential: false", "  bootstrap_timeout: 5s",
-              *(f"  {k}: {v}" for k, v in policy.items())]
+    settings = {"use_client_credential": "false", "bootstrap_timeout": "5s", **policy}
+    lines += ["policy:", *(f"  {k}: {v}" for k, v in settings.items())]
     return ProxyProcess(tmp_path, "\n".join(lines) + "\n"), tokens
 
 
@@ -107,7 +107,65 @@ def test_a_cooldown_ended_by_hand_from_the_status_page(fake, tmp_path):
         assert "credential a: cooldown ended (ended by hand; was usage_limit)" in proxy.log()
         assert turn(proxy, fake) == "acct-a"
         unknown = request(proxy.port, "POST", "http://codex-failover.status/reset/nobody")
-        assert "no credential named 'nobody'" in json.loads(unknown.body)["result"]
+        assert unknown.status == 404
+        doc = json.loads(unknown.body)
+        assert "no credential named 'nobody'" in doc["error"] and doc["names"][:3] == ["a", "b", "client"]
+        assert request(proxy.port, "POST", "http://codex-failover.status/reset/").status == 404  # naming nothing
+    finally:
+        proxy.stop()
+
+
+# -- the client's own account comes back -----------------------------------------------------------
+
+def start_own(fake, tmp_path, **policy) -> ProxyProcess:
+    """A pool (a, b) behind the client's own ChatGPT account, which is tried first."""
+    proxy, _ = start(fake, tmp_path, **policy)
+    return proxy
+
+
+def own_turn(proxy, fake) -> str:
+    reply = post_responses(proxy.port, f"{fake.base}/backend-api/codex/responses", jwt({"exp": time.time() + 60}),
+                           headers={"chatgpt-account-id": "acct-own"})
+    assert reply.status == 200, reply.body[:300]
+    return fake.model_requests()[-1]["credential"]
+
+
+def limit_own(proxy, fake) -> None:
+    fake.overload_next("acct-own", 1, "usage-limit")
+    assert own_turn(proxy, fake) == "acct-a"  # the own account's 429 usage_limit_reached: moved
+    assert own_turn(proxy, fake) == "acct-a"  # and it is skipped while it cools
+    (client,) = proxy_status(proxy.port)["clients"]
+    assert client["state"] == "cooling" and client["reason"] == "usage_limit"
+
+
+def test_the_own_accounts_usage_limit_ends_when_its_usage_endpoint_reports_headroom(fake, tmp_path):
+    proxy = start_own(fake, tmp_path, usage_recheck="1s", use_client_credential="true")
+    try:
+        fake.control("/_fake/usage", {"credential": "acct-own", "used_percent": 100})
+        limit_own(proxy, fake)
+        wait_until(lambda: any(r.get("scenario") == "usage" for r in fake.requests()), 10, "the first re-check")
+        fake.control("/_fake/usage", {"credential": "acct-own", "used_percent": 10})  # credits bought
+        wait_until(lambda: "credential client account …-own: cooldown ended (usage endpoint reports headroom"
+                   in proxy.log(), 10, "the own account's re-check")
+        asked = [r for r in fake.requests() if r.get("scenario") == "usage"]
+        assert {r["credential"] for r in asked} == {"acct-own"}  # with the token of its last request
+        assert own_turn(proxy, fake) == "acct-own"  # served again
+    finally:
+        proxy.stop()
+
+
+@pytest.mark.parametrize("name", ["client", "-own"])
+def test_the_own_accounts_usage_limit_ended_by_hand(fake, tmp_path, name):
+    proxy = start_own(fake, tmp_path, use_client_credential="true")
+    try:
+        limit_own(proxy, fake)
+        answer = request(proxy.port, "POST", f"http://codex-failover.status/reset/{name}")
+        assert answer.status == 200, answer.body
+        assert "credential client account …-own: cooldown ended (ended by hand; was usage_limit)" in \
+            json.loads(answer.body)["result"]
+        assert own_turn(proxy, fake) == "acct-own"
+        again = request(proxy.port, "POST", f"http://codex-failover.status/reset/{name}")
+        assert again.status == 200 and "nothing to end" in json.loads(again.body)["result"]
     finally:
         proxy.stop()
 

@@ -234,8 +234,6 @@ SECRET = "PLANTED-SECRET-7"
 @pytest.mark.parametrize("name, pool, expect", [
     ("missing env var", "credentials:\n  - name: a\n    api_key_env: CF_TEST_NOT_SET\n",
      "credentials[0].api_key_env: environment variable CF_TEST_NOT_SET is not set or empty"),
-    ("unreadable auth file", "credentials:\n  - name: a\n    auth_file: /nonexistent/auth.json\n",
-     "credentials[0].auth_file:"),
     ("unknown field", "credentials: []\npolicy:\n  max_atempts: 3\n", "policy: unknown field(s) max_atempts"),
     ("YAML syntax error on a line with a secret", f"routes:\n  corp: [http://puser:{SECRET}@127.0.0.1:3128\n",
      "not valid YAML at line 3, column 1:"),

@@ -20,7 +20,7 @@ import yaml
 
 from .core.auth import APIKEY, CHATGPT, AuthError, AuthMaterial, auth_from_document, read_auth_file
 from .core.cooldown_policy import OverloadConfigError, parse_overload
-from .core.policy import Credential, Policy, PoolConfig, StateConfig
+from .core.policy import Credential, Policy, PoolConfig, Skipped, StateConfig
 from .core.recovery import RecoveryConfigError, parse_recovery
 from .core.routes import DIRECT, RouteError, looks_like_key, looks_like_secret, name_problem, parse_routes, redact_url
 from .core.units import parse_duration
@@ -44,6 +44,15 @@ __all__ = ["ConfigError", "Credential", "Policy", "PoolConfig", "StateConfig", "
 
 class ConfigError(ValueError):
     pass
+
+
+class _Unusable(Exception):
+    """A credential whose auth file cannot be used now: skipped, not fatal (config never stops the
+    start for one credential's file)."""
+
+    def __init__(self, skipped: Skipped) -> None:
+        super().__init__(skipped.problem)
+        self.skipped = skipped
 
 
 _POLICY_FIELDS = {
@@ -178,8 +187,16 @@ def _parse_pool(doc: object, source: str, environ: Mapping[str, str], base_dir: 
         raise ConfigError(f"{where}: credentials: expected a list")
     seen: set[str] = set()
     parsed = []
+    skipped = []
     for i, item in enumerate(creds):
-        cred = _credential(item, f"{where}: credentials[{i}]", environ, base_dir)
+        try:
+            cred = _credential(item, f"{where}: credentials[{i}]", environ, base_dir)
+        except _Unusable as exc:
+            if exc.skipped.name in seen:
+                raise ConfigError(f"{where}: credentials[{i}].name: duplicate name {exc.skipped.name!r}") from None
+            seen.add(exc.skipped.name)
+            skipped.append(exc.skipped)
+            continue
         if cred.route != DIRECT and cred.route not in routes:
             known = ", ".join(sorted(routes)) or "none defined"
             raise ConfigError(f"{where}: credentials[{i}].route: unknown route {_show(cred.route)} (routes: {known})")
@@ -192,7 +209,7 @@ def _parse_pool(doc: object, source: str, environ: Mapping[str, str], base_dir: 
         raise ConfigError(f"{where}: base_urls: expected a list of URLs")
     base_urls = tuple(_base_url(u, f"{where}: base_urls[{i}]") for i, u in enumerate(urls or []))
     state = _state(top.get("state"), f"{where}: state")
-    return PoolConfig(tuple(parsed), policy, source, base_urls, routes, recovery, tuple(notes), state)
+    return PoolConfig(tuple(parsed), policy, source, base_urls, routes, recovery, tuple(notes), state, tuple(skipped))
 
 
 def _state(doc: object, where: str) -> StateConfig:
@@ -261,7 +278,7 @@ def _credential(doc: object, where: str, environ: Mapping[str, str], base_dir: P
     if has_file == has_env:
         raise ConfigError(f"{where} ({name}): give exactly one of auth_file or api_key_env")
     if has_file:
-        auth, source = _auth_file(entry["auth_file"], f"{where}.auth_file", base_dir)
+        auth, source = _auth_file(entry["auth_file"], f"{where}.auth_file", base_dir, name)
     else:
         auth, source = _api_key_env(entry["api_key_env"], f"{where}.api_key_env", environ)
     base_url = entry.get("base_url", DEFAULT_BASE_URL[auth.kind])
@@ -308,7 +325,7 @@ def _account_field(entry: Mapping[str, Any], key: str, where: str, kind: str) ->
     return value
 
 
-def _auth_file(value: object, where: str, base_dir: Path) -> tuple[AuthMaterial, str]:
+def _auth_file(value: object, where: str, base_dir: Path, name: str) -> tuple[AuthMaterial, str]:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{where}: expected a path to a Codex auth.json")
     if looks_like_secret(value) and "/" not in value and "\\" not in value:
@@ -323,7 +340,8 @@ def _auth_file(value: object, where: str, base_dir: Path) -> tuple[AuthMaterial,
         message = str(exc)
         if any(looks_like_secret(part) for part in re.split(r"[/\\]", value)):
             message = message.replace(str(path), "the file (its path is not shown: part of it looks like a secret)")
-        raise ConfigError(f"{where}: {message}") from None
+            raise ConfigError(f"{where}: {message}") from None  # a secret in the pool file: fix that first
+        raise _Unusable(Skipped(name, str(path), message)) from None
 
 
 def _api_key_env(value: object, where: str, environ: Mapping[str, str]) -> tuple[AuthMaterial, str]:

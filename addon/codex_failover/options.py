@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import difflib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from .core.client_access import ClientAccess, ClientAccessError, parse_networks
 from .core.intercept_scope import MODES as INTERCEPT_MODES
+from .core.token_refresh import DEFAULT_URL as DEFAULT_REFRESH_URL
 from .core.units import parse_size
 from .metrics import parse_address
 
@@ -34,9 +37,29 @@ def add_options(loader) -> None:
                       "The first attempt, on the client's own credential to the URL it asked for, goes on the "
                       "client's own connection (mitmproxy's), its answer held there; off: every attempt goes "
                       "over the addon's kept upstream connections (a second flow each: more CPU a request).")
+    loader.add_option("failover_token_refresh", bool, True,
+                      "Refresh pooled ChatGPT logins' tokens as Codex does (before they end, past 8 days, once "
+                      "after a 401), writing the new tokens back to their auth.json; off: never refresh.")
+    loader.add_option("failover_refresh_url", str, DEFAULT_REFRESH_URL,
+                      "The token endpoint pooled ChatGPT logins are refreshed at (for tests and gateways).")
     loader.add_option("failover_verbose", bool, False,
                       "Also log mitmproxy's per-connection lines (every client's, the attempts' and relay "
                       "hops') and mitmdump's flow echo; off: the addon's lines, warnings and errors only.")
+
+
+def unknown_options(deferred: Iterable[str], known: Iterable[str]) -> list[str]:
+    """One line per option given with --set that nothing knows (mitmproxy keeps them aside, in
+    `options.deferred`, and says nothing) and that looks like one of the addon's: its name and the
+    closest real one. The value is never shown (it may be a secret)."""
+    ours = sorted(k for k in known if k.startswith("failover_"))
+    out = []
+    for name in sorted(set(deferred) - set(known)):
+        close = difflib.get_close_matches(name, ours, n=1, cutoff=0.6)
+        if not close and not name.startswith(("failover", "codex")):
+            continue
+        hint = f"did you mean {close[0]}?" if close else f"the addon's options are {', '.join(ours)}"
+        out.append(f"unknown option {name} (--set {name}=...) is ignored; {hint}")
+    return out
 
 
 @dataclass
@@ -62,6 +85,11 @@ def parse_options(options, updated: set[str]) -> Parsed:
             parsed.max_body = parse_size(options.failover_max_body)
         except ValueError:
             raise ValueError(f"failover_max_body: {options.failover_max_body!r} is not a size (e.g. 32m)") from None
+    if "failover_refresh_url" in updated:
+        parts = urlsplit(options.failover_refresh_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc:
+            raise ValueError("failover_refresh_url: expected an http(s) URL without user:password "
+                             f"(default {DEFAULT_REFRESH_URL})")
     if "failover_metrics" in updated and options.failover_metrics:
         parse_address(options.failover_metrics)
     if "mode" in updated and any(m.startswith("upstream:") for m in options.mode):

@@ -251,6 +251,7 @@ class RedisStore:
 
         self.url = url
         self.prefix = f"codex-failover:{namespace}:"
+        self.claims = f"codex-failover-claim:{namespace}:"  # not rows: `load` never sees them
         self._redis = redis.Redis.from_url(url, socket_timeout=REDIS_TIMEOUT, socket_connect_timeout=REDIS_TIMEOUT,
                                            retry_on_timeout=False)
 
@@ -290,6 +291,17 @@ class RedisStore:
 
     def close(self) -> None:
         self._redis.close()
+
+    # A claim on a piece of work only one proxy may do at a time (an account's token refresh): a
+    # key of its own (outside the rows' prefix), set only if absent, expiring by itself.
+    _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+
+    def claim(self, what: str, owner: str, ttl: float) -> bool:
+        return bool(self._redis.set(self.claims + what, owner, nx=True,
+                                    px=max(1, int(ttl * 1000))))
+
+    def release(self, what: str, owner: str) -> None:
+        self._redis.eval(self._RELEASE, 1, self.claims + what, owner)
 
 
 def open_store(spec: str, namespace: str, environ=os.environ) -> Store:

@@ -30,6 +30,7 @@ import sys
 import time
 from contextlib import suppress
 
+from fake_oauth import FakeOAuth
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
 from wsproto.events import AcceptConnection, CloseConnection, Ping, Request, TextMessage
@@ -399,6 +400,7 @@ class FakeUpstream:
         self.idle: dict[int, asyncio.StreamWriter] = {}  # connections waiting for their next request
         self.server: asyncio.Server | None = None
         self.port = 0
+        self.oauth = FakeOAuth(self._log)  # the token endpoint (fake_oauth.py), at /oauth/token
 
     async def start(self, port: int = 0, tls: ssl.SSLContext | None = None) -> int:
         self.server = await asyncio.start_server(self.handle, "127.0.0.1", port, ssl=tls)
@@ -433,6 +435,27 @@ class FakeUpstream:
         scenario = scenario_of(headers)
         record = {"ts": time.time(), "method": method, "path": path, "credential": label_of(headers),
                   "scenario": scenario, "turn_state": headers.get("x-codex-turn-state"), "conn": conn}
+        record["auth_sha"] = hashlib.sha256(headers.get("authorization", "").encode()).hexdigest()[:12]
+        if path.startswith("/_fake/oauth/") and method == "POST":
+            order = json.loads(body or b"{}")
+            if path == "/_fake/oauth/account":
+                self.oauth.seed(order)
+            else:
+                self.oauth.next.append(order)
+            await write_full(writer, 200, {"content-type": "application/json"}, b"{}")
+            return True
+        if path.split("?")[0] == "/oauth/token" and method == "POST":
+            if self.oauth.next and self.oauth.next[0].get("delay"):  # a slow answer: a refresh stays in flight
+                await asyncio.sleep(float(self.oauth.next[0]["delay"]))
+            status, answer = self.oauth.token(body, headers)
+            await write_full(writer, status, {"content-type": "application/json"}, json.dumps(answer).encode())
+            return True
+        if headers.get("authorization", "")[7:] in self.oauth.revoked:
+            record["scenario"] = "revoked"
+            self._log(record)
+            await write_full(writer, *json_error(401, {"message": "Your authentication token has expired.",
+                                                       "type": "invalid_request_error", "code": "token_expired"}))
+            return True
         if path == "/_fake/close-idle" and method == "POST":
             # Test control: close every connection waiting for its next request (a server's idle timeout).
             closed = len(self.idle)

@@ -1,8 +1,9 @@
 """Credentials as Codex keeps them: `auth.json` files and API keys. Pure: no network, no logging.
 
-The addon never refreshes a token (refresh tokens are single-use and a running Codex may own
-them); it only reads what `codex login` wrote. An `AuthError` names the file and the problem
-(and, for broken JSON, the line and column), never a token or key it holds.
+It reads what `codex login` (or a token refresh, core/token_refresh.py) wrote. An `AuthError` names
+the file and the problem (and, for broken JSON, the line and column), never a token or key it holds;
+an `AuthGone` is the kind that means "no credential here now" (the file is missing, empty, or
+logged out: `"tokens": null`), which `codex login` fixes.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import base64
 import binascii
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
@@ -23,6 +26,10 @@ AUTH_CLAIM = "https://api.openai.com/auth"
 
 class AuthError(ValueError):
     pass
+
+
+class AuthGone(AuthError):
+    """The file holds no credential now: missing, empty, or logged out (`codex logout`)."""
 
 
 @dataclass(frozen=True)
@@ -38,11 +45,26 @@ class AuthMaterial:
     # OpenAI-Organization / OpenAI-Project on the attempts moved to this credential.
     organization: str | None = None
     project: str | None = None
+    # ChatGPT login only: when Codex (or the addon) last refreshed it (`last_refresh`), and whether
+    # the file has a refresh token at all. The refresh token itself is read from the file when used.
+    last_refresh: float | None = None
+    refreshable: bool = False
 
     @cached_property  # a request compares it with each pooled credential's
     def fingerprint(self) -> str:
         """A stable, non-reversible id for matching the same secret seen twice."""
         return fingerprint(self.token)
+
+    @cached_property
+    def account(self) -> str:
+        """Who this is, across token refreshes: a ChatGPT login's account id and user (a refresh
+        changes the token, never these), else the secret's fingerprint. Matching a pooled credential
+        with the client's, sessions, usage and reset credits go by it."""
+        if self.kind == CHATGPT and self.account_id:
+            user = _auth_claim(jwt_claims(self.token))
+            who = user.get("chatgpt_user_id") or user.get("user_id") or ""
+            return fingerprint(f"chatgpt:{self.account_id}:{who}")
+        return self.fingerprint
 
     def headers(self) -> dict[str, str]:
         headers = {"Authorization": f"Bearer {self.token}"}
@@ -83,10 +105,14 @@ def read_auth_file(path: str | Path) -> AuthMaterial:
     path = Path(path).expanduser()
     try:
         text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise AuthGone(f"cannot read {path}: No such file or directory") from None
     except OSError as exc:
         raise AuthError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
     except UnicodeDecodeError as exc:
         raise AuthError(f"{path} is not UTF-8 text (byte {exc.start + 1}; expected a Codex auth.json)") from None
+    if not text.strip():
+        raise AuthGone(f"{path} is empty")
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -103,14 +129,34 @@ def read_auth_file(path: str | Path) -> AuthMaterial:
 def auth_from_document(doc: dict[str, Any], where: str) -> AuthMaterial:
     tokens = doc.get("tokens")
     if isinstance(tokens, dict) and isinstance(tokens.get("access_token"), str) and tokens["access_token"]:
-        return _chatgpt_material(tokens, where)
+        return _chatgpt_material(tokens, where, parse_time(doc.get("last_refresh")))
     key = doc.get("OPENAI_API_KEY")
     if isinstance(key, str) and key.strip():
         return AuthMaterial(APIKEY, key.strip())
-    raise AuthError(f"{where}: holds neither tokens.access_token nor OPENAI_API_KEY (run `codex login`)")
+    raise AuthGone(f"{where}: holds neither tokens.access_token nor OPENAI_API_KEY (logged out)")
 
 
-def _chatgpt_material(tokens: dict[str, Any], where: str) -> AuthMaterial:
+def parse_time(value: object) -> float | None:
+    """An RFC 3339 time as Codex writes `last_refresh` (nanoseconds allowed), as epoch seconds."""
+    if not isinstance(value, str):
+        return None
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", value.strip())
+    if m is None:
+        return None
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    try:
+        at = datetime.fromisoformat(m.group(1) + zone).timestamp()
+    except ValueError:
+        return None
+    return at + (float("0." + m.group(2)) if m.group(2) else 0.0)
+
+
+def format_time(at: float) -> str:
+    """Epoch seconds as Codex writes `last_refresh` (RFC 3339, UTC, microseconds)."""
+    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _chatgpt_material(tokens: dict[str, Any], where: str, last_refresh: float | None = None) -> AuthMaterial:
     access = tokens["access_token"]
     access_claims = jwt_claims(access)
     account = tokens.get("account_id")
@@ -128,6 +174,8 @@ def _chatgpt_material(tokens: dict[str, Any], where: str) -> AuthMaterial:
         account_id=account,
         fedramp=bool(auth_claim.get("chatgpt_account_is_fedramp")),
         expires_at=float(exp) if isinstance(exp, (int, float)) else None,
+        last_refresh=last_refresh,
+        refreshable=isinstance(tokens.get("refresh_token"), str) and bool(tokens["refresh_token"]),
     )
 
 

@@ -24,7 +24,7 @@ class Candidate:
 
 
 def client_key(auth: AuthMaterial | None) -> str:
-    return f"{CLIENT}:{auth.fingerprint}" if auth else CLIENT
+    return f"{CLIENT}:{auth.account}" if auth else CLIENT  # the account: a token refresh keeps it
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,8 @@ def make_plan(client_auth: AuthMaterial | None, pool: PoolConfig, health: Health
     its state (`bound`, by key), or its own when that is unknown or no longer in the pool. A movable
     request's credentials known to lack its `model` are `lacking`, not tried."""
     policy = pool.policy
-    pooled = {c.auth.fingerprint: c for c in pool.credentials}
-    own = pooled.get(client_auth.fingerprint) if client_auth else None
+    pooled = {c.auth.account: c for c in pool.credentials}  # by account: a refresh changes the token, not it
+    own = pooled.get(client_auth.account) if client_auth else None
     client = _as_candidate(own, is_client=True) if own else Candidate(client_key(client_auth), CLIENT, None, None, True)
     if not movable:
         home = next((c for c in pool.credentials if c.name == bound and c is not own), None) if bound else None

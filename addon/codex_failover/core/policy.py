@@ -61,6 +61,19 @@ class Credential:
 
 
 @dataclass(frozen=True)
+class Skipped:
+    """A credential of the pool file whose auth file holds no usable credential now (missing, empty,
+    logged out, unreadable): not in rotation, watched, and back once the file can be used."""
+
+    name: str
+    auth_file: str
+    problem: str  # what is wrong, naming the file; never a secret
+
+    def line(self, fix: str) -> str:
+        return f"credential {self.name}: {self.problem}; skipped until it can be used ({fix})"
+
+
+@dataclass(frozen=True)
 class StateConfig:
     """Where pool state outlives the process (docs/state.md)."""
 
@@ -78,6 +91,7 @@ class PoolConfig:
     recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
     notes: tuple[str, ...] = ()  # values clamped to their bounds, logged at load
     state: StateConfig = field(default_factory=lambda: StateConfig())
+    skipped: tuple[Skipped, ...] = ()  # configured, but their auth file cannot be used now
 
     @property
     def gated_base_urls(self) -> tuple[str, ...]:

@@ -44,6 +44,10 @@ def build(pool: PoolConfig, health: Health, usage: UsageBook, seen_clients: Seen
         if cred.auth.expires_at is not None and cred.auth.expires_at <= now:
             entry["state"], entry["reason"] = "expired", f"refresh it: {token_expiry.refresh_command(cred)}"
         creds.append(entry)
+    for skip in pool.skipped:  # configured, but its auth file cannot be used now
+        creds.append({"name": skip.name, "kind": "-", "base_url": "-", "route": "-", "state": "skipped",
+                      "reason": f"{skip.problem}; {token_expiry.login_command(skip.auth_file)}", "usage": "-",
+                      "usage_windows": []})
     seen = {key: (name, kind, round(ago)) for key, name, kind, ago in seen_clients.recent()}
     # Plus clients' credentials not seen here but cooling or out (learnt from a shared store).
     others = [key for key, *_ in health.entries() if key.startswith("client:") and key not in seen]
@@ -69,7 +73,7 @@ def render(report: dict[str, Any]) -> str:
         text = c["state"]
         if c["state"] == "cooling":
             text += f" for {c['cooling_for_s']:.0f}s more ({c['reason']})"
-        elif c["state"] in ("out", "expired"):
+        elif c["state"] in ("out", "expired", "skipped"):
             text += f": {c['reason']}"
         if "cooldown_ended" in c:
             e = c["cooldown_ended"]

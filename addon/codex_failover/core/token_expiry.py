@@ -1,10 +1,11 @@
 """When each pooled ChatGPT credential's access token expires, and the command that refreshes it.
 
-The addon never refreshes a token (a refresh token is single-use and shared with that account's own
-Codex), so a spare that only the pool uses simply runs out. Without warning, that shows at the first
-request that skips it. This module says it ahead of time: at start-up one line per ChatGPT spare
-(when it expires and how to refresh it), and later one warning per token once it is under
-WARN_WITHIN of its end; the status page carries the same facts. Pure: the clock is passed in.
+The proxy refreshes pooled logins itself (core/token_refresh.py, on by default): then this module
+only says when each token ends. With `failover_token_refresh` off, or for a login without a refresh
+token, a spare that only the pool uses runs out; without warning that shows at the first request
+that skips it. So this module says it ahead of time: at start-up one line per ChatGPT spare (when it
+expires and how to refresh it), and later one warning per token once it is under WARN_WITHIN of its
+end; the status page carries the same facts. Pure: the clock is passed in.
 """
 
 from __future__ import annotations
@@ -23,9 +24,14 @@ WARN_WITHIN = 24 * 3600.0  # seconds before `exp` a token is worth a warning
 def refresh_command(cred: Credential) -> str:
     """`CODEX_HOME=<folder of its auth.json> codex login`: `codex login` writes the auth.json of
     the folder CODEX_HOME names (~/.codex when unset)."""
-    if not cred.auth_file:
+    return login_command(cred.auth_file)
+
+
+def login_command(auth_file: str | None) -> str:
+    """The command that writes `auth_file` anew (see refresh_command)."""
+    if not auth_file:
         return "codex login (for that account)"
-    folder = str(Path(cred.auth_file).expanduser().parent)
+    folder = str(Path(auth_file).expanduser().parent)
     rest = folder[len(str(Path.home())) + 1:] if folder.startswith(str(Path.home()) + "/") else None
     shown = f"~/{rest}" if rest and shlex.quote(rest) == rest else shlex.quote(folder)  # ~ expands after =
     return f"CODEX_HOME={shown} codex login"
@@ -53,13 +59,20 @@ def describe(cred: Credential, now: float) -> dict[str, Any] | None:
             "token_expires_in_s": round(at - now), "refresh": refresh_command(cred)}
 
 
-def line(cred: Credential, now: float) -> tuple[bool, str] | None:
+def line(cred: Credential, now: float, auto: bool = False) -> tuple[bool, str] | None:
     """(a warning?, the line) for a ChatGPT credential's token: expired, expiring within
-    WARN_WITHIN, or fine; None when it has no `exp`."""
+    WARN_WITHIN, or fine; None when it has no `exp`. `auto`: the proxy refreshes tokens itself
+    (failover_token_refresh), so a login with a refresh token needs nothing from the user."""
     at = cred.auth.expires_at
     if cred.kind != CHATGPT or at is None:
         return None
     remaining = at - now
+    if auto and cred.auth.refreshable:
+        if remaining <= 0:
+            return True, (f"credential {cred.name}: its ChatGPT access token expired at {_when(at)}; it is skipped "
+                          f"until the proxy has refreshed it (if that fails: {refresh_command(cred)})")
+        return False, (f"credential {cred.name}: ChatGPT access token expires at {_when(at)}, in {left(remaining)}; "
+                       "the proxy refreshes it (after 8 days, or a day before its end)")
     if remaining <= 0:
         return True, (f"credential {cred.name}: its ChatGPT access token expired at {_when(at)}; it is skipped until "
                       f"refreshed: {refresh_command(cred)}")
@@ -75,11 +88,12 @@ class ExpiryWatch:
 
     def __init__(self) -> None:
         self._warned: set[tuple[str, float]] = set()
+        self.auto = False  # the proxy refreshes tokens itself (failover_token_refresh)
 
     def at_start(self, creds: Iterable[Credential], now: float) -> list[tuple[bool, str]]:
         out = []
         for cred in creds:
-            found = line(cred, now)
+            found = line(cred, now, self.auto)
             if found is not None:
                 out.append(found)
                 if found[0] and cred.auth.expires_at is not None:  # (found: it has an `exp`)
@@ -91,7 +105,8 @@ class ExpiryWatch:
         out = []
         for cred in creds:
             at = cred.auth.expires_at
-            if cred.kind != CHATGPT or at is None or at - now > WARN_WITHIN or (cred.name, at) in self._warned:
+            if cred.kind != CHATGPT or at is None or at - now > WARN_WITHIN or (cred.name, at) in self._warned \
+                    or (self.auto and cred.auth.refreshable):
                 continue
             self._warned.add((cred.name, at))
             found = line(cred, now)  # never None here: a ChatGPT credential with an `exp`

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from urllib.parse import unquote
+from collections import OrderedDict
+from urllib.parse import unquote, urlsplit
 
 from mitmproxy import http
 
@@ -28,7 +29,8 @@ from ..core.cooldown_end import (
     usage_windows,
 )
 from ..core.health import Health
-from ..core.planner import client_key
+from ..core.planner import CLIENT, client_key
+from ..core.seen_clients import MAX_SEEN, label
 from ..core.usage import UsageBook
 from ..net.usage_fetch import get_json
 from .attempt import ATTEMPT_TAG
@@ -45,6 +47,24 @@ class AccountBack:
         self.ends = CooldownEnds()
         self.recheck = UsageRecheck()
         self.task: asyncio.Task | None = None
+        # The clients' own ChatGPT logins, by health key: the token and base URL of the last request
+        # each sent, so the re-check can ask its usage endpoint too. Memory only, never stored or shown.
+        self.own: OrderedDict[str, tuple[AuthMaterial, str]] = OrderedDict()
+
+    def saw_client(self, auth: AuthMaterial, url: str, pooled: str | None = None) -> None:
+        """A client's own credential on a model request to `url` (`pooled`: the pool's name for it,
+        re-checked as a pooled credential)."""
+        if auth.kind != CHATGPT or pooled is not None:
+            return
+        parts = urlsplit(url)
+        path = parts.path.rstrip("/")
+        for tail in ("/responses/compact", "/responses"):
+            path = path.removesuffix(tail)
+        key = client_key(auth)
+        self.own[key] = (auth, f"{parts.scheme}://{parts.netloc}{path}")
+        self.own.move_to_end(key)
+        while len(self.own) > MAX_SEEN:
+            self.own.popitem(last=False)
 
     def _pool(self) -> PoolConfig:
         return self.owner.pool
@@ -79,7 +99,7 @@ class AccountBack:
         req = flow.request
         if not redeems_reset_credit(req.method, req.path, flow.response.status_code):
             return
-        pooled = next((c.name for c in self._pool().credentials if c.auth.fingerprint == auth.fingerprint), None)
+        pooled = next((c.name for c in self._pool().credentials if c.auth.account == auth.account), None)
         key = pooled or client_key(auth)
         self._ended(key, pooled or f"client key #{auth.fingerprint[:8]}",
                     self.ends.end(self._health(), key, REDEEMED, usage_only=True))
@@ -93,20 +113,57 @@ class AccountBack:
             return _json(404, {"error": "POST /reset/NAME ends credential NAME's cooldown; GET / is the status"})
         if peer is None or not is_loopback_host(peer.removeprefix("::ffff:")):
             return _json(403, {"error": "ending a cooldown is for this machine only (loopback)"})
-        return _json(200, {"result": self.reset_by_name(unquote(flow.request.path.removeprefix("/reset/")))})
+        found, text = self.reset(unquote(flow.request.path.removeprefix("/reset/")))
+        if not found:
+            return _json(404, {"error": text, "names": self.names()})
+        return _json(200, {"result": text})
 
     def reset_by_name(self, name: str) -> str:
-        key = name if any(c.name == name for c in self._pool().credentials) else None
-        if key is None:
-            text = f"codex-failover: no credential named {name!r} in the pool"
+        return self.reset(name)[1]
+
+    def names(self) -> list[str]:
+        """What a reset may name: the pool's credentials, `client` (every client's own), and each
+        client credential seen by its label's tail (`…1a2b` as `1a2b`, `key #1a2b3c4d` as `1a2b3c4d`)."""
+        clients = [tail for _, name, *_ in self.owner.seen_clients.recent() if (tail := _tail(name))]
+        return [*(c.name for c in self._pool().credentials), CLIENT, *clients]
+
+    def _client_keys(self, name: str) -> list[str]:
+        """The health keys a reset of `name` ends for the clients' own credentials."""
+        health = self._health()
+        if name == CLIENT:
+            seen = [key for key, *_ in self.owner.seen_clients.recent()]
+            return list(dict.fromkeys([*seen, *(k for _, k in health.keys() if k.startswith(f"{CLIENT}:"))]))
+        wanted = name.removeprefix("client ").strip()
+        return [key for key, shown, *_ in self.owner.seen_clients.recent()
+                if wanted and wanted in (shown, _tail(shown))]
+
+    def reset(self, name: str) -> tuple[bool, str]:
+        """(whether `name` names anything, the line). Ends credential NAME's cooldown or out-of-rotation
+        mark: a pooled credential's, or with `client` (or a client's label) the clients' own."""
+        health = self._health()
+        if any(c.name == name for c in self._pool().credentials):
+            ended = self.ends.end(health, name, BY_HAND)
+            if ended is None:
+                text = f"codex-failover: credential {name} was not cooling or out of rotation; nothing to end"
+                log.info(text)
+                return True, text
+            return True, self._ended(name, name, ended)
+        keys = self._client_keys(name)
+        if not keys and name != CLIENT:
+            text = (f"codex-failover: no credential named {name!r} (known: {', '.join(self.names())})")
             log.warning(text)
-            return text
-        ended = self.ends.end(self._health(), key, BY_HAND)
-        if ended is None:
-            text = f"codex-failover: credential {name} was not cooling or out of rotation; nothing to end"
+            return False, text
+        lines = [self._ended(key, f"client {self._label(key)}", ended) for key in keys
+                 if (ended := self.ends.end(health, key, BY_HAND)) is not None]
+        if not lines:
+            text = f"codex-failover: the client's own credential ({name}) was not cooling or out of rotation; nothing to end"
             log.info(text)
-            return text
-        return self._ended(key, name, ended)
+            return True, text
+        return True, "\n".join(lines)
+
+    def _label(self, key: str) -> str:
+        shown = next((name for k, name, *_ in self.owner.seen_clients.recent() if k == key), None)
+        return shown or f"key #{key.removeprefix(CLIENT + ':')[:8]}"
 
     # -- the usage re-check ----------------------------------------------------------------
 
@@ -129,29 +186,37 @@ class AccountBack:
                 log.warning("codex-failover: usage re-check failed: %s: %s", type(exc).__name__, exc)
 
     async def check_due(self) -> None:
+        """Ask the usage endpoint of each account cooling for a usage limit whose re-check is due:
+        the pool's (their own token and route) and the clients' own (the token of their last
+        request, directly, as the client itself goes)."""
         pool, health = self._pool(), self._health()
         self.recheck.every = pool.policy.usage_recheck
         creds = {c.name: c for c in pool.credentials if c.kind == CHATGPT}
-        for key in self.recheck.due(health, creds):
-            cred = creds[key]
+        for key in self.recheck.due(health, [*creds, *self.own]):
             self.recheck.checked(key, health.now())
-            endpoints = pool.routes.get(cred.route) or (None,)
-            headers = {**cred.auth.headers(), **cred.auth.account_headers()}
+            if key in creds:
+                cred = creds[key]
+                endpoints = pool.routes.get(cred.route) or (None,)
+                auth, base, via, full_at, name = cred.auth, cred.base_url, endpoints[0], cred.max_usage_percent, key
+            else:
+                auth, base = self.own[key]
+                via, full_at, name = None, 100.0, f"client {label(auth)}"
+            headers = {**auth.headers(), **auth.account_headers()}
             try:
-                status, doc = await get_json(usage_url(cred.base_url), headers, endpoints[0], self._shared().bridges,
+                status, doc = await get_json(usage_url(base), headers, via, self._shared().bridges,
                                              self._shared().upstream_tls, pool.policy.connect_timeout)
             except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError) as exc:
-                log.info("codex-failover: credential %s: usage re-check failed (%s); next in %ds", key,
+                log.info("codex-failover: credential %s: usage re-check failed (%s); next in %ds", name,
                          type(exc).__name__, pool.policy.usage_recheck)
                 continue
             if not 200 <= status < 300:
-                log.info("codex-failover: credential %s: usage re-check answered HTTP %d", key, status)
+                log.info("codex-failover: credential %s: usage re-check answered HTTP %d", name, status)
                 continue
             windows = usage_windows(doc)
             if windows:
-                self.usage.record(key, windows, cred.max_usage_percent)
-            if usage_has_headroom(doc, cred.max_usage_percent):
-                self._ended(key, key, self.ends.end(health, key, RECHECKED, usage_only=True))
+                self.usage.record(key, windows, full_at)
+            if usage_has_headroom(doc, full_at):
+                self._ended(key, name, self.ends.end(health, key, RECHECKED, usage_only=True))
 
     # -- the one log line --------------------------------------------------------------------
 
@@ -165,6 +230,11 @@ class AccountBack:
 
     def report(self) -> dict[str, Ended]:
         return self.ends.last
+
+
+def _tail(shown: str) -> str:
+    """What a reset may name a client credential by: its label's tail (`account …1a2b` -> `1a2b`)."""
+    return shown.rpartition("…")[2].rpartition("#")[2].strip()
 
 
 def _json(status: int, doc: dict) -> http.Response:

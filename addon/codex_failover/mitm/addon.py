@@ -19,6 +19,7 @@ from ..core.client_access import ClientAccess, is_loopback_host
 from ..core.codex_request import EndpointMatcher, asks_to_stream, is_compact, is_websocket_upgrade, parse_body
 from ..core.health import Health
 from ..core.intercept_scope import InterceptScope
+from ..core.pool_reach import kinds_at_start
 from ..core.provenance import Provenance
 from ..core.recovery import Slots
 from ..core.routes import RouteHealth
@@ -29,7 +30,7 @@ from ..core.usage import UsageBook
 from ..metrics import Metrics, MetricsListener, snapshot_on_loop
 from ..net.relay import Relay
 from ..net.socks_bridge import SocksBridges
-from ..options import add_options, parse_options
+from ..options import add_options, parse_options, unknown_options
 from ..rules_file import load_rules
 from ..shared import Shared
 from ..state_keeper import StateKeeper, close_keeper, open_keeper
@@ -45,14 +46,40 @@ from .file_watch import FileWatch
 from .held_client import RelayHops
 from .parts import PartHooks
 from .passthrough_redact import PassThroughRedaction
+from .proxyauth_notice import ProxyAuthNotice
 from .request_run import RequestRun, start_run
 from .tls_scope import TlsScope
+from .token_refresher import TokenRefresher
 from .usage_answer import UsageAnswer
 
 log = logging.getLogger("codex_failover")
 
 STATUS_HOST = "codex-failover.status"
 DISPATCH_FIRST = 0.5  # seconds the request hook waits for the first attempt to leave (see _hold)
+
+def _say_pool(pool: PoolConfig) -> None:
+    """The lines a pool load gives: clamped values, a pool of one kind, the credentials."""
+    for note in pool.notes:
+        log.warning("codex-failover: %s", note)
+    if (kinds := kinds_at_start(pool)) is not None:
+        log.info("codex-failover: %s", kinds)
+    names = ", ".join([*(f"{c.name} ({c.kind})" for c in pool.credentials),
+                       *(f"{s.name} (skipped: its auth file cannot be used)" for s in pool.skipped)]) \
+        or "none (client credential only)"
+    log.info("codex-failover: pool %s: credentials: %s", pool.source or "(no file)", names)
+
+
+def _say_start(clients: ClientAccess) -> None:
+    """The warnings at start: fallbacks in force, a non-loopback listener, unknown options."""
+    for line in fallbacks.in_force():
+        log.warning(line)
+    for host in warm_conn.listen_hosts(ctx.options.mode, ctx.options.listen_host):
+        if not is_loopback_host(host):
+            log.warning("codex-failover: listening on %s; the pool and the status page serve %s",
+                        host or "every interface", clients.describe())
+    for line in unknown_options(getattr(ctx.options, "deferred", {}), ctx.options.keys()):
+        log.warning("codex-failover: %s", line)
+
 
 class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks from it (parts.py)
     def __init__(self) -> None:
@@ -82,7 +109,9 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.hops = RelayHops()  # parts, each for the flows of one kind (parts.py)
         self.boundary = ClientBoundary()  # whose requests are the user's own programs' (docs/machine-proxy.md)
         self.back = AccountBack(self)  # cooldowns that end early; failover.reset
-        self._wire([self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, UsageAnswer(self),
+        self.refresher = TokenRefresher(self)  # pooled ChatGPT logins' tokens (token_refresher.py)
+        self._wire([self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, ProxyAuthNotice(),
+                    UsageAnswer(self),
                     PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host))])
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
@@ -123,7 +152,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
             self.max_body = WsConn.max_message = bounded_body.limit = parsed.max_body  # the WebSocket's, every decode's
         if "failover_metrics" in updated and self._running:
             self._serve_metrics()
-        if "failover_config" in updated or "failover_rules" in updated:
+        if updated & {"failover_config", "failover_rules", "failover_token_refresh"}:
             self._load_files()
         if "connection_strategy" in updated or not updated or "failover_config" in updated:
             # Eager connects to the real host at CONNECT time, before an attempt can pick its target.
@@ -132,6 +161,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
                 ctx.options.connection_strategy = "lazy"
 
     def _load_files(self) -> None:
+        self.files.expiry.auto = bool(ctx.options.failover_token_refresh)  # what the token lines say
         self.files.before_load(ctx.options.failover_config or None)
         try:
             pool = load_pool(ctx.options.failover_config or None)
@@ -148,11 +178,8 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.provenance.idle = pool.policy.session_idle  # an artifact lives as long as its session may
         self.route_health.floor, self.route_health.cap = pool.policy.route_backoff, pool.policy.route_backoff_max
         self.matcher = EndpointMatcher(pool.gated_base_urls)
-        for note in pool.notes:
-            log.warning("codex-failover: %s", note)
-        names = ", ".join(f"{c.name} ({c.kind})" for c in pool.credentials) or "none (client credential only)"
-        log.info("codex-failover: pool %s: credentials: %s", pool.source or "(no file)", names)
-        self.files.loaded(pool.credentials, self._notices)
+        _say_pool(pool)
+        self.files.loaded(pool.credentials, self._notices, pool.skipped)
 
     # Synchronous: a script reload calls them outside the loop's await chain (architecture.md#hooks-and-tasks).
     def running(self) -> None:
@@ -161,12 +188,8 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self._serve_metrics()
         self._spawn(self.relay.start())
         self.back.start()
-        for line in fallbacks.in_force():
-            log.warning(line)
-        for host in warm_conn.listen_hosts(ctx.options.mode, ctx.options.listen_host):
-            if not is_loopback_host(host):
-                log.warning("codex-failover: listening on %s; the pool and the status page serve %s",
-                            host or "every interface", self.clients.describe())
+        self.refresher.start()
+        _say_start(self.clients)
         self.boundary.running()  # a part's, after the addon's own (as mitmproxy ran a nested addon's)
 
     def done(self) -> None:
@@ -175,6 +198,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
             attempt.redact()
         self._close_state()
         self.back.stop()
+        self.refresher.stop()
         self.listener.stop()
         self.quiet.uninstall()
         self._spawn(self.relay.close())
@@ -227,8 +251,9 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         client_auth = auth_from_headers(req.headers)
         if client_auth is None or self.boundary.passed_by(flow, client_auth):
             return  # no key of its own, a browser's, another user's, refused lately: untouched, never the pool's
-        pooled = next((c.name for c in self.pool.credentials if c.auth.fingerprint == client_auth.fingerprint), None)
+        pooled = next((c.name for c in self.pool.credentials if c.auth.account == client_auth.account), None)
         self.seen_clients.saw(client_auth, pooled)
+        self.back.saw_client(client_auth, req.url, pooled)  # its usage is re-checked with it (memory only)
         if is_websocket_upgrade(req.method, req.headers):
             if ctx.options.failover_websocket == "downgrade":
                 flow.response = client_answers.websocket_downgrade()
@@ -255,6 +280,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
     def _refresh_auth_files(self) -> None:
         """At most once a second: the pool file and auth files that changed, reloaded (file_watch.py)."""
         self.pool = self.files.refresh(lambda: self.pool, self._load_files, self.health)
+        self.refresher.check()  # starts the token refreshes that are due (at most once a second)
 
     async def _hold(self, flow: http.HTTPFlow, body: dict, client_auth: AuthMaterial) -> None:
         """Start the held request's run and return: the client flow gets its stand-in server
@@ -273,6 +299,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
     def _released(self, run: RequestRun) -> None:
         self._held -= 1
         self._tasks.discard(run.task)
+        self.refresher.check(force=True)  # a pooled credential's 401 in this run forces its refresh now
 
     def http_connect_upstream(self, flow: http.HTTPFlow) -> None:
         """Proxy credentials of a route endpoint go to that proxy only, on its CONNECT."""
@@ -295,7 +322,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
 
     @command.command("failover.reset")
     def reset(self, name: str) -> str:
-        """End credential NAME's cooldown (or out-of-rotation mark) now."""
+        """End credential NAME's cooldown or out-of-rotation mark now (`client`: the clients' own)."""
         return self.back.reset_by_name(name)
 
     @command.command("failover.status")

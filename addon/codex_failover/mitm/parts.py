@@ -19,7 +19,7 @@ import inspect
 
 # The hooks the parts implement (tests/test_parts.py checks that no part has a hook missing here).
 HOOKS = ("requestheaders", "responseheaders", "response", "error", "websocket_start", "client_disconnected",
-         "tls_clienthello", "tls_start_server")
+         "tls_clienthello", "tls_start_server", "http_connect")
 OWN = ("configure", "running")  # the parts' hooks the addon's own handlers call (addon.py)
 
 
@@ -75,3 +75,6 @@ class PartHooks:
 
     def tls_start_server(self, tls_start):
         return each(self._on["tls_start_server"], tls_start)
+
+    def http_connect(self, flow):
+        return each(self._on["http_connect"], flow)

@@ -43,7 +43,7 @@ from ..core.codex_request import is_compact, model_of
 from ..core.failover_loop import FailoverLoop
 from ..core.outcomes import AllCooling, Exhausted, Final, RouteDown, Try, Wait
 from ..core.planner import Candidate, Plan, make_plan
-from ..core.pool_reach import unreachable
+from ..core.pool_reach import kind_gap, unreachable
 from ..core.replay_safety import MovePolicy, assess
 from ..core.request_machine import Done, GiveUp, RequestMachine
 from ..core.routes import Endpoint
@@ -106,7 +106,7 @@ class RequestRun:
         if self.client_auth is None:
             self.client_auth = auth_from_headers(req.headers)
         self.log.client_auth = self.client_auth
-        self.session = affinity_key(self.client_auth.fingerprint if self.client_auth else None,
+        self.session = affinity_key(self.client_auth.account if self.client_auth else None,
                                     session_of(req.headers, self.body))
         self.model = model_of(self.body)
         self.maker = AttemptMaker(self, req)
@@ -144,7 +144,8 @@ class RequestRun:
                                                                        self.log.history), "upstream failed")
                 case Exhausted(last, retry_after, first):
                     answer = client_answers.exhausted(last, self.log.history, retry_after, self.move.why_pinned, first)
-                    return self._answer(answer, "exhausted")
+                    gap = kind_gap(self.client_auth, self.pool) if self.move.movable else None
+                    return self._answer(answer, "exhausted", f"; no other credential could serve it: {gap}" if gap else "")
                 case AllCooling(states, _) if not states and (why := unreachable(self.client_auth, self.pool,
                                                                                  self.move.movable)):
                     return self._answer(client_answers.no_pool_credential(why), "no pool credential for it",

@@ -57,7 +57,7 @@ class UsageAnswer:
     async def _answered(self, flow: http.HTTPFlow, own: AuthMaterial) -> None:
         req, owner = flow.request, self.owner
         pool, health = owner.pool, owner.health
-        pooled_own = next((c for c in pool.credentials if c.auth.fingerprint == own.fingerprint), None)
+        pooled_own = next((c for c in pool.credentials if c.auth.account == own.account), None)
         own_key = pooled_own.name if pooled_own else client_key(own)
         status = flow.response.status_code
         if own_can_send(status, await _doc(flow.response), health.ready(own_key)):

@@ -1,6 +1,7 @@
-"""One `GET` of an account's usage endpoint with that account's own headers, through its route's first
-endpoint (or directly): the status and the parsed JSON body. Used by the usage re-check only; never a
-model request, never logged with its headers."""
+"""One small JSON exchange with an account's own upstream, through its route's first endpoint (or
+directly): the status and the parsed JSON body. A `GET` of the usage endpoint with the account's own
+headers (the usage re-check), or a `POST` of a token refresh (auth_refresh.py). Never a model request,
+never logged with its headers or body."""
 
 from __future__ import annotations
 
@@ -18,33 +19,48 @@ MAX_BODY = 1024 * 1024
 async def get_json(url: str, headers: dict[str, str], via: Endpoint | None, bridges: SocksBridges,
                    tls: ssl.SSLContext, timeout: float) -> tuple[int, object]:
     """(status, JSON body or None). Raises OSError / TimeoutError / ValueError when it fails."""
+    return await exchange_json("GET", url, headers, None, via, bridges, tls, timeout)
+
+
+async def post_json(url: str, doc: object, via: Endpoint | None, bridges: SocksBridges, tls: ssl.SSLContext,
+                    timeout: float) -> tuple[int, object]:
+    """`POST` `doc` as JSON: (status, JSON body or None). Raises as `get_json`."""
+    return await exchange_json("POST", url, {"Content-Type": "application/json"}, json.dumps(doc).encode(), via,
+                               bridges, tls, timeout)
+
+
+async def exchange_json(method: str, url: str, headers: dict[str, str], body: bytes | None, via: Endpoint | None,
+                        bridges: SocksBridges, tls: ssl.SSLContext, timeout: float) -> tuple[int, object]:
     try:
-        return await asyncio.wait_for(_get(Target.from_url(url), headers, via, bridges, tls), timeout)
+        return await asyncio.wait_for(_exchange(method, Target.from_url(url), headers, body, via, bridges, tls), timeout)
     except (IndexError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
         raise ValueError(f"not an HTTP answer ({type(exc).__name__})") from None
 
 
-async def _get(target: Target, headers: dict[str, str], via, bridges, tls) -> tuple[int, object]:
+async def _exchange(method: str, target: Target, headers: dict[str, str], body: bytes | None, via, bridges,
+                    tls) -> tuple[int, object]:
     reader, writer = await tunnel(target, via, bridges, tls)
     try:
-        lines = [f"GET {target.path} HTTP/1.1", f"Host: {target.authority}", "Accept: application/json",
+        lines = [f"{method} {target.path} HTTP/1.1", f"Host: {target.authority}", "Accept: application/json",
                  "Accept-Encoding: identity", "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+        if body is not None:
+            lines.append(f"Content-Length: {len(body)}")
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b""))
         await writer.drain()
         head = await reader.readuntil(b"\r\n\r\n")
         status_line, *fields = head.decode("latin-1").split("\r\n")
         status = int(status_line.split(" ", 2)[1])
         names = {k.strip().lower(): v.strip() for k, _, v in (f.partition(":") for f in fields if f)}
         if names.get("transfer-encoding", "").lower() == "chunked":
-            body = await _chunked(reader)
+            answer = await _chunked(reader)
         elif "content-length" in names:
-            body = await reader.readexactly(min(int(names["content-length"]), MAX_BODY))
+            answer = await reader.readexactly(min(int(names["content-length"]), MAX_BODY))
         else:
-            body = await reader.read(MAX_BODY)
+            answer = await reader.read(MAX_BODY)
     finally:
         writer.close()
     try:
-        return status, json.loads(body)
+        return status, json.loads(answer)
     except ValueError:
         return status, None
 

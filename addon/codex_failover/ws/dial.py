@@ -88,7 +88,7 @@ class Dialer:
         self.url = request.url
         self.headers = request.headers.copy()
         self.client_auth = auth_from_headers(request.headers)
-        self.session = affinity_key(self.client_auth.fingerprint if self.client_auth else None,
+        self.session = affinity_key(self.client_auth.account if self.client_auth else None,
                                     session_of(request.headers, None))  # affinity's key
         self.pinned = not assess(None, request.headers).movable  # the pin header, as on HTTP
         self.last: Rejection | None = None

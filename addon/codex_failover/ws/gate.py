@@ -29,6 +29,7 @@ from ..core.attempt_events import Scope
 from ..core.classifier import Decision
 from ..core.codex_request import model_of
 from ..core.outcomes import Rejection
+from ..core.pool_reach import kind_gap
 from ..core.provenance import artifacts_of_message
 from ..core.request_machine import MOVE, RECONNECT, exhausted_answer, goes_home, settle_turn
 from ..core.usage import from_event, from_headers
@@ -331,7 +332,7 @@ class GateSession:
         turn = self.gate.turn
         pinned = f", and it cannot move ({turn.why_pinned})" if turn is not None and not turn.movable else ""
         self.story.note(f"no other credential can serve turn {turn.n if turn else 0}{pinned}: "
-                   f"delivering the rejection ({last.reason})")
+                        f"delivering the rejection ({last.reason}){'' if pinned else _kind_gap(self)}")
         for frame in as_frames(last, self.dialer.soonest()):
             await self.down.send(frame)
         if not up.conn.open:
@@ -375,3 +376,9 @@ def watch_usage(shared: Shared, sid: str, up: Upstream, message: Message) -> Non
             return
         shared.feedback.usage_seen(up.cand.key, up.cand.name, from_event(payload), shared.pool.policy,
                                    f"[{sid}] ", up.cand.full_at)
+
+
+def _kind_gap(session) -> str:
+    """Why nothing of the pool was offered, when it is the kind: `; ...cross_kind...` (or "")."""
+    gap = kind_gap(session.dialer.client_auth, session.shared.pool)
+    return f"; {gap}" if gap else ""
