@@ -112,7 +112,7 @@ class GateSession:
 
     def __post_init__(self) -> None:
         self.dialer = Dialer(self.sid, self.flow, self.shared, self.history)
-        self.story = SocketStory(self.sid, self.flow, self.history)
+        self.story = SocketStory(self.sid, self.flow, self.history, self.shared.activity, self.dialer.session)
         policy = self.shared.pool.policy
         self.gate = TurnGate(self.shared.rules, policy.bootstrap_timeout, time.monotonic, policy.encrypted_reasoning,
                              self.shared.provenance.owner)
@@ -182,6 +182,7 @@ class GateSession:
                 self.backlog.append(message)
                 continue
             if turn is not None:
+                self.story.turn(turn)
                 self.dialer.new_turn(self.up.cand.key)
                 # The turn's one line is its verdict (SocketStory.attempt); a pin is news only when a
                 # rejection could not move (_decided, _exhausted).
@@ -208,6 +209,7 @@ class GateSession:
             else:
                 step = self.gate.server_message(*message)
                 up.leg.message(*message, from_client=False)
+                self.story.message(message[0])
                 watch_usage(self.shared, self.sid, up, message)
                 self.shared.provenance.record(artifacts_of_message(message[0]), up.cand.key)
             for out in step.release:
