@@ -90,4 +90,5 @@ class RunLog:
             self.activity.answered(self.entry, what)
         self.tell(what)
         elapsed = int((time.monotonic() - self.started) * 1000)
-        log.warning("[%s] %s after %d attempt(s), %dms", self.request_id, what, len(self.history), elapsed)
+        log.warning("[%s] %s after %d attempt(s), %dms session=%s", self.request_id, what, len(self.history), elapsed,
+                    self.session)

@@ -41,6 +41,7 @@ from . import bounded_body, client_answers, client_hop, fallbacks, quiet_log, se
 from .account_back import AccountBack
 from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
 from .boundary import ClientBoundary
+from .conn_trouble import ConnTrouble
 from .engine import WarmConnections
 from .file_watch import FileWatch
 from .held_client import RelayHops
@@ -112,8 +113,8 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.back = AccountBack(self)  # cooldowns that end early; failover.reset
         self.refresher = TokenRefresher(self)  # pooled ChatGPT logins' tokens (token_refresher.py)
         self._wire([self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, ProxyAuthNotice(),
-                    UsageAnswer(self),
-                    PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host))])
+                    UsageAnswer(self), PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host)),
+                    ConnTrouble()])
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
         self.seen_clients = SeenClients()

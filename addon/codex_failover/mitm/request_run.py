@@ -170,8 +170,9 @@ class RequestRun:
                          self.move.bound_to, self.model)
         first, self.last_plan = self.last_plan is None, plan
         if first and plan.skipped and plan.candidates:  # (with nothing to try, the answer says it)
-            log.info("[%s] not tried: %s", self.request_id, "; ".join(
-                story.skipped_line(c.name, why, self.health.state(c.key), self.health.now()) for c, why in plan.skipped))
+            log.info("[%s] not tried: %s session=%s", self.request_id, "; ".join(
+                story.skipped_line(c.name, why, self.health.state(c.key), self.health.now()) for c, why in plan.skipped),
+                self.log.session)
         for cand, why in plan.skipped:
             state = self.health.state(cand.key)
             self.log.skipped[cand.name] = Skipped(cand.name, why, state.until, state.reason)

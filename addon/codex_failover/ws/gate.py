@@ -129,7 +129,8 @@ class GateSession:
             why = "; ".join(self.history) or "every credential is cooling or out of rotation"
             self.story.note(f"upgrade answered 426, Codex continues on SSE ({why})")
             return why
-        self.story.note(f"socket on {self.up.cand.name} via {self.up.route}")
+        # In the flow's comment; the log's line for the socket is its end's (turns, moves), each turn its own.
+        self.story.note(f"socket on {self.up.cand.name} via {self.up.route}", logging.DEBUG)
         return None
 
     # -- serving (called by the relay once mitmproxy connects) -----------------------------

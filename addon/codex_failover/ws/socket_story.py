@@ -73,9 +73,9 @@ class SocketStory:
                 self.activity.first_output(self.record, (time.monotonic() - self._opened) * 1000)
         self._comment()
 
-    def note(self, text: str) -> None:
+    def note(self, text: str, level: int = logging.INFO) -> None:
         self.history.append(text)
-        log.info("[%s] %s", self.sid, text)
+        log.log(level, "[%s] %s session=%s", self.sid, text, self.tag)
         self._comment()
 
     def ended(self, elapsed: float, turns: int, moves: int) -> None:
