@@ -45,6 +45,7 @@ from .conn_trouble import ConnTrouble
 from .engine import WarmConnections
 from .file_watch import FileWatch
 from .held_client import RelayHops
+from .model_view import ModelView
 from .parts import PartHooks
 from .passthrough_redact import PassThroughRedaction
 from .proxyauth_notice import ProxyAuthNotice
@@ -112,9 +113,10 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.boundary = ClientBoundary()  # whose requests are the user's own programs' (docs/machine-proxy.md)
         self.back = AccountBack(self)  # cooldowns that end early; failover.reset
         self.refresher = TokenRefresher(self)  # pooled ChatGPT logins' tokens (token_refresher.py)
+        self.activity, self.usage_poller, self.view = Activity(), UsagePoller(self), ModelView()  # dashboard, failover_view
         self._wire([self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, ProxyAuthNotice(),
                     UsageAnswer(self), PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host)),
-                    ConnTrouble()])
+                    ConnTrouble(), self.usage_poller])
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
         self.seen_clients = SeenClients()
@@ -122,7 +124,6 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.keeper: StateKeeper | None = None  # opened when running (unit tests never touch a store)
         self.metrics: Metrics | None = None  # counters exist once failover_metrics was set
         self.listener = MetricsListener()
-        self.activity, self.usage_poller = Activity(), UsagePoller(self)  # the dashboard's (status_page.py)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -157,6 +158,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
             self._serve_metrics()
         if updated & {"failover_config", "failover_rules", "failover_token_refresh"}:
             self._load_files()
+        self.view.configure(ctx.options, self.pool.gated_base_urls, updated)
         if "connection_strategy" in updated or not updated or "failover_config" in updated:
             # Eager connects to the real host at CONNECT time, before an attempt can pick its target.
             if ctx.options.connection_strategy != "lazy":
@@ -255,7 +257,6 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         pooled = next((c.name for c in self.pool.credentials if c.auth.account == client_auth.account), None)
         self.seen_clients.saw(client_auth, pooled)
         self.back.saw_client(client_auth, req.url, pooled)  # its usage is re-checked with it (memory only)
-        self.usage_poller.saw_own(client_auth, req.url, pooled)
         if is_websocket_upgrade(req.method, req.headers):
             if ctx.options.failover_websocket == "downgrade":
                 flow.response = client_answers.websocket_downgrade()

@@ -10,12 +10,13 @@ import logging
 import time
 from dataclasses import dataclass
 
-from ..core.auth import CHATGPT, AuthMaterial
+from ..core.auth import CHATGPT, AuthMaterial, auth_from_headers
 from ..core.cooldown_end import usage_url, usage_windows
 from ..core.planner import client_key
 from ..core.seen_clients import label
 from ..core.usage_poll import UsagePoll
 from ..net.usage_fetch import get_json
+from .attempt import ATTEMPT_TAG
 
 log = logging.getLogger("codex_failover")
 TICK = 15.0  # seconds between two looks at what is due
@@ -39,9 +40,23 @@ class UsagePoller:
         self._wake = asyncio.Event()
         self._rejections = 0  # attempts rejected so far (the activity's count): more means a rejection came
 
-    def saw_own(self, auth: AuthMaterial, url: str, pooled: str | None) -> None:
+    def requestheaders(self, flow) -> None:
+        """A part's hook (parts.py): a model request of one of the user's own programs carries its own
+        ChatGPT account's latest token, kept (in memory only) to ask that account's usage."""
+        req, owner = flow.request, self.owner
+        if flow.is_replay or ATTEMPT_TAG in flow.metadata or not owner.matcher.matches(req.host, req.port, req.path):
+            return
+        if not owner.clients.allows(flow.client_conn.peername[0] if flow.client_conn.peername else None):
+            return
+        own = auth_from_headers(req.headers)
+        if (own is not None and own.kind == CHATGPT and owner.boundary.is_own(flow.client_conn)
+                and own.fingerprint not in owner.boundary.rejected):
+            pooled = any(c.auth.fingerprint == own.fingerprint for c in owner.pool.credentials)
+            self.saw_own(own, req.url, pooled)
+
+    def saw_own(self, auth: AuthMaterial, url: str, pooled: bool) -> None:
         """A client's own request: its ChatGPT account's latest token (memory only) and base URL."""
-        if auth.kind != CHATGPT or pooled is not None:
+        if auth.kind != CHATGPT or pooled:
             return
         key = client_key(auth)
         self.own.pop(key, None)

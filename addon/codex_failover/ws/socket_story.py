@@ -83,4 +83,6 @@ class SocketStory:
                  self.tag)
 
     def _comment(self) -> None:
-        self.flow.comment = f"codex-failover websocket {self.sid}:\n" + "\n".join(f"• {line}" for line in self.history)
+        # The latest first (mitmweb's Comment column shows the start), then one line per event.
+        latest = self.history[-1] if self.history else "open"
+        self.flow.comment = f"websocket {self.sid}: {latest}\n" + "\n".join(f"• {line}" for line in self.history)
