@@ -12,7 +12,7 @@ from pathlib import Path
 # The script mitmdump loads: the clone's entry (its dependency check first) when this package is the
 # clone's own, else the package's (pip installed the dependencies).
 _CLONE_ENTRY = Path(__file__).resolve().parents[1] / "failover.py"
-_PACKAGE_ENTRY = Path(__file__).resolve().parent / "mitmdump_script.py"
+_PACKAGE_ENTRY = Path(__file__).resolve().parent / "mitm" / "mitmdump_script.py"
 
 
 def entry() -> Path:

@@ -129,8 +129,7 @@ class GateSession:
             why = "; ".join(self.history) or "every credential is cooling or out of rotation"
             self.story.note(f"upgrade answered 426, Codex continues on SSE ({why})")
             return why
-        # In the flow's comment; the log's line for the socket is its end's (turns, moves), each turn its own.
-        self.story.note(f"socket on {self.up.cand.name} via {self.up.route}", logging.DEBUG)
+        self.story.opened(self.up)
         return None
 
     # -- serving (called by the relay once mitmproxy connects) -----------------------------
@@ -183,12 +182,8 @@ class GateSession:
                 self.backlog.append(message)
                 continue
             if turn is not None:
-                self.story.turn(turn)
+                self.story.turn(turn, self.up.cand.name)  # (its log line is its verdict: SocketStory.attempt)
                 self.dialer.new_turn(self.up.cand.key)
-                # The turn's one line is its verdict (SocketStory.attempt); a pin is news only when a
-                # rejection could not move (_decided, _exhausted).
-                log.debug("[%s] turn %d on %s%s", self.sid, turn.n, self.up.cand.name,
-                          "" if turn.movable else f" (cannot move: {turn.why_pinned})")
                 if goes_home(turn.stays_home, self.dialer.home_of(turn.bound_to), self.up.cand.key):
                     await self._go_home(turn)
                     continue

@@ -36,9 +36,16 @@ class SocketStory:
     def tag(self) -> str:
         return session_tag(self.session)
 
-    def turn(self, turn: Turn) -> None:
-        """A turn opened. A warm-up (`generate: false`, nothing asked) is not a request anyone made:
-        it is neither listed nor logged as a turn."""
+    def opened(self, up: Upstream) -> None:
+        """The socket's first upstream: in the flow's comment; the log's line for the socket is its
+        end's (turns, moves), each turn's its verdict."""
+        self.note(f"socket on {up.cand.name} via {up.route}", logging.DEBUG)
+
+    def turn(self, turn: Turn, on: str) -> None:
+        """A turn opened on credential `on`'s socket. A warm-up (`generate: false`, nothing asked) is not
+        a request anyone made: it is neither listed nor logged as a turn. A pin is news only when a
+        rejection could not move it (the gate's _decided, _exhausted): a debug line here."""
+        log.debug("[%s] turn %d on %s%s", self.sid, turn.n, on, "" if turn.movable else f" (cannot move: {turn.why_pinned})")
         self._opened = time.monotonic()
         if self.activity is None or turn.warmup:
             self.record = None
