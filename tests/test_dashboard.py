@@ -113,8 +113,8 @@ def report(**over) -> dict:
 
 
 def rows() -> dict[str, dict]:
-    return {r["name"]: r for r in dashboard.credential_rows(report(), NOW, {"spare": "usage answered HTTP 404 at 12:00"},
-                                                           hhmm)}
+    asked = {"spare": "usage answered HTTP 404 at 12:00", "account …1a2b": "usage asked at 12:01"}
+    return {r["name"]: r for r in dashboard.credential_rows(report(), NOW, asked, hhmm)}
 
 
 @pytest.mark.parametrize("name, field, says", [
@@ -141,6 +141,7 @@ def rows() -> dict[str, dict]:
     ("own account (account …1a2b)", "rest_left", "1.0 h"),
     ("own account (account …1a2b)", "resettable", False),
     ("own account (account …1a2b)", "seen", "last request 0 min ago"),
+    ("own account (account …1a2b)", "usage_note", "usage asked at 12:01"),
 ])
 def test_what_each_account_row_says(name, field, says):
     assert rows()[name][field] == says

@@ -85,6 +85,10 @@ def session(fake, tmp_path):
                                headers={"chatgpt-account-id": "acct-client", "session-id": "agent-one"})
         assert reply.status == 200, reply.body[:300]
         assert fake.model_requests()[-1]["credential"] == "acct-b"
+        # A second agent, logged in to an account of its own that is not limited: its own turn.
+        reply = post_responses(proxy.port, f"{fake.base}/backend-api/codex/responses", jwt({"exp": time.time() + 3600}),
+                               headers={"chatgpt-account-id": "acct-mine", "session-id": "agent-two"})
+        assert reply.status == 200 and fake.model_requests()[-1]["credential"] == "acct-mine", reply.body[:300]
         yield proxy, fake
     finally:
         proxy.stop()
@@ -94,9 +98,10 @@ def test_scripts_still_get_the_json(session):
     proxy, _ = session
     doc = proxy_status(proxy.port)  # no Accept: text/html
     assert {c["name"]: c["state"] for c in doc["credentials"]} == {"a": "cooling", "b": "ready", "c": "ready"}
-    assert doc["counts"] == {"requests": 1, "served": 1, "moved_away": 1, "not_served": 0,
+    assert doc["counts"] == {"requests": 2, "served": 2, "moved_away": 1, "not_served": 0,
                              "rejections": {"usage_limit": 2}}
-    assert [a["credential"] for a in doc["recent"][0]["attempts"]] == ["client", "a", "b"]
+    assert [a["credential"] for a in doc["recent"][1]["attempts"]] == ["client", "a", "b"]
+    assert doc["recent"][0]["session"] != doc["recent"][1]["session"]
     html = request(proxy.port, "GET", "http://codex-failover.status/", {"accept": "text/html,*/*;q=0.8"})
     assert html.headers["content-type"].startswith("text/html")
     csp = html.headers["content-security-policy"]
@@ -120,9 +125,13 @@ def test_the_dashboard_in_a_browser(session, sync_api, tmp_path):
                 page.on("pageerror", lambda e, seen=problems: seen.append(str(e)))
                 page.goto("http://codex-failover.status/")
                 cards = page.locator(".card")
-                sync_api.expect(cards).to_have_count(4, timeout=TIMEOUT_MS)
+                sync_api.expect(cards).to_have_count(5, timeout=TIMEOUT_MS)
                 # Every account that may send shows both windows, the unused spare's too (asked of its
-                # usage endpoint while the page is open); the resting ones say why and for how long.
+                # usage endpoint while the page is open) and the second agent's own account (asked with
+                # the token of its last request); the resting ones say why and for how long.
+                mine = page.locator(".card", has_text="own account (account …mine)")
+                sync_api.expect(mine.locator(".window")).to_have_count(2, timeout=TIMEOUT_MS)
+                sync_api.expect(mine).to_contain_text("in rotation")
                 for name in ("b", "c"):
                     card = page.locator(f".card[data-name='{name}']")
                     sync_api.expect(card.locator(".window")).to_have_count(2, timeout=TIMEOUT_MS)
@@ -132,10 +141,10 @@ def test_the_dashboard_in_a_browser(session, sync_api, tmp_path):
                 a = page.locator(".card[data-name='a']")
                 sync_api.expect(a.locator(".badge")).to_contain_text("cooling")
                 sync_api.expect(a).to_contain_text("resting: usage_limit")
-                own = page.locator(".card", has_text="own account")
+                own = page.locator(".card", has_text="own account (account …ient)")
                 sync_api.expect(own).to_contain_text("resting: usage_limit")
                 sync_api.expect(own.locator(".badge")).to_contain_text("left")
-                row = page.locator("#recent tr").first
+                row = page.locator("#recent tr").nth(1)
                 sync_api.expect(row).to_contain_text("served by b (moved)")
                 sync_api.expect(row).to_contain_text("client: failover (usage_limit)")
                 sync_api.expect(row).to_contain_text("a: failover (usage_limit)")
@@ -151,7 +160,7 @@ def test_the_dashboard_in_a_browser(session, sync_api, tmp_path):
                 assert problems == [], problems  # no CSP violation, no script error
                 context.close()
             asked = {r["credential"] for r in fake.requests() if r.get("scenario") == "usage"}
-            assert {"acct-b", "acct-c"} <= asked and "acct-a" not in asked and "acct-client" not in asked
+            assert {"acct-b", "acct-c", "acct-mine"} <= asked and "acct-a" not in asked and "acct-client" not in asked
 
             # Another origin's page (a local web server's) sends the button's request: the browser's
             # preflight is not answered for it, so the POST never leaves and `a` keeps resting.

@@ -87,10 +87,11 @@ def credential_rows(report: Mapping[str, Any], now: float, asked: Mapping[str, s
         state = c.get("state", "ready")
         windows = [_window(w, now, clock) for w in c.get("usage_windows", ())]
         seen = c.get("seen_s_ago")
-        rows.append({"name": f"own account ({c['label']})", "key": c.get("key", c["label"]), "kind": c.get("kind"),
+        key = c["label"]  # (the usage poll's notes name a client's account by its label)
+        rows.append({"name": f"own account ({c['label']})", "key": key, "kind": c.get("kind"),
                      "own": True, "state": state, "badge": BADGES.get(state, "out"), "why": _why(c),
                      "rest_left": rest_left(c["cooling_for_s"]) if state == "cooling" and "cooling_for_s" in c else None,
-                     "windows": windows, "usage_note": _usage_note(windows, asked, c.get("key", ""), state),
+                     "windows": windows, "usage_note": _usage_note(windows, asked, key, state),
                      "token": None, "refresh": None, "resettable": False, "route": None,
                      "seen": f"last request {left(seen)} ago" if isinstance(seen, (int, float)) else "not seen here",
                      "ended": _ended(c)})
