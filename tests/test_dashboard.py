@@ -246,3 +246,42 @@ def test_a_round_is_bounded_oldest_asked_first():
     assert poll.due([("a", "ready"), ("b", "ready"), ("c", "ready")], NOW) == ["b", "a"]
     poll.forget(["b"])
     assert poll.due([("a", "ready"), ("b", "ready")], NOW) == ["a", "b"]
+
+
+# -- a gated socket's turns on the dashboard (ws/socket_story.py) --------------------------------
+
+
+def test_a_sockets_turns_are_listed_its_warm_up_is_not(caplog):
+    import json
+    import logging
+    from collections import deque
+    from types import SimpleNamespace
+
+    from codex_failover.ws.socket_story import SocketStory
+
+    activity = Activity()
+    flow = SimpleNamespace(comment="")
+    story = SocketStory("k3x9-w1", flow, deque(maxlen=20), activity, "fp/session-1")
+    up = SimpleNamespace(cand=SimpleNamespace(name="primary"), route="direct",
+                         leg=SimpleNamespace(judge=lambda mark, line: None))
+    warmup = SimpleNamespace(n=1, warmup=True, movable=True, why_pinned=None, body={"model": "gpt-5", "generate": False})
+    turn = SimpleNamespace(n=2, warmup=False, movable=True, why_pinned=None, body={"model": "gpt-5-codex"})
+    with caplog.at_level(logging.INFO, logger="codex_failover"):
+        story.turn(warmup, "primary")
+        story.attempt(up, warmup, "commit", "output")
+        story.turn(turn, "primary")
+        story.attempt(up, turn, "failover", "overloaded")
+        up.cand.name = "spare"
+        story.attempt(up, turn, "commit", "output")
+        story.message(json.dumps({"type": "response.completed", "response": {
+            "usage": {"input_tokens": 7, "output_tokens": 2, "total_tokens": 9}}}).encode())
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert lines == [f"[k3x9-w1] turn 2 credential=primary route=direct verdict=failover reason=overloaded "
+                     f"session={session_tag('fp/session-1')}",
+                     f"[k3x9-w1] turn 2 credential=spare route=direct verdict=commit reason=output "
+                     f"session={session_tag('fp/session-1')}"]
+    [row] = dashboard.request_rows(activity.recent, hhmm)
+    assert (row["id"], row["model"], row["transport"], row["result"], row["tokens"]) == (
+        "k3x9-w1-t2", "gpt-5-codex", "websocket", "served by spare (moved)", "7 in / 2 out")
+    assert flow.comment.splitlines()[0] == "websocket k3x9-w1: turn 2: spare via direct: commit (output)"
+    assert all(line.startswith("• turn ") for line in flow.comment.splitlines()[1:])

@@ -112,6 +112,9 @@ class UsagePoller:
             self.poll.rejection(now)
         accounts = self._accounts()
         self.poll.forget(accounts)
+        rows = {row for row, *_ in accounts.values()}
+        for row in [r for r in self.notes if r not in rows]:  # bounded by the pool and the accounts kept
+            del self.notes[row]
 
         def state(key: str, auth: AuthMaterial) -> str:
             if auth.expires_at is not None and auth.expires_at <= now:
