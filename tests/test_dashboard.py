@@ -139,7 +139,9 @@ def rows() -> dict[str, dict]:
     ("own account (account …1a2b)", "own", True),
     ("own account (account …1a2b)", "why", "resting: usage_limit"),
     ("own account (account …1a2b)", "rest_left", "1.0 h"),
-    ("own account (account …1a2b)", "resettable", False),
+    ("own account (account …1a2b)", "resettable", True),
+    ("own account (account …1a2b)", "reset", "1a2b"),
+    ("work", "reset", "work"),
     ("own account (account …1a2b)", "seen", "last request 0 min ago"),
     ("own account (account …1a2b)", "usage_note", "usage asked at 12:01"),
 ])

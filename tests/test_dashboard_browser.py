@@ -188,6 +188,10 @@ def test_the_dashboard_in_a_browser(session, sync_api, tmp_path):
             page.locator("button[data-reset='a']").click()
             sync_api.expect(page.locator(".card[data-name='a'] .badge")).to_contain_text("ready")
             wait_until(lambda: "credential a: cooldown ended (ended by hand" in proxy.log(), 5, "the reset's log line")
+            # And the own account's (a client's: named by its label's tail).
+            own = page.locator(".card", has_text="own account (account …ient)")
+            own.locator("button[data-reset='ient']").click()
+            sync_api.expect(own.locator(".badge")).to_contain_text("ready")
             context.close()
         finally:
             browser.close()

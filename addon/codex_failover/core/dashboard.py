@@ -81,7 +81,7 @@ def credential_rows(report: Mapping[str, Any], now: float, asked: Mapping[str, s
                      "badge": BADGES.get(state, "out"), "why": _why(c),
                      "rest_left": rest_left(c["cooling_for_s"]) if state == "cooling" and "cooling_for_s" in c else None,
                      "windows": windows, "usage_note": _usage_note(windows, asked, c["name"], state), "token": token,
-                     "refresh": c.get("refresh"), "resettable": state in ("cooling", "out"),
+                     "refresh": c.get("refresh"), "resettable": state in ("cooling", "out"), "reset": c["name"],
                      "route": c.get("route"), "ended": _ended(c)})
     for c in report.get("clients", ()):
         state = c.get("state", "ready")
@@ -92,10 +92,17 @@ def credential_rows(report: Mapping[str, Any], now: float, asked: Mapping[str, s
                      "own": True, "state": state, "badge": BADGES.get(state, "out"), "why": _why(c),
                      "rest_left": rest_left(c["cooling_for_s"]) if state == "cooling" and "cooling_for_s" in c else None,
                      "windows": windows, "usage_note": _usage_note(windows, asked, key, state),
-                     "token": None, "refresh": None, "resettable": False, "route": None,
+                     "token": None, "refresh": None, "resettable": state in ("cooling", "out"),
+                     "reset": reset_name(c["label"]), "route": None,
                      "seen": f"last request {left(seen)} ago" if isinstance(seen, (int, float)) else "not seen here",
                      "ended": _ended(c)})
     return rows
+
+
+def reset_name(label: str) -> str:
+    """What `POST /reset/NAME` (and `failover.reset`) names a client's own account by: its label's tail
+    (`account …1a2b` -> `1a2b`, `key #1a2b3c4d` -> `1a2b3c4d`)."""
+    return label.rpartition("…")[2].rpartition("#")[2].strip()
 
 
 def _ended(entry: Mapping[str, Any]) -> str | None:

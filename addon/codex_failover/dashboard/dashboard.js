@@ -30,8 +30,8 @@
     if (meta) card.append(el("div", { class: "meta" }, meta));
     if (c.refresh && c.token) card.append(el("div", { class: "meta" }, "refresh: ", el("code", {}, c.refresh)));
     if (c.resettable) {
-      const b = el("button", { type: "button", "data-reset": c.name }, "end rest now");
-      b.addEventListener("click", () => reset(c.name, b));
+      const b = el("button", { type: "button", "data-reset": c.reset }, "end rest now");
+      b.addEventListener("click", () => reset(c.reset, b));
       card.append(b);
     }
     return card;

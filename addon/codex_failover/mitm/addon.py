@@ -116,7 +116,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.activity, self.usage_poller, self.view = Activity(), UsagePoller(self), ModelView()  # dashboard, failover_view
         self._wire([self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, ProxyAuthNotice(),
                     UsageAnswer(self), PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host)),
-                    ConnTrouble(), self.usage_poller])
+                    ConnTrouble()])
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
         self.seen_clients = SeenClients()

@@ -1,68 +1,32 @@
 """Asks each account's usage endpoint while the dashboard is open (core/usage_poll.py decides which
 and when): the pooled ChatGPT credentials with their own tokens, and each client's own ChatGPT account
-with the token of its last request, kept in memory only (never written, never logged). The answers
-go to the usage book, as the usage re-check's do (account_back.py)."""
+with the token of its last request, which account_back.py keeps in memory only (never written, never
+logged). The answers go to the usage book, as the usage re-check's do."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 
-from ..core.auth import CHATGPT, AuthMaterial, auth_from_headers
+from ..core.auth import CHATGPT, AuthMaterial
 from ..core.cooldown_end import usage_url, usage_windows
-from ..core.planner import client_key
 from ..core.seen_clients import label
 from ..core.usage_poll import UsagePoll
 from ..net.usage_fetch import get_json
-from .attempt import ATTEMPT_TAG
 
 log = logging.getLogger("codex_failover")
 TICK = 15.0  # seconds between two looks at what is due
-MAX_OWN = 8  # clients' own accounts remembered (the most recent)
-
-
-@dataclass(frozen=True)
-class Own:
-    auth: AuthMaterial
-    base_url: str
-    name: str  # its label (the dashboard's row)
 
 
 class UsagePoller:
     def __init__(self, owner):
         self.owner = owner  # the FailoverAddon: its pool, health, usage book, shared parts
         self.poll = UsagePoll()
-        self.own: dict[str, Own] = {}  # health key -> the client's own ChatGPT account, its last token
         self.notes: dict[str, str] = {}  # row key (credential name or label) -> what the last ask said
         self.task: asyncio.Task | None = None
         self._wake = asyncio.Event()
         self._rejections = 0  # attempts rejected so far (the activity's count): more means a rejection came
-
-    def requestheaders(self, flow) -> None:
-        """A part's hook (parts.py): a model request of one of the user's own programs carries its own
-        ChatGPT account's latest token, kept (in memory only) to ask that account's usage."""
-        req, owner = flow.request, self.owner
-        if flow.is_replay or ATTEMPT_TAG in flow.metadata or not owner.matcher.matches(req.host, req.port, req.path):
-            return
-        if not owner.clients.allows(flow.client_conn.peername[0] if flow.client_conn.peername else None):
-            return
-        own = auth_from_headers(req.headers)
-        if (own is not None and own.kind == CHATGPT and owner.boundary.is_own(flow.client_conn)
-                and own.fingerprint not in owner.boundary.rejected):
-            pooled = any(c.auth.fingerprint == own.fingerprint for c in owner.pool.credentials)
-            self.saw_own(own, req.url, pooled)
-
-    def saw_own(self, auth: AuthMaterial, url: str, pooled: bool) -> None:
-        """A client's own request: its ChatGPT account's latest token (memory only) and base URL."""
-        if auth.kind != CHATGPT or pooled:
-            return
-        key = client_key(auth)
-        self.own.pop(key, None)
-        self.own[key] = Own(auth, url.split("?")[0].rsplit("/responses", 1)[0], label(auth))
-        while len(self.own) > MAX_OWN:
-            self.own.pop(next(iter(self.own)))
 
     def watched(self) -> None:
         self.poll.watched(time.time())
@@ -100,8 +64,10 @@ class UsagePoller:
         for cred in pool.credentials:
             if cred.kind == CHATGPT:
                 out[cred.name] = (cred.name, cred.auth, cred.base_url, (pool.routes.get(cred.route) or (None,))[0])
-        for key, own in self.own.items():
-            out.setdefault(key, (own.name, own.auth, own.base_url, None))
+        # The clients' own ChatGPT accounts, each with the token of its last request (account_back.py keeps
+        # them, in memory only, for its usage re-check).
+        for key, (auth, base_url) in list(self.owner.back.own.items()):
+            out.setdefault(key, (label(auth), auth, base_url, None))
         return out
 
     async def round(self) -> None:
