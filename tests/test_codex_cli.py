@@ -108,13 +108,13 @@ def _run_bounded(cmd: list[str], timeout: float, **kwargs) -> subprocess.Complet
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def _run_agents(cmd: list[str], agents: int, tmp_path: Path, env: dict, codex_home: Path, work: Path,
+def _run_many(cmd: list[str], count: int, tmp_path: Path, env: dict, codex_home: Path, work: Path,
                 auth_json: dict | None) -> list[subprocess.CompletedProcess]:
-    """`agents` Codex processes at once, each in its own CODEX_HOME and work folder (its own session),
+    """`count` Codex processes at once, each in its own CODEX_HOME and work folder (its own session),
     each in its own process group, all waited for within CODEX_TIMEOUT (killed by group id after it)."""
     procs = []
     try:
-        for i in range(agents):
+        for i in range(count):
             home, folder = tmp_path / f"codex-home-{i}", tmp_path / f"work-{i}"
             home.mkdir(exist_ok=True)
             folder.mkdir(exist_ok=True)
@@ -224,7 +224,7 @@ class CodexRun:
     fake: FakeUpstreamProcess
     proxy_log: str
     session_start: int = 0  # where in proxy_log the lines written while Codex ran begin
-    runs: list[subprocess.CompletedProcess] = field(default_factory=list)  # every agent's (run_codex's `agents`)
+    runs: list[subprocess.CompletedProcess] = field(default_factory=list)  # every session's (run_codex's `sessions`)
 
     @property
     def session_log(self) -> list[str]:
@@ -271,14 +271,14 @@ DOWNGRADE = ["--set", "failover_websocket=downgrade"]
 def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] = (), prepare=None,
               output: tuple[str, ...] = ("--json",), pool_file=None, auth_json: dict | None = None,
               codex_args: tuple[str, ...] = (), client_key: str = CLIENT_KEY, shell: list[str] | None = None,
-              proxy_class=ProxyProcess, agents: int = 1, **policy) -> CodexRun:
+              proxy_class=ProxyProcess, sessions: int = 1, **policy) -> CodexRun:
     """Start the fake and mitmdump (pool `creds`), run `codex exec "say hi"` with CLIENT_KEY, stop both.
     `prepare(fake)` runs before Codex starts (e.g. to queue scenarios). `pool_file(fake, tmp_path)` gives
     (pool text, env) instead of API-key `creds`; with `auth_json`, Codex is logged in with that
     auth.json (ChatGPT mode) instead of CLIENT_KEY (`client_key`: another key). With `shell` (e.g.
     `zsh -l -c`), Codex runs in that shell with no proxy variables or CA of its own: only what
     README.md's shell block, run in its HOME, gives every shell. `proxy_class`: e.g. a mitmweb.
-    `agents`: that many `codex exec` at once, each with a CODEX_HOME and work folder of its own."""
+    `sessions`: that many `codex exec` at once, each with a CODEX_HOME and work folder of its own."""
     fake = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "5")
     proxy = None
     try:
@@ -331,10 +331,10 @@ def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] 
             cmd = [*shell, 'exec "$@"', "codex", *cmd]
         started, session_start = time.monotonic(), len(proxy.log())
         try:
-            if agents == 1:
+            if sessions == 1:
                 runs = [_run_bounded(cmd, CODEX_TIMEOUT, env=env, cwd=work)]
             else:
-                runs = _run_agents(cmd, agents, tmp_path, env, codex_home, work, auth_json)
+                runs = _run_many(cmd, sessions, tmp_path, env, codex_home, work, auth_json)
             run = runs[0]
         except subprocess.TimeoutExpired as exc:
             pytest.fail(f"codex exec did not finish within {CODEX_TIMEOUT:.0f}s (killed)\n--- codex stdout ---\n{exc.output}"
@@ -443,34 +443,34 @@ def test_real_codex_session_logs_a_few_lines_per_model_request(tmp_path, codex_b
     assert "sk-test-" not in codex.proxy_log
 
 
-AGENTS = 3
+SESSIONS = 3
 SESSION = re.compile(r" session=([0-9a-f]{4})$")
 
 
-def test_three_concurrent_agents_on_the_gate_log_a_few_lines_per_model_request_each_named(tmp_path, codex_bin, capsys):
-    """A day of three agents at once on the default transport (the gated WebSocket): each agent's warm-up,
+def test_three_concurrent_codex_sessions_on_the_gate_log_a_few_lines_per_model_request_each_named(tmp_path, codex_bin, capsys):
+    """A day of three Codex sessions at once on the default transport (the gated WebSocket): each one's warm-up,
     a tool call and its follow-up; the first turn that reaches `primary` is overloaded and moves to the
     spare. At most LINES_PER_MODEL_REQUEST lines per model request; the warm-ups are not turns; every
-    request's line names its agent's session (three tags)."""
+    request's line names its session (three tags)."""
     codex = run_codex(tmp_path, codex_bin, [("primary", "sk-test-primary-toolcall"), ("spare", "sk-test-spare-toolcall")],
                       prepare=lambda fake: fake.overload_next("sk-test-primary-toolcall", 1, "overload"),
-                      use_client_credential=False, agents=AGENTS)
+                      use_client_credential=False, sessions=SESSIONS)
     assert all(r.returncode == 0 for r in codex.runs), codex.context + "".join(r.stderr[-2000:] for r in codex.runs)
     for run in codex.runs:
         assert [e for e in _events(run.stdout) if e.get("type") == "turn.completed"], run.stdout[-2000:]
     turns = [r for r in codex.fake.requests() if r.get("event") == "ws_turn"]
     served = [r for r in turns if r.get("scenario") not in ("overload", "warmup")]  # one per model request
-    assert len(served) >= 2 * AGENTS and any(r["scenario"] == "overload" for r in turns), turns
+    assert len(served) >= 2 * SESSIONS and any(r["scenario"] == "overload" for r in turns), turns
     lines = [line for line in codex.session_log if line.strip()]
     per = len(lines) / len(served)
     with capsys.disabled():
-        print(f"\n[codex-cli] {AGENTS} agents on the gate: {len(lines)} log lines for {len(served)} model requests "
+        print(f"\n[codex-cli] {SESSIONS} sessions on the gate: {len(lines)} log lines for {len(served)} model requests "
               f"({per:.2f} per request):\n  " + "\n  ".join(lines))
     assert per <= LINES_PER_MODEL_REQUEST, "\n".join(lines)
     turn_lines = [line for line in lines if " turn " in line and "credential=" in line]
     assert len([line for line in turn_lines if "verdict=commit" in line]) == len(served), "\n".join(lines)
     tags = {m.group(1) for line in lines if (m := SESSION.search(line))}
-    assert len(tags) == AGENTS and all(SESSION.search(line) for line in turn_lines), "\n".join(lines)
+    assert len(tags) == SESSIONS and all(SESSION.search(line) for line in turn_lines), "\n".join(lines)
     for chatter in ("Client TLS handshake failed", "trust the proxy", "socket on"):
         assert chatter not in "\n".join(lines), "\n".join(lines)
 

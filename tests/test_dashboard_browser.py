@@ -82,12 +82,12 @@ def session(fake, tmp_path):
         fake.overload_next("acct-a", 1, "usage-limit")
         token = jwt({"exp": time.time() + 3600})
         reply = post_responses(proxy.port, f"{fake.base}/backend-api/codex/responses", token,
-                               headers={"chatgpt-account-id": "acct-client", "session-id": "agent-one"})
+                               headers={"chatgpt-account-id": "acct-client", "session-id": "session-one"})
         assert reply.status == 200, reply.body[:300]
         assert fake.model_requests()[-1]["credential"] == "acct-b"
-        # A second agent, logged in to an account of its own that is not limited: its own turn.
+        # A second Codex session, logged in to an account of its own that is not limited: its own turn.
         reply = post_responses(proxy.port, f"{fake.base}/backend-api/codex/responses", jwt({"exp": time.time() + 3600}),
-                               headers={"chatgpt-account-id": "acct-mine", "session-id": "agent-two"})
+                               headers={"chatgpt-account-id": "acct-mine", "session-id": "session-two"})
         assert reply.status == 200 and fake.model_requests()[-1]["credential"] == "acct-mine", reply.body[:300]
         yield proxy, fake
     finally:
@@ -127,7 +127,7 @@ def test_the_dashboard_in_a_browser(session, sync_api, tmp_path):
                 cards = page.locator(".card")
                 sync_api.expect(cards).to_have_count(5, timeout=TIMEOUT_MS)
                 # Every account that may send shows both windows, the unused spare's too (asked of its
-                # usage endpoint while the page is open) and the second agent's own account (asked with
+                # usage endpoint while the page is open) and the second session's own account (asked with
                 # the token of its last request); the resting ones say why and for how long.
                 mine = page.locator(".card", has_text="own account (account …mine)")
                 sync_api.expect(mine.locator(".window")).to_have_count(2, timeout=TIMEOUT_MS)

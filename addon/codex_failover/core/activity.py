@@ -23,7 +23,7 @@ SSE, WEBSOCKET = "sse", "websocket"  # transports
 
 
 def session_tag(session: str | None) -> str:
-    """A short tag for a client's Codex session (thread) id, to tell concurrent agents apart in the
+    """A short tag for a client's Codex session (thread) id, to tell concurrent sessions apart in the
     log and on the dashboard: four hex digits of its SHA-256 (the id itself is not shown). `-`
     without one."""
     if not session:
