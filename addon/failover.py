@@ -32,6 +32,8 @@ MITMPROXY_RANGE = REQUIREMENTS["mitmproxy"][len("mitmproxy"):]
 # fallback of the seam (mitm/fallbacks.py), slower, and says so in one line; mitmproxy 13 may move the names the
 # seam's modules import, so it is refused, as any other major release.
 RUNS_ON = ">=12.0,<13"
+# mitmproxy 12 (and this package: pyproject.toml's requires-python) needs Python 3.12 or newer.
+PYTHON_MIN = (3, 12)
 EXIT_MISSING_DEPENDENCIES = 2
 
 _here = os.path.dirname(os.path.abspath(__file__))
@@ -118,6 +120,10 @@ def dependency_problem() -> str | None:
     if missing:
         names = ", ".join(_name(r) for r in missing)
         problems.append(f"missing {'dependencies' if len(missing) > 1 else 'dependency'}: {names}")
+    old_python = sys.version_info[:2] < PYTHON_MIN
+    want = ".".join(map(str, PYTHON_MIN))
+    if old_python:  # no mitmproxy 12 installs here: the Python is the problem
+        problems.insert(0, f"mitmproxy 12 needs Python >= {want}, this is Python {sys.version_info[0]}.{sys.version_info[1]}")
     them = "them" if len(to_install) > 1 else "it"
 
     run = os.path.join(os.path.dirname(_here), "scripts", "run")
@@ -130,7 +136,25 @@ def dependency_problem() -> str | None:
         fix = (f"this mitmproxy is a standalone build, which cannot load them: install codex-failover with pip "
                f"(pip install {shlex.quote(os.path.dirname(_here))}) and use the mitmdump it brings")
         return f"codex-failover: {'; '.join(problems)}; {fix}{alternative}"
-    pip = f"{shlex.quote(sys.executable)} -m pip install " + " ".join(shlex.quote(r) for r in to_install)
+    quoted = " ".join(shlex.quote(r) for r in to_install)
+    if os.path.isfile(os.path.join(sys.prefix, "pipx_metadata.json")):  # a pipx install: its venv has no pip
+        venv = os.path.basename(sys.prefix)
+        others = " ".join(shlex.quote(r.split(";")[0].strip()) for m, r in REQUIREMENTS.items() if m != "mitmproxy")
+        if old_python or REQUIREMENTS["mitmproxy"] in to_install:
+            python = f" --python python{want}" if old_python else ""
+            fix = (f"this mitmproxy is a pipx install: reinstall it{f' on Python {want} or newer' if old_python else ''} "
+                   f"with its dependencies: pipx install --force{python} {shlex.quote(REQUIREMENTS['mitmproxy'])} && "
+                   f"pipx inject {shlex.quote(venv)} {others}")
+        else:
+            fix = f"this mitmproxy is a pipx install: add {them} with: pipx inject {shlex.quote(venv)} {quoted}"
+        return f"codex-failover: {'; '.join(problems)}; {fix}{alternative}"
+    if old_python:
+        every = " ".join(shlex.quote(r.split(";")[0].strip()) for r in REQUIREMENTS.values())
+        fix = (f"make a venv with Python {want} or newer and install them there: python{want} -m venv "
+               f"~/.venvs/mitmproxy && ~/.venvs/mitmproxy/bin/pip install {every} (then run "
+               f"~/.venvs/mitmproxy/bin/mitmdump)")
+        return f"codex-failover: {'; '.join(problems)}; {fix}{alternative}"
+    pip = f"{shlex.quote(sys.executable)} -m pip install {quoted}"
     return f"codex-failover: {'; '.join(problems)}; install {them} with: {pip}{alternative}"
 
 

@@ -31,11 +31,12 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,35 @@ def _run_bounded(cmd: list[str], timeout: float, **kwargs) -> subprocess.Complet
         out, err = proc.communicate(timeout=10)
         raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _run_many(cmd: list[str], count: int, tmp_path: Path, env: dict, codex_home: Path, work: Path,
+                auth_json: dict | None) -> list[subprocess.CompletedProcess]:
+    """`count` Codex processes at once, each in its own CODEX_HOME and work folder (its own session),
+    each in its own process group, all waited for within CODEX_TIMEOUT (killed by group id after it)."""
+    procs = []
+    try:
+        for i in range(count):
+            home, folder = tmp_path / f"codex-home-{i}", tmp_path / f"work-{i}"
+            home.mkdir(exist_ok=True)
+            folder.mkdir(exist_ok=True)
+            if auth_json is not None:
+                (home / "auth.json").write_text(json.dumps(auth_json))
+            argv = [str(folder) if a == str(work) else a for a in cmd]
+            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                          text=True, start_new_session=True, env={**env, "CODEX_HOME": str(home)},
+                                          cwd=folder))
+        deadline = time.monotonic() + CODEX_TIMEOUT
+        done = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+        return done
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate(timeout=10)
 
 
 def _codex_works(binary: Path, node_dir: str) -> str | None:
@@ -194,6 +224,7 @@ class CodexRun:
     fake: FakeUpstreamProcess
     proxy_log: str
     session_start: int = 0  # where in proxy_log the lines written while Codex ran begin
+    runs: list[subprocess.CompletedProcess] = field(default_factory=list)  # every session's (run_codex's `sessions`)
 
     @property
     def session_log(self) -> list[str]:
@@ -240,13 +271,14 @@ DOWNGRADE = ["--set", "failover_websocket=downgrade"]
 def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] = (), prepare=None,
               output: tuple[str, ...] = ("--json",), pool_file=None, auth_json: dict | None = None,
               codex_args: tuple[str, ...] = (), client_key: str = CLIENT_KEY, shell: list[str] | None = None,
-              proxy_class=ProxyProcess, **policy) -> CodexRun:
+              proxy_class=ProxyProcess, sessions: int = 1, **policy) -> CodexRun:
     """Start the fake and mitmdump (pool `creds`), run `codex exec "say hi"` with CLIENT_KEY, stop both.
     `prepare(fake)` runs before Codex starts (e.g. to queue scenarios). `pool_file(fake, tmp_path)` gives
     (pool text, env) instead of API-key `creds`; with `auth_json`, Codex is logged in with that
     auth.json (ChatGPT mode) instead of CLIENT_KEY (`client_key`: another key). With `shell` (e.g.
     `zsh -l -c`), Codex runs in that shell with no proxy variables or CA of its own: only what
-    README.md's shell block, run in its HOME, gives every shell. `proxy_class`: e.g. a mitmweb."""
+    README.md's shell block, run in its HOME, gives every shell. `proxy_class`: e.g. a mitmweb.
+    `sessions`: that many `codex exec` at once, each with a CODEX_HOME and work folder of its own."""
     fake = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "5")
     proxy = None
     try:
@@ -299,13 +331,17 @@ def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] 
             cmd = [*shell, 'exec "$@"', "codex", *cmd]
         started, session_start = time.monotonic(), len(proxy.log())
         try:
-            run = _run_bounded(cmd, CODEX_TIMEOUT, env=env, cwd=work)
+            if sessions == 1:
+                runs = [_run_bounded(cmd, CODEX_TIMEOUT, env=env, cwd=work)]
+            else:
+                runs = _run_many(cmd, sessions, tmp_path, env, codex_home, work, auth_json)
+            run = runs[0]
         except subprocess.TimeoutExpired as exc:
             pytest.fail(f"codex exec did not finish within {CODEX_TIMEOUT:.0f}s (killed)\n--- codex stdout ---\n{exc.output}"
                         f"\n--- codex stderr ---\n{(exc.stderr or '')[-3000:]}\n--- mitmdump log ---\n{proxy.log()[-6000:]}")
         took = time.monotonic() - started
         time.sleep(0.2)  # the proxy's last log lines (socket ends)
-        return CodexRun(run, took, _records(record_path), fake, proxy.log(), session_start)
+        return CodexRun(run, took, _records(record_path), fake, proxy.log(), session_start, runs)
     finally:
         if proxy is not None:
             proxy.stop()
@@ -405,6 +441,38 @@ def test_real_codex_session_logs_a_few_lines_per_model_request(tmp_path, codex_b
                     "cannot move", "<< 200"):
         assert chatter not in "\n".join(lines), "\n".join(lines)
     assert "sk-test-" not in codex.proxy_log
+
+
+SESSIONS = 3
+SESSION = re.compile(r" session=([0-9a-f]{4})$")
+
+
+def test_three_concurrent_codex_sessions_on_the_gate_log_a_few_lines_per_model_request_each_named(tmp_path, codex_bin, capsys):
+    """A day of three Codex sessions at once on the default transport (the gated WebSocket): each one's warm-up,
+    a tool call and its follow-up; the first turn that reaches `primary` is overloaded and moves to the
+    spare. At most LINES_PER_MODEL_REQUEST lines per model request; the warm-ups are not turns; every
+    request's line names its session (three tags)."""
+    codex = run_codex(tmp_path, codex_bin, [("primary", "sk-test-primary-toolcall"), ("spare", "sk-test-spare-toolcall")],
+                      prepare=lambda fake: fake.overload_next("sk-test-primary-toolcall", 1, "overload"),
+                      use_client_credential=False, sessions=SESSIONS)
+    assert all(r.returncode == 0 for r in codex.runs), codex.context + "".join(r.stderr[-2000:] for r in codex.runs)
+    for run in codex.runs:
+        assert [e for e in _events(run.stdout) if e.get("type") == "turn.completed"], run.stdout[-2000:]
+    turns = [r for r in codex.fake.requests() if r.get("event") == "ws_turn"]
+    served = [r for r in turns if r.get("scenario") not in ("overload", "warmup")]  # one per model request
+    assert len(served) >= 2 * SESSIONS and any(r["scenario"] == "overload" for r in turns), turns
+    lines = [line for line in codex.session_log if line.strip()]
+    per = len(lines) / len(served)
+    with capsys.disabled():
+        print(f"\n[codex-cli] {SESSIONS} sessions on the gate: {len(lines)} log lines for {len(served)} model requests "
+              f"({per:.2f} per request):\n  " + "\n  ".join(lines))
+    assert per <= LINES_PER_MODEL_REQUEST, "\n".join(lines)
+    turn_lines = [line for line in lines if " turn " in line and "credential=" in line]
+    assert len([line for line in turn_lines if "verdict=commit" in line]) == len(served), "\n".join(lines)
+    tags = {m.group(1) for line in lines if (m := SESSION.search(line))}
+    assert len(tags) == SESSIONS and all(SESSION.search(line) for line in turn_lines), "\n".join(lines)
+    for chatter in ("Client TLS handshake failed", "trust the proxy", "socket on"):
+        assert chatter not in "\n".join(lines), "\n".join(lines)
 
 
 @pytest.mark.parametrize("shell", [["zsh", "-l", "-c"], ["bash", "-l", "-c"]], ids=["zsh -l", "bash -l"])

@@ -475,7 +475,7 @@ def test_another_addon_sending_the_model_host_elsewhere_decides_where_each_socke
         proxy.stop()
     assert text_of(events).startswith("Hello from sk-test-client-0."), events
     assert [h["credential"] for h in handshakes(fake)] == ["sk-test-client-0"]  # no spare was needed
-    assert "socket on client via direct" in proxy.log() and "upgrade failed" not in proxy.log(), proxy.log()
+    assert "turn 1 credential=client route=direct" in proxy.log() and "upgrade failed" not in proxy.log(), proxy.log()
 
 
 def test_each_socket_is_a_saved_flow_with_its_messages_and_verdict_and_no_secret(fake, start_proxy, tmp_path):

@@ -273,3 +273,141 @@ def test_setup_reads_the_stamp_an_older_setup_wrote(project):
     stamp.write_text((project.root / "pyproject.toml").read_text().rstrip("\n") + " extras=test,bench")
     assert project("setup") == []
     assert project("test") == ["ruff check addon tests scripts", "mypy ", "pytest -n 2 --dist loadfile"]
+
+
+# --- the Python version, and a pipx install -----------------------------------------------------------
+
+
+def test_the_python_the_entry_asks_for_is_pyprojects():
+    want = failover_constant("PYTHON_MIN")
+    assert pyproject()["project"]["requires-python"] == ">=" + ".".join(map(str, want))
+
+
+def older_python() -> Path:
+    """A Python older than 3.12 (pyenv's, where the machine has one), else a skip."""
+    import glob
+    import os
+
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    found = sorted(glob.glob(str(root / "versions" / "3.1[01].*" / "bin" / "python")) +
+                   [p for p in (shutil.which("python3.11"), shutil.which("python3.10")) if p])
+    if not found:
+        pytest.skip("no Python 3.10 or 3.11 on this machine (pyenv or PATH)")
+    return Path(found[-1])
+
+
+def problem_on(python: Path, tmp_path: Path, pipx: bool) -> str:
+    """addon/failover.py's one line, run by `python` in a venv (a pipx one: with pipx_metadata.json,
+    named `mitmproxy` as pipx names it) whose mitmproxy is 11.0.2 (a stand-in module)."""
+    venv = tmp_path / "pipx" / "venvs" / "mitmproxy"
+    subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    if pipx:
+        (venv / "pipx_metadata.json").write_text("{}")
+    fake = tmp_path / "fake" / "mitmproxy"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "version.py").write_text('VERSION = "11.0.2"\n')
+    code = ("src = open(%r).read().split('_problem = dependency_problem()')[0]\n"
+            "ns = {'__file__': %r, '__name__': 'entry'}\n"
+            "exec(compile(src, %r, 'exec'), ns)\nprint(ns['dependency_problem']())") % ((str(ADDON),) * 3)
+    done = subprocess.run([venv / "bin" / "python", "-c", code], capture_output=True, text=True, timeout=30,
+                          env={"PYTHONPATH": str(fake.parent), "PATH": "/usr/bin:/bin"}, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_on_an_older_python_the_line_names_it_and_gives_pipxs_commands(tmp_path):
+    """Debian 12's pipx: Python 3.11, whose `pipx install mitmproxy` gives mitmproxy 11."""
+    python = older_python()
+    line = problem_on(python, tmp_path, pipx=True)
+    minor = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True,
+                           text=True, check=True, timeout=30).stdout.strip()
+    others = " ".join(shlex.quote(r.split(";")[0].strip()) for m, r in failover_constant("REQUIREMENTS").items()
+                      if m != "mitmproxy")
+    assert line.startswith(f"codex-failover: mitmproxy 12 needs Python >= 3.12, this is Python {minor}; "
+                           f"needs mitmproxy>=12.0,<13, this is mitmproxy 11.0.2; missing dependencies: "), line
+    assert line.endswith(f"; this mitmproxy is a pipx install: reinstall it on Python 3.12 or newer with its "
+                         f"dependencies: pipx install --force --python python3.12 {shlex.quote(PIN)} && "
+                         f"pipx inject mitmproxy {others}{RUN}"), line
+    assert "pip install" not in line  # a pipx venv has no pip of its own
+
+
+def test_on_an_older_python_without_pipx_the_line_says_to_make_a_newer_venv(tmp_path):
+    line = problem_on(older_python(), tmp_path, pipx=False)
+    assert "mitmproxy 12 needs Python >= 3.12, this is Python 3.1" in line
+    assert "make a venv with Python 3.12 or newer and install them there: python3.12 -m venv ~/.venvs/mitmproxy && " \
+           f"~/.venvs/mitmproxy/bin/pip install {shlex.quote(PIN)} 'PyYAML>=6.0'" in line, line
+
+
+def test_a_pipx_mitmproxy_missing_a_dependency_is_told_to_inject_it(tmp_path):
+    python = mitmproxy_env(tmp_path, 'import sys; sys.modules["yaml"] = None')
+    (python.parent.parent / "pipx_metadata.json").write_text("{}")
+    proc = mitmdump(python, tmp_path)
+    assert_stops_with(proc, f"codex-failover: missing dependency: PyYAML; this mitmproxy is a pipx install: add it "
+                            f"with: pipx inject env 'PyYAML>=6.0'{RUN}")
+
+
+# --- pip install <clone>: a command to run, and the rules as package data ------------------------------
+
+
+def test_pip_install_of_a_clone_gives_a_command_that_starts_a_proxy_with_its_rules(tmp_path):
+    """Offline: the package built from a copy of the clone (no network: --no-index, no dependencies, the
+    project venv's setuptools), into a venv that sees the project venv's dependencies. Its rules are
+    package data, found from anywhere; `codex-failover` starts mitmdump with the addon, which answers."""
+    import json
+    import os
+    import socket
+    import time
+    import urllib.request
+
+    clone = tmp_path / "clone"  # (a copy: pip builds in the source tree)
+    clone.mkdir()
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+        shutil.copy(ROOT / name, clone / name)
+    shutil.copytree(ROOT / "rules", clone / "rules")
+    shutil.copytree(ROOT / "addon", clone / "addon", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = subprocess.run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    (Path(site) / "z_project.pth").write_text(f"import site; site.addsitedir({sysconfig.get_path('purelib')!r})\n")
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "PIP_NO_INDEX": "1",
+           "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    done = subprocess.run([sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "-q", "--no-deps",
+                           "--no-build-isolation", str(clone)],
+                          capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = subprocess.run([venv / "bin" / "python", "-c", "import codex_failover.rules_file as r, json; "
+                            "print(json.dumps([str(r.DEFAULT_RULES_PATH), r.load_rules().source]))"],
+                           capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert found.returncode == 0, found.stderr
+    path, source = json.loads(found.stdout)
+    assert path.startswith(site) and path.endswith("codex_failover/rules/default.yaml") and source == path
+    assert (Path(site) / "codex_failover" / "rules" / "pool.example.yaml").is_file()
+    assert (Path(site) / "codex_failover" / "dashboard" / "dashboard.js").is_file()
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    confdir = tmp_path / "confdir"
+    proc = subprocess.Popen([venv / "bin" / "codex-failover", "-p", str(port), "--set", f"confdir={confdir}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path,
+                            start_new_session=True)
+    try:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": f"http://127.0.0.1:{port}"}))
+        deadline, doc = time.monotonic() + 30, None
+        while doc is None and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                doc = json.loads(opener.open("http://codex-failover.status/", timeout=5).read())
+            except OSError:
+                time.sleep(0.2)
+        assert doc is not None and doc["credentials"] == [], proc.poll()
+    finally:
+        import signal
+
+        os.killpg(proc.pid, signal.SIGTERM)
+        out = proc.communicate(timeout=15)[0]
+    assert "codex-failover: pool (no file)" in out and "Traceback" not in out, out
+    module = subprocess.run([venv / "bin" / "python", "-m", "codex_failover", "--version"], capture_output=True,
+                            text=True, timeout=60, env=env, cwd=tmp_path)
+    assert module.returncode == 0 and "Mitmproxy:" in module.stdout, module.stdout + module.stderr

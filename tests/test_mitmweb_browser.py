@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 
 import pytest
-from harness import ROOT, FakeUpstreamProcess, MitmwebProcess, pool_yaml, post_responses
+from harness import ROOT, FakeUpstreamProcess, MitmwebProcess, pool_yaml, post_responses, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -401,3 +401,39 @@ def test_a_request_its_first_attempt_served_is_one_flow_the_clients_marked_serve
         page.screenshot(path=str(tmp_path / "mitmweb-healthy.png"))
     finally:
         context.close()
+
+
+def test_failover_view_models_lists_only_the_model_flows(browser, tmp_path):
+    """`--set failover_view=models`: the model request and its attempts are listed, the other calls
+    to the same host (usage, plugins, analytics) are not (docs/mitmweb.md)."""
+    from harness import request
+
+    fake = FakeUpstreamProcess(tmp_path)
+    try:
+        text, env = pool_yaml(fake.base, [("spare", SPARE_KEY)])
+        web = MitmwebProcess(tmp_path, text, env, extra=["--set", "failover_view=models"])
+        try:
+            for path in ("/backend-api/wham/usage", "/v1/models", "/backend-api/plugins/list"):
+                request(web.port, "GET", f"{fake.base}{path}", {"authorization": f"Bearer {CLIENT_KEY}"})
+            reply = post_responses(web.port, f"{fake.base}/v1/responses", CLIENT_KEY)
+            assert reply.status == 200, reply.body[-500:]
+            flows = web.api("/flows")
+            assert [f["request"]["path"] for f in flows] == ["/v1/responses"] * 3, [f["request"]["path"] for f in flows]
+            assert "failover_view=models" in web.log()
+            context = browser.new_context(viewport=VIEWPORT, device_scale_factor=1)
+            page = context.new_page()
+            page.set_default_timeout(TIMEOUT_MS)
+            try:
+                page.goto(web.url)
+                expect(rows(page)).to_have_count(3)
+                expect(row_marked(page, REJECTED)).to_have_count(1)
+                expect(row_marked(page, SERVED)).to_have_count(1)
+            finally:
+                context.close()
+            # failover_view=all takes the addon's filter back: every flow is listed again.
+            web.put("/options", {"failover_view": "all"})
+            wait_until(lambda: len(web.api("/flows")) == 6, 5, "every flow listed again")
+        finally:
+            web.stop()
+    finally:
+        fake.stop()

@@ -36,13 +36,18 @@ def test_connection_lines_go_to_debug(message):
     assert (r.levelno, r.levelname) == (logging.DEBUG, "DEBUG")
 
 
-def test_warnings_the_untrusted_ca_and_an_unreachable_upstream_keep_their_level():
+def test_failed_handshakes_and_hostless_connect_errors_go_to_debug_other_warnings_stay():
+    """A failed client handshake alone is not news, at any level, and mitmproxy's connect error names
+    no host: the addon's own lines say what is (conn_trouble.py, tests/test_conn_trouble.py)."""
     quiet = QuietLog()
     quiet.configure(options())
     warning = record("Client TLS handshake failed. The client does not trust the proxy's certificate", logging.WARNING)
+    may = record("Client TLS handshake failed. The client may not trust the proxy's certificate for x (eof)",
+                 logging.WARNING)
     info = record("Client TLS handshake failed. The client disconnected during the handshake.")
     unreachable = record("error establishing server connection: [Errno 111] Connection refused")
-    for r, level in ((warning, logging.WARNING), (info, logging.INFO), (unreachable, logging.INFO),
+    for r, level in ((warning, logging.DEBUG), (may, logging.DEBUG), (info, logging.DEBUG),
+                     (unreachable, logging.DEBUG), (record("HTTP/2 protocol error", logging.WARNING), logging.WARNING),
                      (record("boom", logging.ERROR), logging.ERROR)):
         quiet.filter(r)
         assert r.levelno == level
@@ -151,7 +156,7 @@ def test_the_add_log_event_is_made_only_while_an_addon_listens():
     (logging.INFO, "Streaming response from api.openai.com.", False, False, False),  # lowered, nobody shows debug
     (logging.INFO, "Streaming response from api.openai.com.", False, True, True),  # the debug log takes it
     (logging.INFO, "Streaming response from api.openai.com.", True, False, True),  # failover_verbose
-    (logging.INFO, "error establishing server connection: refused", False, False, True),  # kept at INFO
+    (logging.INFO, "error establishing server connection: refused", False, False, False),  # the addon's names the host
     (logging.WARNING, "HTTP/2 protocol error", False, False, True),
     (logging.DEBUG, "closing transports...", False, False, False),
 ])
@@ -208,10 +213,10 @@ def test_the_held_streams_lines_are_made_only_when_shown():
     try:
         hop = HopState(Handler(), 1, lambda: None)
         hop._deferred = [commands.Log("Streaming response from api.openai.com.", logging.INFO),
-                         commands.Log("error establishing server connection: refused", logging.INFO)]
+                         commands.Log("HTTP/2 protocol error", logging.WARNING)]
         hop._first_handed = True
         hop.written()
-        assert hop.handler.lines == [("error establishing server connection: refused", logging.INFO)]
+        assert hop.handler.lines == [("HTTP/2 protocol error", logging.WARNING)]
         quiet.configure(options(failover_verbose=True))
         hop._deferred = [commands.Log("Streaming response from api.openai.com.", logging.INFO)]
         hop.written()

@@ -59,7 +59,7 @@ def test_the_comment_keeps_its_title_and_the_last_verdicts():
     asyncio.run(run())
     lines = leg.flow.comment.splitlines()
     assert lines[0] == "socket 1: spare" and lines[1] == "(70 earlier)"
-    assert lines[2].startswith("turn 71:") and lines[-1].startswith("turn 120:") and len(lines) == 52
+    assert lines[2].startswith("• turn 71:") and lines[-1].startswith("• turn 120:") and len(lines) == 52
 
 
 def test_mitmproxy_registers_every_hook_a_leg_runs_by_name():

@@ -11,6 +11,7 @@ from .core.client_access import ClientAccess, ClientAccessError, parse_networks
 from .core.intercept_scope import MODES as INTERCEPT_MODES
 from .core.token_refresh import DEFAULT_URL as DEFAULT_REFRESH_URL
 from .core.units import parse_size
+from .core.view_filter import MODES as VIEW_MODES
 from .metrics import parse_address
 
 WEBSOCKET_MODES = ("downgrade", "gate", "passthrough")
@@ -42,6 +43,9 @@ def add_options(loader) -> None:
                       "after a 401), writing the new tokens back to their auth.json; off: never refresh.")
     loader.add_option("failover_refresh_url", str, DEFAULT_REFRESH_URL,
                       "The token endpoint pooled ChatGPT logins are refreshed at (for tests and gateways).")
+    loader.add_option("failover_view", str, "all",
+                      "What mitmweb (or mitmproxy's console) lists: all (every flow) or models (only the model "
+                      "requests and the failover's attempts: sets view_filter to the model endpoints).")
     loader.add_option("failover_verbose", bool, False,
                       "Also log mitmproxy's per-connection lines (every client's, the attempts' and relay "
                       "hops') and mitmdump's flow echo; off: the addon's lines, warnings and errors only.")
@@ -75,6 +79,8 @@ def parse_options(options, updated: set[str]) -> Parsed:
         raise ValueError(f"failover_websocket: {options.failover_websocket!r} is not one of {', '.join(WEBSOCKET_MODES)}")
     if "failover_intercept" in updated and options.failover_intercept not in INTERCEPT_MODES:
         raise ValueError(f"failover_intercept: {options.failover_intercept!r} is not one of {', '.join(INTERCEPT_MODES)}")
+    if "failover_view" in updated and options.failover_view not in VIEW_MODES:
+        raise ValueError(f"failover_view: {options.failover_view!r} is not one of {', '.join(VIEW_MODES)}")
     if "failover_clients" in updated:
         try:
             parsed.clients = ClientAccess(parse_networks(options.failover_clients))

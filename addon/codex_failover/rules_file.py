@@ -11,7 +11,10 @@ from pathlib import Path
 from .core.rules import Rules, RulesError, parse_rules
 from .yaml_file import read_yaml
 
-DEFAULT_RULES_PATH = Path(__file__).resolve().parents[2] / "rules" / "default.yaml"
+# Installed (pip install <clone> or git+…), the rules are package data (copied there by setup.py); in a
+# clone, and in an editable install, they are the repository's rules/.
+_PACKAGED = Path(__file__).resolve().parent / "rules" / "default.yaml"
+DEFAULT_RULES_PATH = _PACKAGED if _PACKAGED.is_file() else Path(__file__).resolve().parents[2] / "rules" / "default.yaml"
 
 
 def load_rules(path: str | Path | None = None) -> Rules:

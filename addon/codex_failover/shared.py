@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .config import PoolConfig
+from .core.activity import Activity
 from .core.affinity import Affinity
 from .core.client_boundary import RejectedKeys
 from .core.health import Health
@@ -48,6 +49,7 @@ class Shared:
     metrics: Metrics | None = None  # Prometheus counters (failover_metrics), if on
     provenance: Provenance = field(default_factory=Provenance)  # which credential made which artifact
     rejected_keys: RejectedKeys | None = None  # client credentials the upstream refused (never lent the pool)
+    activity: Activity | None = None  # the dashboard's recent requests and counts since start
 
     @property
     def feedback(self) -> PoolFeedback:

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from .activity import usage_tokens
 from .affinity import seen_step
 from .framer import Event, FramerError, SSEFramer
 from .tracked import SeenBook
@@ -124,6 +125,7 @@ class SseArtifacts:
         self._tail = b""  # the last bytes fed, up to a marker's length less one
         self._pending = False  # a marker lies in the bytes the framer holds: its event is still to come
         self._found: list[str] = []
+        self.tokens: dict[str, int] | None = None  # the token counts of its response.completed (the dashboard's)
 
     def feed(self, data: bytes | None) -> list[str]:
         """The artifacts of the events `data` completes (None: the end of the stream). A stream that
@@ -165,6 +167,8 @@ class SseArtifacts:
                 if _RESPONSE_MARKERS[0] in raw or _RESPONSE_MARKERS[1] in raw or \
                         (_MARKERS[0] in raw and any(kind in raw for kind in _BOUND_KINDS)):
                     self._found += artifacts_of_event(event.payload)
+                    if _RESPONSE_MARKERS[0] in raw:
+                        self.tokens = usage_tokens(event.payload) or self.tokens
         return events
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import seen_clients, story
+from .activity import Activity, RequestRecord
 from .auth import AuthMaterial
 from .planner import Candidate
 
@@ -46,6 +47,9 @@ class RunLog:
     why_pinned: str | None = None
     client_auth: AuthMaterial | None = None  # the client's own credential (its metrics label)
     started: float = field(default_factory=time.monotonic)
+    session: str = "-"  # the client's session tag (activity.session_tag), on each line
+    activity: Activity | None = None  # the dashboard's recent requests and counts
+    entry: RequestRecord | None = None  # this request's row there
 
     def record(self, attempt: Any, cand: Candidate, verdict: str, reason: str, status: int | None, ok: bool = False) -> None:
         n, total = attempt.n, self.total
@@ -58,9 +62,12 @@ class RunLog:
         if self.metrics is not None:
             own = self.client_auth if cand.is_client and cand.key.startswith("client:") else None
             self.metrics.attempt(seen_clients.label(own) if own is not None else cand.name, verdict, reason)
+        if self.activity is not None and self.entry is not None:
+            self.activity.attempt(self.entry, cand.name, verdict, reason)
         self.tell()
-        log.info("[%s] attempt %d/%d credential=%s route=%s verdict=%s reason=%s status=%s elapsed=%dms",
-                 self.request_id, n, total, cand.name, route.replace(" ", "="), verdict, reason, status, elapsed)
+        log.info("[%s] attempt %d/%d credential=%s route=%s verdict=%s reason=%s status=%s elapsed=%dms session=%s",
+                 self.request_id, n, total, cand.name, route.replace(" ", "="), verdict, reason, status, elapsed,
+                 self.session)
         global _explained
         if not ok and not _explained:
             _explained = True
@@ -73,7 +80,15 @@ class RunLog:
                                                   self.request_id)
         self.shown(self.flow)
 
+    def first_output(self) -> None:
+        """The client's first output went out: the time since the request came, for the dashboard."""
+        if self.activity is not None and self.entry is not None:
+            self.activity.first_output(self.entry, (time.monotonic() - self.started) * 1000)
+
     def summary(self, what: str) -> None:
+        if self.activity is not None and self.entry is not None:
+            self.activity.answered(self.entry, what)
         self.tell(what)
         elapsed = int((time.monotonic() - self.started) * 1000)
-        log.warning("[%s] %s after %d attempt(s), %dms", self.request_id, what, len(self.history), elapsed)
+        log.warning("[%s] %s after %d attempt(s), %dms session=%s", self.request_id, what, len(self.history), elapsed,
+                    self.session)

@@ -55,7 +55,9 @@ def build(pool: PoolConfig, health: Health, usage: UsageBook, seen_clients: Seen
     for key in [*seen, *others]:
         name, kind, ago = seen.get(key, (f"key #{key[7:15]}", None, None))
         state = health.state(key)
-        entry = {"label": name, "kind": kind, "seen_s_ago": ago, "state": state.status, "reason": state.reason}
+        entry = {"label": name, "kind": kind, "seen_s_ago": ago, "state": state.status, "reason": state.reason,
+                 "usage_windows": [{"window": w.name, "used_percent": w.used_percent, "resets_at": w.resets_at}
+                                   for w in usage.windows(key)]}
         if state.status == "cooling" and state.until is not None:
             entry["cooling_for_s"] = round(state.until - now, 1)
         entry.update(early(key))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import sys
 
@@ -13,6 +12,7 @@ from mitmproxy import command, ctx, exceptions, http
 
 from ..config import ConfigError, PoolConfig, load_pool
 from ..core import status
+from ..core.activity import Activity
 from ..core.affinity import Affinity
 from ..core.auth import AuthMaterial, auth_from_headers
 from ..core.client_access import ClientAccess, is_loopback_host
@@ -37,13 +37,15 @@ from ..state_keeper import StateKeeper, close_keeper, open_keeper
 from ..ws.conn import WsConn
 from ..ws.gate import WebsocketGate
 from ..ws.upstream import upstream_tls
-from . import bounded_body, client_answers, client_hop, fallbacks, quiet_log, secret_guard, warm_conn
+from . import bounded_body, client_answers, client_hop, fallbacks, quiet_log, secret_guard, status_page, warm_conn
 from .account_back import AccountBack
 from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
-from .boundary import ClientBoundary, not_own_user
+from .boundary import ClientBoundary
+from .conn_trouble import ConnTrouble
 from .engine import WarmConnections
 from .file_watch import FileWatch
 from .held_client import RelayHops
+from .model_view import ModelView
 from .parts import PartHooks
 from .passthrough_redact import PassThroughRedaction
 from .proxyauth_notice import ProxyAuthNotice
@@ -51,6 +53,7 @@ from .request_run import RequestRun, start_run
 from .tls_scope import TlsScope
 from .token_refresher import TokenRefresher
 from .usage_answer import UsageAnswer
+from .usage_poll import UsagePoller
 
 log = logging.getLogger("codex_failover")
 
@@ -110,9 +113,10 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.boundary = ClientBoundary()  # whose requests are the user's own programs' (docs/machine-proxy.md)
         self.back = AccountBack(self)  # cooldowns that end early; failover.reset
         self.refresher = TokenRefresher(self)  # pooled ChatGPT logins' tokens (token_refresher.py)
+        self.activity, self.usage_poller, self.view = Activity(), UsagePoller(self), ModelView()  # dashboard, failover_view
         self._wire([self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, ProxyAuthNotice(),
-                    UsageAnswer(self),
-                    PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host))])
+                    UsageAnswer(self), PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host)),
+                    ConnTrouble()])
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
         self.seen_clients = SeenClients()
@@ -154,6 +158,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
             self._serve_metrics()
         if updated & {"failover_config", "failover_rules", "failover_token_refresh"}:
             self._load_files()
+        self.view.configure(ctx.options, self.pool.gated_base_urls, updated)
         if "connection_strategy" in updated or not updated or "failover_config" in updated:
             # Eager connects to the real host at CONNECT time, before an attempt can pick its target.
             if ctx.options.connection_strategy != "lazy":
@@ -197,7 +202,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         for attempt in self.attempts.values():
             attempt.redact()
         self._close_state()
-        self.back.stop()
+        self.back.stop(), self.usage_poller.stop()
         self.refresher.stop()
         self.listener.stop()
         self.quiet.uninstall()
@@ -243,10 +248,8 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         if not self.clients.allows(flow.client_conn.peername[0] if flow.client_conn.peername else None):
             flow.response = client_answers.client_not_allowed()
             return
-        if is_status:  # a POST ends a cooldown (account_back.py)
-            flow.response = not_own_user() if not self.boundary.is_own(flow.client_conn) else (
-                self.back.reset_from_status_page(flow) if req.method == "POST" else http.Response.make(
-                    200, json.dumps(self.status_report(), indent=2).encode(), {"content-type": "application/json"}))
+        if is_status:  # the dashboard, its data, the JSON report; a POST ends a cooldown (status_page.py)
+            flow.response = status_page.respond(self, flow)
             return
         client_auth = auth_from_headers(req.headers)
         if client_auth is None or self.boundary.passed_by(flow, client_auth):
@@ -275,7 +278,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         """What a request or a gated socket shares with everything else (shared.py)."""
         return Shared(self.pool, self.rules, self.health, self.route_health, self.affinity, self.usage, self.bridges,
                       self.relay, self.warm, self.attempts, self._notices, self.recovery_slots,
-                      upstream_tls(ctx.options), self.metrics, self.provenance, self.boundary.rejected)
+                      upstream_tls(ctx.options), self.metrics, self.provenance, self.boundary.rejected, self.activity)
 
     def _refresh_auth_files(self) -> None:
         """At most once a second: the pool file and auth files that changed, reloaded (file_watch.py)."""
@@ -316,7 +319,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         counters = {"held_requests": self._held, "attempts_in_flight": len(self.attempts), "relay_port": self.relay.port,
                     "upstream_connections": self.warm.stats(), "upstream_dials": self.warm.dials,
                     "relay_unclaimed": self.relay.pending, "relay_streaming": self.relay.streaming + client_hop.streaming(),
-                    "recovery_buffering": self.recovery_slots.used, "artifacts_known": len(self.provenance), "websockets": self.ws_gate.report()}
+                    "recovery_buffering": self.recovery_slots.used, "artifacts_known": len(self.provenance), "websockets": self.ws_gate.report(), "counts": self.activity.counts()}
         return status.build(self.pool, self.health, self.usage, self.seen_clients, self.route_health, self.bridges,
                             counters, self.back.report())
 

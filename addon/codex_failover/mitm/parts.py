@@ -19,7 +19,8 @@ import inspect
 
 # The hooks the parts implement (tests/test_parts.py checks that no part has a hook missing here).
 HOOKS = ("requestheaders", "responseheaders", "response", "error", "websocket_start", "client_disconnected",
-         "tls_clienthello", "tls_start_server", "http_connect")
+         "tls_clienthello", "tls_start_server", "http_connect", "tls_established_client", "tls_failed_client",
+         "server_connect_error")
 OWN = ("configure", "running")  # the parts' hooks the addon's own handlers call (addon.py)
 
 
@@ -78,3 +79,12 @@ class PartHooks:
 
     def http_connect(self, flow):
         return each(self._on["http_connect"], flow)
+
+    def tls_established_client(self, data):
+        return each(self._on["tls_established_client"], data)
+
+    def tls_failed_client(self, data):
+        return each(self._on["tls_failed_client"], data)
+
+    def server_connect_error(self, data):
+        return each(self._on["server_connect_error"], data)

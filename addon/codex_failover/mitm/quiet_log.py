@@ -11,10 +11,13 @@ session logs some 24 lines per model request, one of them the addon's.
 Two public knobs keep them out, and both are undone by `failover_verbose=true`:
 
 - every INFO record of mitmproxy's connection loggers is lowered to DEBUG (the event log at
-  `termlog_verbosity=debug`, or mitmweb's debug view, still has them). Two kinds keep their level:
-  the TLS handshake lines that say a client does not trust the CA (how a missing CA shows), and a
-  server connection that could not be made (how a broken egress shows). With no handler that takes
-  debug lines (mitmdump at its default verbosity), such a line is dropped before it is formatted.
+  `termlog_verbosity=debug`, or mitmweb's debug view, still has them), and so is every failed client
+  TLS handshake, whatever its level: a client closing a connection it opened before its handshake
+  ended (Codex does, several times a session) is not news. The addon says instead what is
+  (conn_trouble.py): a client that keeps failing its handshakes, or says it does not trust the CA
+  (how a missing CA shows), and an upstream the proxy could not connect to, with its host (how a
+  broken egress shows). With no handler that takes debug lines (mitmdump at its default
+  verbosity), such a line is dropped before it is formatted.
 - mitmdump's flow echo is off (`flow_detail=0`) while `flow_detail` and `dumper_filter` are at their
   defaults: a user who sets either (or `-v`, which sets `flow_detail=2`) asked for flows, and then
   only the addon's own attempts are left out of the echo (`dumper_filter=!~replayq`).
@@ -39,9 +42,10 @@ from . import hook_chain
 # Everything a connection's layers log (connects, HTTP/2 resets, streaming) goes through the first;
 # replays started with mitmproxy's own client playback log through the second.
 CONNECTION_LOGGERS = ("mitmproxy.proxy.server", "mitmproxy.addons.clientplayback")
-# INFO lines that stay: a client that does not trust the CA, and an upstream the proxy cannot reach
-# (with every program on the proxy, a broken egress must show in the log).
-KEPT = ("Client TLS handshake failed", "error establishing server connection")
+# Lowered to DEBUG at any level: a failed client handshake alone is not news (conn_trouble.py says when it is).
+HANDSHAKE = "Client TLS handshake failed"
+# (mitmproxy's `error establishing server connection: …`, an INFO line, names no host: lowered as the
+# others, conn_trouble.py logs one that does.)
 DUMPER_FILTER = "!~replayq"  # the dumper's echo: every flow but replayed requests (our attempts)
 DEFAULT_FLOW_DETAIL = 1  # mitmdump's default
 
@@ -107,7 +111,10 @@ class QuietLog(logging.Filter):
 
     def _level(self, level: int, message: object) -> int:
         """The level a record has once past this filter: a connection's INFO line is DEBUG."""
-        if not self.verbose and level == logging.INFO and not str(message).startswith(KEPT):
+        if self.verbose or level not in (logging.INFO, logging.WARNING):
+            return level
+        text = str(message)
+        if level == logging.INFO or text.startswith(HANDSHAKE):
             return logging.DEBUG
         return level
 

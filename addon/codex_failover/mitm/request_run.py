@@ -18,6 +18,7 @@ import traceback
 from mitmproxy import http
 
 from ..core import story
+from ..core.activity import SSE, session_tag
 from ..core.affinity import affinity_key, session_of
 from ..core.attempt_events import (
     Broke,
@@ -109,6 +110,10 @@ class RequestRun:
         self.session = affinity_key(self.client_auth.account if self.client_auth else None,
                                     session_of(req.headers, self.body))
         self.model = model_of(self.body)
+        self.log.session = session_tag(self.session)
+        if self.shared.activity is not None:
+            self.log.activity = self.shared.activity
+            self.log.entry = self.shared.activity.start(self.request_id, time.time(), self.session, self.model, SSE)
         self.maker = AttemptMaker(self, req)
         self.body = None  # the maker has it (for a moved copy), and lets it go once built
         loop = FailoverLoop(self._plan, self.health, self.shared.route_health, self.pool, tell=self._tell)
@@ -165,8 +170,9 @@ class RequestRun:
                          self.move.bound_to, self.model)
         first, self.last_plan = self.last_plan is None, plan
         if first and plan.skipped and plan.candidates:  # (with nothing to try, the answer says it)
-            log.info("[%s] not tried: %s", self.request_id, "; ".join(
-                story.skipped_line(c.name, why, self.health.state(c.key), self.health.now()) for c, why in plan.skipped))
+            log.info("[%s] not tried: %s session=%s", self.request_id, "; ".join(
+                story.skipped_line(c.name, why, self.health.state(c.key), self.health.now()) for c, why in plan.skipped),
+                self.log.session)
         for cand, why in plan.skipped:
             state = self.health.state(cand.key)
             self.log.skipped[cand.name] = Skipped(cand.name, why, state.until, state.reason)
@@ -250,9 +256,12 @@ class RequestRun:
                                  self.request_id, seconds)
                 case Commit() as commit:
                     self.winner = attempt
+                    if self.log.entry is not None:
+                        self.log.entry.tokens_from = lambda made=state.view.made: made.tokens
                     live.commit(self.client, attempt, state, commit, self.shared.metrics)
                     if commit.first:
                         await self.client.first_output()  # the client's first output before the bookkeeping
+                        self.log.first_output()
 
     # -- answers ------------------------------------------------------------------------------
 

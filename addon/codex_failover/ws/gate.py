@@ -112,7 +112,7 @@ class GateSession:
 
     def __post_init__(self) -> None:
         self.dialer = Dialer(self.sid, self.flow, self.shared, self.history)
-        self.story = SocketStory(self.sid, self.flow, self.history)
+        self.story = SocketStory(self.sid, self.flow, self.history, self.shared.activity, self.dialer.session)
         policy = self.shared.pool.policy
         self.gate = TurnGate(self.shared.rules, policy.bootstrap_timeout, time.monotonic, policy.encrypted_reasoning,
                              self.shared.provenance.owner)
@@ -129,7 +129,7 @@ class GateSession:
             why = "; ".join(self.history) or "every credential is cooling or out of rotation"
             self.story.note(f"upgrade answered 426, Codex continues on SSE ({why})")
             return why
-        self.story.note(f"socket on {self.up.cand.name} via {self.up.route}")
+        self.story.opened(self.up)
         return None
 
     # -- serving (called by the relay once mitmproxy connects) -----------------------------
@@ -182,11 +182,8 @@ class GateSession:
                 self.backlog.append(message)
                 continue
             if turn is not None:
+                self.story.turn(turn, self.up.cand.name)  # (its log line is its verdict: SocketStory.attempt)
                 self.dialer.new_turn(self.up.cand.key)
-                # The turn's one line is its verdict (SocketStory.attempt); a pin is news only when a
-                # rejection could not move (_decided, _exhausted).
-                log.debug("[%s] turn %d on %s%s", self.sid, turn.n, self.up.cand.name,
-                          "" if turn.movable else f" (cannot move: {turn.why_pinned})")
                 if goes_home(turn.stays_home, self.dialer.home_of(turn.bound_to), self.up.cand.key):
                     await self._go_home(turn)
                     continue
@@ -208,6 +205,7 @@ class GateSession:
             else:
                 step = self.gate.server_message(*message)
                 up.leg.message(*message, from_client=False)
+                self.story.message(message[0])
                 watch_usage(self.shared, self.sid, up, message)
                 self.shared.provenance.record(artifacts_of_message(message[0]), up.cand.key)
             for out in step.release:

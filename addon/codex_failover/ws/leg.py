@@ -84,7 +84,9 @@ class FlowRecord:
         self._lines.append(line)
         self._said += 1
         earlier = self._said - len(self._lines)
-        self.flow.comment = "\n".join([self._title, *([f"({earlier} earlier)"] if earlier else []), *self._lines])
+        # One bulleted line per verdict: mitmweb's Comment tab shows newlines as spaces.
+        self.flow.comment = "\n".join([self._title, *([f"({earlier} earlier)"] if earlier else []),
+                                       *(f"• {line}" for line in self._lines)])
         if update:  # (else the hooks that follow show it: each is followed by an update)
             self.later(_update(self.flow))
 
