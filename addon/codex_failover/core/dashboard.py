@@ -81,7 +81,7 @@ def credential_rows(report: Mapping[str, Any], now: float, asked: Mapping[str, s
                      "badge": BADGES.get(state, "out"), "why": _why(c),
                      "rest_left": rest_left(c["cooling_for_s"]) if state == "cooling" and "cooling_for_s" in c else None,
                      "windows": windows, "usage_note": _usage_note(windows, asked, c["name"], state), "token": token,
-                     "refresh": c.get("refresh"), "resettable": state in ("cooling", "out"), "reset": c["name"],
+                     "resettable": state in ("cooling", "out"), "reset": c["name"],
                      "route": c.get("route"), "ended": _ended(c)})
     for c in report.get("clients", ()):
         state = c.get("state", "ready")
@@ -92,7 +92,7 @@ def credential_rows(report: Mapping[str, Any], now: float, asked: Mapping[str, s
                      "own": True, "state": state, "badge": BADGES.get(state, "out"), "why": _why(c),
                      "rest_left": rest_left(c["cooling_for_s"]) if state == "cooling" and "cooling_for_s" in c else None,
                      "windows": windows, "usage_note": _usage_note(windows, asked, key, state),
-                     "token": None, "refresh": None, "resettable": state in ("cooling", "out"),
+                     "token": None, "resettable": state in ("cooling", "out"),
                      "reset": reset_name(c["label"]), "route": None,
                      "seen": f"last request {left(seen)} ago" if isinstance(seen, (int, float)) else "not seen here",
                      "ended": _ended(c)})

@@ -28,7 +28,6 @@
     }
     const meta = [c.usage_note, c.token, c.seen, c.ended].filter(Boolean).join(" · ");
     if (meta) card.append(el("div", { class: "meta" }, meta));
-    if (c.refresh && c.token) card.append(el("div", { class: "meta" }, "refresh: ", el("code", {}, c.refresh)));
     if (c.resettable) {
       const b = el("button", { type: "button", "data-reset": c.reset }, "end rest now");
       b.addEventListener("click", () => reset(c.reset, b));
