@@ -123,7 +123,7 @@ def settle_turn(scope: Scope, cand: Candidate, rejection: Rejection | None, wind
     reconnects: nothing else could serve it, and Codex's re-send is whole. `movable` is None outside a
     turn."""
     if rejection is None:
-        scope.feedback.succeeded(cand.key, scope.session)
+        scope.feedback.succeeded(cand.key, scope.session, scope.model)
         return SERVED_TURN
     scope.feedback.usage_seen(cand.key, cand.name, windows, scope.pool.policy, scope.where, cand.full_at)
     learn(scope, cand, rejection)
