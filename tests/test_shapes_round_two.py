@@ -353,3 +353,21 @@ def test_an_answer_of_ours_when_another_rejection_decided_or_a_credential_comes_
     world.cool("c", 600, "usage_limit")
     steps, last = drive(world, world.loop(), {"client": [rej(EDGE_BLOCKED, 403)], "b": [rej(EDGE_BLOCKED, 403)]})
     assert last.soonest is not None and last.as_it_came is None, "ours tells when c is back"
+
+
+def test_a_websocket_turn_for_a_model_nobody_served_stops_after_the_second_account():
+    from test_request_machine import World as TurnWorld, ws_rejection
+
+    from codex_failover.core.request_machine import EXHAUSTED, MOVE, settle_turn
+
+    world = TurnWorld(creds=("a", "b", "c"))
+    scope = world.scope()
+    scope.model = "gpt-5-cdoex"
+    a, b = make_plan(CLIENT_AUTH, world.pool, world.health, True).candidates[:2]
+    lacks = ws_rejection(MODEL_NOT_ENTITLED, 400)
+    assert settle_turn(scope, a, lacks, [], True, lambda: True) == MOVE
+    assert settle_turn(scope, b, lacks, [], True, lambda: True) == EXHAUSTED, "the service's answer, delivered"
+    world.health.models.served("c", "gpt-pro")
+    scope.model = "gpt-pro"
+    assert settle_turn(scope, a, lacks, [], True, lambda: True) == MOVE
+    assert settle_turn(scope, b, lacks, [], True, lambda: True) == MOVE, "a model known to exist moves on"

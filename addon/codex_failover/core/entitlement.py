@@ -21,6 +21,9 @@ from typing import Callable
 KEEP = 3600.0  # a plan's models are asked again after an hour
 MAX_ENTRIES = 4096
 MAX_MODEL = 200  # a model name longer than this is not remembered (hostile input stays bounded)
+# A model none was seen serving that this many credentials said they lack is likely no model at all (a
+# typo): the request (or turn) stops moving and the client gets the service's answer.
+UNKNOWN_MODEL_TRIES = 2
 
 
 class ModelBook:
@@ -66,6 +69,15 @@ class ModelBook:
         """Was `model` served by some credential (since the start, within the last `max_entries` models)?
         A model none was seen serving may be a typo: it moves once at most (failover_loop)."""
         return bool(model) and model in self._served
+
+    def lacking(self, model: str | None) -> int:
+        """How many credentials are remembered (now) as lacking `model`."""
+        now = self._clock()
+        return sum(1 for (_, m), until in self._until.items() if m == model and until > now)
+
+    def likely_no_model(self, model: str | None, lacked: int) -> bool:
+        """`lacked` credentials said they lack `model`, and none was seen serving it: stop moving."""
+        return lacked >= UNKNOWN_MODEL_TRIES and not self.known(model)
 
     def forget(self, key: str) -> None:
         """The credential changed (its auth file, its key): what it lacked is asked again."""

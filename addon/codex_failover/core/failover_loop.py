@@ -94,9 +94,7 @@ from .vocabulary import (
 # Rejections worth retrying on the same credential when it is the only one (with backoff).
 RETRY_SAME = frozenset({OVERLOADED, SLOW_DOWN, SERVER_ERROR_RETRYABLE, CLOSED_BEFORE_OUTPUT, UPSTREAM_5XX, NOT_PROCESSED,
                         FORBIDDEN_PAGE, *ROUTE_CLASSES})
-# A model no credential was seen serving that one credential said it lacks moves to one more at most:
-# a typo'd name is not sent to every account of the pool (docs/decisions.md#every-shape-and-what-it-means).
-UNKNOWN_MODEL_TRIES = 2
+
 SAME_CREDENTIAL_BACKOFF = (0.5, 1.0, 2.0, 4.0)
 # The request may have reached upstream: never replayed elsewhere (docs/architecture.md#replay-safety).
 MAY_HAVE_BEEN_SENT = frozenset({AMBIGUOUS, RESPONSE_TIMEOUT, INCOMPLETE_RESPONSE})
@@ -237,8 +235,9 @@ class FailoverLoop:
         return self._start(queue[0]) if queue else self._wait()
 
     def _typo(self) -> bool:
-        """Enough credentials said they lack a model none was seen serving: it is likely no model at all."""
-        return self._lacked >= UNKNOWN_MODEL_TRIES and not self.health.models.known(self.model)
+        """Enough credentials said they lack a model none was seen serving (a typo'd name is not sent to
+        every account of the pool: entitlement.UNKNOWN_MODEL_TRIES, docs/decisions.md#a-model-nobody-was-seen-serving)."""
+        return self.health.models.likely_no_model(self.model, self._lacked)
 
     def _untried(self, plan: Plan) -> list[Candidate]:
         return [c for c in plan.candidates if c.key not in self.tried]
