@@ -151,7 +151,7 @@ class RequestRun:
                 case Final(rejection):
                     return self._answer(client_answers.upstream_failed(rejection.error.get("message") or rejection.reason,
                                                                        self.log.history), "upstream failed")
-                case Exhausted(last, retry_after, first, as_it_came) if (kept := self._kept_answer(as_it_came)):
+                case Exhausted(last, retry_after, first, as_it_came) if (kept := kept_answer(self.kept, as_it_came)):
                     return self._answer(kept, "exhausted", "; the upstream's answer as it came")
                 case Exhausted(last, retry_after, first):
                     answer = client_answers.exhausted(last, self.log.history, retry_after, self.move.why_pinned, first)
@@ -164,14 +164,6 @@ class RequestRun:
                 case AllCooling(states, retry_after, first):
                     answer = client_answers.all_cooling(list(states), retry_after, self.move.why_pinned, first)
                     return self._answer(answer, story.nobody_to_serve(states, self.move.movable), " (not dialled)")
-
-    def _kept_answer(self, rejection: Rejection | None) -> http.Response | None:
-        """The upstream's own answer that gave `rejection` (a whole one: kept by `_send`), as the client
-        gets it (secret_guard.forwarded); None when there is none."""
-        for kept, response, whole, own in self.kept:
-            if kept is rejection:
-                return secret_guard.forwarded(response, whole, own)
-        return None
 
     def _tell(self, level: int, text: str) -> None:
         """A line the failover loop logs about this request."""
@@ -361,4 +353,13 @@ async def _guarded(run: RequestRun) -> str | None:
         log.error("[%s] codex-failover internal error: %s\n%s", run.request_id, exc, traceback.format_exc())
         run.client.internal_error(type(exc).__name__)
         return type(exc).__name__
+    return None
+
+
+def kept_answer(kept: list[tuple[Rejection, http.Response, object, bool]], rejection: Rejection | None) -> http.Response | None:
+    """The upstream's own answer that gave `rejection` (a whole one, kept by `RequestRun._send`), as the
+    client gets it (secret_guard.forwarded); None when there is none."""
+    for which, response, whole, own in kept:
+        if which is rejection:
+            return secret_guard.forwarded(response, whole, own)
     return None
