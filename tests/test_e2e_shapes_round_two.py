@@ -54,7 +54,7 @@ def before(fake, key: str) -> int:
     ("cf-challenge-403", "edge_blocked", True),  # the route's: the credential stays in rotation
     ("cf-blocked-403", "edge_blocked", True),
     ("region-403", "edge_blocked", True),
-    ("empty-403", "edge_blocked", True),
+    ("empty-403", "forbidden_page", True),  # no sign of the edge: nothing backs off
     ("capacity-top", "capacity", False),  # resting a moment for capacity
     ("model-404", "model_not_entitled", True),  # (for another model: asked again)
     ("model-param-404", "model_not_entitled", True),
@@ -205,3 +205,84 @@ def test_a_websocket_turn_for_a_model_the_account_lacks_moves_and_is_remembered(
     seen = before(fake, key)
     assert served_by(ask(fake, proxy, key, PRO)) == SPARE  # the next request for that model skips it
     assert before(fake, key) == seen
+
+
+# -- one account's edge answer on a shared route; the client's own region 403 ------------------------------
+
+@pytest.fixture(scope="module")
+def routed(tmp_path_factory):
+    """Two pooled API keys behind one egress proxy (one gets the edge's block page), and a pooled ChatGPT
+    login behind the edge too; cooldown_wait 0 so nothing is held."""
+    import json
+    import os
+    import time
+
+    from fake_oauth import access_token, auth_json
+    from harness import LocalProxies
+
+    tmp = tmp_path_factory.mktemp("shapes2-routed")
+    fake = FakeUpstreamProcess(tmp / "fake", "--pace", "0.002", "--deltas", "4", "--stall", "30")
+    egress = LocalProxies().http_proxy("corp")
+    folder = tmp / "spare-cf"
+    folder.mkdir()
+    auth = folder / "auth.json"
+    account = "acct-spare-cf-blocked-403"
+    auth.write_text(json.dumps(auth_json(account, access_token(account, 0), "rt-x", time.time())))
+    os.chmod(auth, 0o600)
+    text = (f"routes:\n  corp: [\"http://127.0.0.1:{egress}\"]\n"
+            "credentials:\n"
+            f"  - name: blocked\n    api_key_env: KEY_BLOCKED\n    base_url: {fake.base}/v1\n    route: corp\n"
+            f"  - name: healthy\n    api_key_env: KEY_HEALTHY\n    base_url: {fake.base}/v1\n    route: corp\n"
+            f"  - name: spare-cf\n    auth_file: {auth}\n    base_url: {fake.base}/v1\n"
+            "policy:\n  cooldown_wait: 0\n  max_attempts: 4\n  bootstrap_timeout: 5s\n")
+    env = {"KEY_BLOCKED": "sk-test-b-cf-blocked-403", "KEY_HEALTHY": "sk-test-work-good"}
+    proxy = ProxyProcess(tmp / "proxy", text, env, extra=["--set", "failover_token_refresh=false"])
+    yield fake, proxy
+    proxy.stop()
+    fake.stop()
+
+
+def test_one_accounts_edge_403_does_not_take_the_shared_route_down(routed):
+    """The edge's block page to one account backs off that account on the endpoint only: the other
+    account behind the same egress serves every request, and the blocked one is not asked again."""
+    fake, proxy = routed
+    client = "sk-test-client-usage-limit"  # the client's own rests (429), so the pool serves
+    for _ in range(3):
+        reply = post_responses(proxy.port, url(fake), client)
+        assert reply.status == 200 and "Hello from sk-test-work-good" in reply.body.decode(), reply.body[:300]
+    assert before(fake, "sk-test-b-cf-blocked-403") == 1, "the blocked account is not dialled again in its episode"
+    log = proxy.log()
+    assert "the edge refused credential blocked" in log and "not dialled again for" not in log
+
+
+def test_the_clients_own_region_403_comes_as_it_came_when_nothing_serves(routed):
+    """The client's own answer says its region is not served; the only pooled login of its kind meets the
+    edge's block page too: the client gets the service's own 403, not an answer of ours."""
+    from fake_oauth import access_token
+
+    fake, proxy = routed
+    account = "acct-own-region-403"
+    reply = post_responses(proxy.port, url(fake), access_token(account, 0), headers={"chatgpt-account-id": account})
+    assert reply.status == 403, reply.body[:300]
+    assert reply.json()["error"]["code"] == "unsupported_country_region_territory"
+    assert [r["credential"] for r in fake.model_requests()][-2:] == [account, "acct-spare-cf-blocked-403"]
+    assert "the upstream's answer as it came" in proxy.log()
+
+
+def test_a_model_nobody_served_is_not_sent_to_every_account(routed, tmp_path):
+    """A model no credential was seen serving (a typo, or a plan nobody in the pool has): the client's
+    own account lacks it, one pooled account is asked, then the client gets the service's own 400."""
+    fake, _ = routed
+    names = ("np1", "np2", "np3")
+    text, env = pool_yaml(fake.base, [(n, f"sk-test-{n}-no-pro-model") for n in names], cooldown_wait=0)
+    proxy = ProxyProcess(tmp_path / "proxy", text, env)
+    try:
+        own = "sk-test-own-no-pro-model"
+        body = {"model": PRO, "stream": True, "input": [], "store": False}
+        reply = post_responses(proxy.port, url(fake), own, body)
+        assert reply.status == 400, reply.body[:300]
+        assert "model is not supported when using Codex" in reply.json()["detail"], "the service's answer as it came"
+        asked = [r["credential"] for r in fake.model_requests() if r.get("model") == PRO]
+        assert asked[-2:] == [own, "sk-test-np1-no-pro-model"] and "sk-test-np2-no-pro-model" not in asked
+    finally:
+        proxy.stop()

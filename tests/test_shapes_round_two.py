@@ -9,7 +9,7 @@ import json
 
 import pytest
 from conftest import WIRE, Clock
-from test_failover_loop import ROUTED, World, drive, rej
+from test_failover_loop import World, cred as routed, drive, rej
 
 from codex_failover.config import Credential, Policy, PoolConfig
 from codex_failover.core.auth import APIKEY, AuthMaterial
@@ -24,7 +24,7 @@ from codex_failover.core.planner import NOT_ENTITLED, make_plan
 from codex_failover.core.replay_safety import ATTESTATION, assess
 from codex_failover.core.taxonomy import classify_response, cooldown_seconds, exhausted_status
 from codex_failover.core.usage_view import own_can_send, pooled_view
-from codex_failover.core.vocabulary import EDGE_BLOCKED, MODEL_NOT_ENTITLED, WORKSPACE_LIMIT
+from codex_failover.core.vocabulary import EDGE_BLOCKED, FORBIDDEN_PAGE, MODEL_NOT_ENTITLED, WORKSPACE_LIMIT
 from codex_failover.core.ws_turns import TurnGate
 
 NOW = 1_800_000_000.0
@@ -35,7 +35,16 @@ NOW = 1_800_000_000.0
 @pytest.mark.parametrize("status,body,headers,want", [
     # a challenge is known by its header, whatever its body
     (403, b'{"error": {"message": "blocked"}}', {"cf-mitigated": "challenge"}, ("failover", EDGE_BLOCKED)),
-    (403, b"", {}, ("failover", EDGE_BLOCKED)),  # no JSON error at all: the edge's
+    (403, b"", {}, ("failover", FORBIDDEN_PAGE)),  # no JSON error, no sign of the edge: nothing's
+    (403, b"Forbidden", {}, ("failover", FORBIDDEN_PAGE)),
+    # the edge's evidence counts on a 403 only: a 400/401 quoting it is not the edge's answer
+    (400, b'{"error": {"code": "invalid_value", "param": "input", "message": "Invalid value: \'Sorry, you have been '
+          b'blocked\'."}}', {}, ("deliver", "client_error")),
+    (400, b'{"error": {"code": "invalid_value", "message": "bad"}}', {"cf-mitigated": "challenge"},
+     ("deliver", "client_error")),
+    (401, b'{"error": {"code": "token_expired", "message": "Country, region, or territory not supported"}}', {},
+     ("failover", "auth_rejected")),
+    (403, b'{"error": {"code": "unsupported_country_region_territory"}}', {}, ("failover", EDGE_BLOCKED)),
     (403, b"{}", {}, ("failover", "auth_rejected")),  # a JSON 403 naming nothing: still the credential's
     (401, b"", {}, ("failover", "auth_rejected")),  # a 401 is the credential's whatever its body
     (401, b'{"error": {"code": "token_expired"}}', {}, ("failover", "auth_rejected")),
@@ -49,6 +58,15 @@ NOW = 1_800_000_000.0
     (404, b'{"error": {"code": null, "param": "model", "message": "Not here."}}', {}, ("failover", MODEL_NOT_ENTITLED)),
     (400, b'{"detail": "The \'gpt-x\' model is not supported when using Codex with a ChatGPT account."}', {},
      ("failover", MODEL_NOT_ENTITLED)),
+    # only what the service says about the model: its status, and the param when the error names one
+    (400, b'{"error": {"code": "invalid_value", "param": "reasoning.effort", "message": "Invalid value: \'x model is '
+          b'not supported when using Codex with a ChatGPT account\'."}}', {}, ("deliver", "client_error")),
+    (400, b'{"error": {"param": "model", "message": "The \'gpt-x\' model is not supported when using Codex with a '
+          b'ChatGPT account."}}', {}, ("failover", MODEL_NOT_ENTITLED)),
+    (404, b'{"detail": "The \'gpt-x\' model is not supported when using Codex with a ChatGPT account."}', {},
+     ("deliver", "client_error")),
+    (404, b'{"error": {"code": "model_not_found", "message": "No such model."}}', {}, ("failover", MODEL_NOT_ENTITLED)),
+    (400, b'{"error": {"code": "model_not_found", "param": "input", "message": "x"}}', {}, ("deliver", "client_error")),
 ])
 def test_a_synchronous_answer_by_body_headers_and_status(rules, status, body, headers, want):
     v = classify_response(status, body, rules, headers)
@@ -143,15 +161,59 @@ def test_a_model_every_credential_lacks_is_answered_without_dialling():
 
 # -- the route -----------------------------------------------------------------------------------------
 
-def test_an_edge_refusal_backs_its_endpoint_off_and_keeps_the_credential():
-    world = World(**ROUTED)
+SHARED = {"creds": [routed("a", "corp"), routed("b", "corp")],  # two accounts on one endpoint
+          "routes": {"corp": ["http://p0:3128"]}}
+
+
+def test_one_credentials_edge_refusal_backs_off_only_that_pair():
+    """The edge's 403 to one account says nothing yet about the route: only that credential skips the
+    endpoint for a while (it stays in rotation); the other account on the same endpoint is dialled."""
+    world = World(**SHARED)
+    steps, last = drive(world, world.loop(), {"a@corp[0]": [rej(EDGE_BLOCKED, 403)], "b@corp[0]": [SERVED]})
+    assert steps == ["try a@corp[0] #1", "try b@corp[0] #2"] and last is SERVED
+    assert world.route_health.healthy(world.endpoint(0)), "the endpoint does not back off for everyone"
+    assert world.states() == {"a": "ready", "b": "ready"}
+    assert any("the edge refused credential a" in line for line in world.told)
+    # The next request: a is not sent through the endpoint during its episode (not penalised), b serves.
+    steps, last = drive(world, world.loop(), {"b@corp[0]": [SERVED]})
+    assert steps == ["route down a", "try b@corp[0] #2"] and last is SERVED
+    world.clock.now += 30
+    steps, last = drive(world, world.loop(), {"a@corp[0]": [SERVED]})
+    assert steps == ["try a@corp[0] #1"], "after the episode a goes through it again"
+
+
+def test_a_second_credentials_edge_refusal_backs_the_endpoint_off_for_all():
+    world = World(**SHARED)
     loop = world.loop()
-    step = loop.next()
-    assert step.endpoint == world.endpoint(0)
+    assert loop.next().endpoint == world.endpoint(0)
     assert loop.report(rej(EDGE_BLOCKED, 403)) is True
+    assert world.route_health.healthy(world.endpoint(0))
+    assert loop.next().candidate.name == "b"
+    assert loop.report(rej(EDGE_BLOCKED, 403)) is True  # two accounts, one answer: the route's
     assert world.route_health.describe(world.endpoint(0)).startswith("backing off 30s")
-    assert world.health.ready(world.key("a"))
-    assert any("the edge refused" in line for line in world.told)
+    assert world.states() == {"a": "ready", "b": "ready"}
+    assert any("to a second credential; not dialled again for 30s" in line for line in world.told)
+
+
+def test_one_credentials_refusals_count_once_per_episode():
+    world = World(**SHARED)
+    ep = world.endpoint(0)
+    for left in (30.0, 29.0, 28.0):  # a refusal during the episode neither extends nor escalates it
+        assert world.route_health.edge_refused(ep, "a", "the edge refused it") == (False, left)
+        world.clock.now += 1
+    assert world.route_health.healthy(ep) and not world.route_health.claim(ep, "a") and world.route_health.claim(ep, "b")
+    world.clock.now += 28
+    assert world.route_health.claim(ep, "a"), "the episode is over"
+
+
+def test_a_403_page_with_no_sign_of_the_edge_moves_and_backs_nothing_off():
+    world = World(**SHARED)
+    steps, last = drive(world, world.loop(), {"a@corp[0]": [rej(FORBIDDEN_PAGE, 403)], "b@corp[0]": [SERVED]})
+    assert steps == ["try a@corp[0] #1", "try b@corp[0] #2"] and last is SERVED
+    assert world.route_health.healthy(world.endpoint(0)) and world.route_health.claim(world.endpoint(0), "a")
+    assert world.states() == {"a": "ready", "b": "ready"}
+    steps, _ = drive(world, world.loop(), {"a@corp[0]": [SERVED]})
+    assert steps == ["try a@corp[0] #1"], "the credential goes through its endpoint at once"
 
 
 def test_the_only_credential_is_retried_after_an_edge_refusal():
@@ -228,3 +290,84 @@ def test_the_pooled_view_of_a_spend_controlled_account_is_whole():
     assert view["rate_limit"] is None and view["spend_control"] == doc["spend_control"]
     assert view["codex_failover"]["served_by"] == "work-b"
     assert "additional_rate_limits" not in view or view["additional_rate_limits"] is None
+
+
+# -- the model nobody was seen serving, and the answer as it came -----------------------------------------
+
+THREE = {"creds": [routed("a"), routed("b"), routed("c")]}
+
+
+def model_loop(world: World, model: str) -> FailoverLoop:
+    return FailoverLoop(lambda: make_plan(CLIENT_AUTH, world.pool, world.health, True, model=model), world.health,
+                        world.route_health, world.pool, clock=world.clock, model=model)
+
+
+def test_a_model_nobody_served_moves_once_at_most_and_the_service_answers():
+    """A typo'd model: the first account says it lacks it, one more is asked, then the client gets the
+    service's own answer; the prompt is not sent to every account of the pool."""
+    world = World(**THREE)
+    first = rej(MODEL_NOT_ENTITLED, 400)
+    steps, last = drive(world, model_loop(world, "gpt-5-cdoex"), {"a": [first], "b": [rej(MODEL_NOT_ENTITLED, 400)]})
+    assert steps[:2] == ["try a #1", "try b #2"] and steps[2].startswith("exhausted: model_not_entitled")
+    assert last.as_it_came is first.rejection, "the first account's own answer, as it came"
+
+
+def test_a_model_some_credential_served_moves_on_to_the_one_whose_plan_has_it():
+    world = World(**THREE)
+    world.health.models.served(world.key("c"), "gpt-pro")
+    steps, last = drive(world, model_loop(world, "gpt-pro"),
+                        {"a": [rej(MODEL_NOT_ENTITLED, 400)], "b": [rej(MODEL_NOT_ENTITLED, 400)], "c": [SERVED]})
+    assert steps == ["try a #1", "try b #2", "try c #3"] and last is SERVED
+
+
+def test_serving_a_model_makes_it_known_and_clears_the_credentials_pair():
+    clock = Clock()
+    book = ModelBook(clock=clock)
+    book.not_entitled("a", "m")
+    assert not book.known("m") and book.lacks("a", "m")
+    book.served("a", "m")
+    assert book.known("m") and not book.lacks("a", "m") and not book.known(None) and not book.known("other")
+
+
+def test_the_clients_own_edge_403_with_no_pool_is_its_answer_as_it_came():
+    world = World(creds=(), use_client=True, cooldown_wait=0.0)
+    own = rej(EDGE_BLOCKED, 403, code="unsupported_country_region_territory")
+    steps, last = drive(world, world.loop(), {"client": [own]})
+    assert steps == ["try client #1", "exhausted: edge_blocked, retry-after None"]
+    assert last.as_it_came is own.rejection
+
+
+def test_the_clients_own_edge_403_is_the_answer_when_the_pool_could_not_serve_either():
+    world = World(creds=(routed("b"),), use_client=True)
+    own = rej(EDGE_BLOCKED, 403, code="unsupported_country_region_territory")
+    steps, last = drive(world, world.loop(), {"client": [own], "b": [rej(FORBIDDEN_PAGE, 403)]})
+    assert steps == ["try client #1", "try b #2", "exhausted: forbidden_page, retry-after None"]
+    assert last.as_it_came is own.rejection, "the client's own answer speaks of its own setup"
+
+
+def test_an_answer_of_ours_when_another_rejection_decided_or_a_credential_comes_back():
+    world = World(creds=(routed("b"),), use_client=True)
+    steps, last = drive(world, world.loop(), {"client": [rej(EDGE_BLOCKED, 403)], "b": [rej("overloaded", 503)]})
+    assert last.last.reason == "overloaded" and last.as_it_came is None, "an overload: Codex re-sends ours"
+    world = World(creds=(routed("b"), routed("c")), use_client=True)
+    world.cool("c", 600, "usage_limit")
+    steps, last = drive(world, world.loop(), {"client": [rej(EDGE_BLOCKED, 403)], "b": [rej(EDGE_BLOCKED, 403)]})
+    assert last.soonest is not None and last.as_it_came is None, "ours tells when c is back"
+
+
+def test_a_websocket_turn_for_a_model_nobody_served_stops_after_the_second_account():
+    from test_request_machine import World as TurnWorld, ws_rejection
+
+    from codex_failover.core.request_machine import EXHAUSTED, MOVE, settle_turn
+
+    world = TurnWorld(creds=("a", "b", "c"))
+    scope = world.scope()
+    scope.model = "gpt-5-cdoex"
+    a, b = make_plan(CLIENT_AUTH, world.pool, world.health, True).candidates[:2]
+    lacks = ws_rejection(MODEL_NOT_ENTITLED, 400)
+    assert settle_turn(scope, a, lacks, [], True, lambda: True) == MOVE
+    assert settle_turn(scope, b, lacks, [], True, lambda: True) == EXHAUSTED, "the service's answer, delivered"
+    world.health.models.served("c", "gpt-pro")
+    scope.model = "gpt-pro"
+    assert settle_turn(scope, a, lacks, [], True, lambda: True) == MOVE
+    assert settle_turn(scope, b, lacks, [], True, lambda: True) == MOVE, "a model known to exist moves on"

@@ -138,7 +138,7 @@ class AttemptMachine:
 
     def succeeded(self) -> None:
         """Carried out for `Succeeded`: the credential is well and the session's home (pool_feedback)."""
-        self.scope.feedback.succeeded(self.cand.key, self.scope.session)
+        self.scope.feedback.succeeded(self.cand.key, self.scope.session, self.scope.model)
 
     def abandon(self) -> None:
         """The shell gave up on the attempt (a bug, a cancel): its recovery slot goes back. Idempotent."""

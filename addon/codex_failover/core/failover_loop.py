@@ -73,9 +73,12 @@ from .routes import Endpoint, RouteHealth
 from .taxonomy import hinted_seconds
 from .vocabulary import (
     AMBIGUOUS,
+    AS_IT_CAME,
     CLOSED_BEFORE_OUTPUT,
+    FORBIDDEN_PAGE,
     HOST_NETWORK,
     INCOMPLETE_RESPONSE,
+    MODEL_NOT_ENTITLED,
     NOT_PROCESSED,
     OVERLOADED,
     PRE_DISPATCH,
@@ -90,7 +93,8 @@ from .vocabulary import (
 
 # Rejections worth retrying on the same credential when it is the only one (with backoff).
 RETRY_SAME = frozenset({OVERLOADED, SLOW_DOWN, SERVER_ERROR_RETRYABLE, CLOSED_BEFORE_OUTPUT, UPSTREAM_5XX, NOT_PROCESSED,
-                        *ROUTE_CLASSES})
+                        FORBIDDEN_PAGE, *ROUTE_CLASSES})
+
 SAME_CREDENTIAL_BACKOFF = (0.5, 1.0, 2.0, 4.0)
 # The request may have reached upstream: never replayed elsewhere (docs/architecture.md#replay-safety).
 MAY_HAVE_BEEN_SENT = frozenset({AMBIGUOUS, RESPONSE_TIMEOUT, INCOMPLETE_RESPONSE})
@@ -108,13 +112,17 @@ class FailoverLoop:
     def __init__(self, plan: Callable[[], Plan], health: Health, route_health: RouteHealth, pool: PoolConfig, *,
                  handshake: bool = False, tried: Iterable[str] = (), n: int = 0,
                  tell: Callable[[int, str], None] = _silent, clock: Callable[[], float] = time.monotonic,
-                 rand: Callable[[], float] = random.random):
+                 rand: Callable[[], float] = random.random, model: str | None = None):
         self._replan, self.health, self.route_health, self.pool = plan, health, route_health, pool
         self.policy = pool.policy
         self.handshake = handshake
         self.tried: set[str] = set(tried)
         self.n = n  # attempts made (an endpoint that failed before dispatch costs none)
         self.last: Rejection | None = None
+        self.model = model  # the request's model (a typo'd one moves once at most)
+        self._lacked = 0  # how many credentials said they lack it, in this request
+        self._as_it_came: Rejection | None = None  # the upstream answer the client gets should nothing serve
+        self._as_it_came_own = False  # it is the client's own credential's
         self._tell, self._clock, self._rand = tell, clock, rand
         self.plan = plan()
         everyone = [*self.plan.candidates, *(c for c, _ in self.plan.skipped)]
@@ -176,16 +184,32 @@ class FailoverLoop:
         if ep is not None:
             if rejection.reason == HOST_NETWORK:
                 self.route_health.release(ep)  # not the route's fault
-            elif rejection.reason in ROUTE_CLASSES:  # the edge refused this egress: the endpoint backs off
-                backoff = self.route_health.failed(ep, f"the edge refused it ({rejection.reason})")
-                self._tell(logging.WARNING, f"{ep.label}: the edge refused the request ({rejection.reason}); "
-                                            f"not dialled again for {int(backoff)}s")
+            elif rejection.reason in ROUTE_CLASSES:  # the edge refused this egress (to this credential, so far)
+                everyone, backoff = self.route_health.edge_refused(ep, self._in_hand.key,
+                                                                   f"the edge refused it ({rejection.reason})")
+                if everyone:
+                    self._tell(logging.WARNING, f"{ep.label}: the edge refused the request ({rejection.reason}) to "
+                                                f"a second credential; not dialled again for {int(backoff)}s")
+                else:
+                    self._tell(logging.WARNING, f"{ep.label}: the edge refused credential {self._in_hand.name} "
+                                                f"({rejection.reason}); it is not sent through it for {int(backoff)}s "
+                                                f"(the endpoint stays up for the others)")
             else:
                 self.route_health.succeeded(ep)
         self._settle(rejection)
+        self._keep_as_it_came(rejection)
         if self._must_not_move(rejection):
             self._decided = Final(rejection)
         return True
+
+    def _keep_as_it_came(self, rejection: Rejection) -> None:
+        """The first answer of a class the client gets as it came (the client's own preferred: it speaks
+        of the client's own setup), and how many credentials said they lack the model."""
+        if rejection.reason == MODEL_NOT_ENTITLED:
+            self._lacked += 1
+        if rejection.reason in AS_IT_CAME and (self._as_it_came is None or self._in_hand.is_client
+                                               and not self._as_it_came_own):
+            self._as_it_came, self._as_it_came_own = rejection, self._in_hand.is_client
 
     def abandon(self) -> None:
         """The attempt in flight ended without a verdict (the client left, a bug): its endpoint is
@@ -205,10 +229,15 @@ class FailoverLoop:
         if waited == RECOVERING:
             queue = self._untried(self._replan())
             return self._start(queue[0]) if queue else self._end()
-        if self.n >= self.policy.max_attempts:
+        if self.n >= self.policy.max_attempts or self._typo():
             return self._end()
         queue = self._untried(self.plan)
         return self._start(queue[0]) if queue else self._wait()
+
+    def _typo(self) -> bool:
+        """Enough credentials said they lack a model none was seen serving (a typo'd name is not sent to
+        every account of the pool: entitlement.UNKNOWN_MODEL_TRIES, docs/decisions.md#a-model-nobody-was-seen-serving)."""
+        return self.health.models.likely_no_model(self.model, self._lacked)
 
     def _untried(self, plan: Plan) -> list[Candidate]:
         return [c for c in plan.candidates if c.key not in self.tried]
@@ -256,10 +285,10 @@ class FailoverLoop:
         self._walk_on = False
         while self._endpoints:
             ep = self._endpoints.pop(0)
-            if self.route_health.claim(ep):
+            if self.route_health.claim(ep, self._in_hand.key):
                 self._ep, self._budget = ep, None
                 return Try(self._in_hand, ep, self.n)
-            self._failures.append(f"{ep.label}: {self.route_health.describe(ep)}")
+            self._failures.append(f"{ep.label}: {self.route_health.describe(ep, self._in_hand.key)}")
         message = f"route {self._in_hand.route}: no endpoint could be used ({'; '.join(self._failures)})"
         rejection = Rejection(ROUTE_DOWN, 502, {"message": message})
         self._settle(rejection)
@@ -308,7 +337,12 @@ class FailoverLoop:
             states = tuple((c.name, why, self.health.state(c.key).reason) for c, why in self.plan.skipped) + \
                 tuple((c.name, NOT_ENTITLED, None) for c in self.plan.lacking)
             return AllCooling(states, retry_after, first)
-        return Exhausted(self.last, retry_after, first)
+        # The edge's 403 or the model's answer decided (a route down after an edge refusal is its echo) and
+        # no credential comes back: the client sees what the service said ("region not supported", "model
+        # not supported"), not an answer of ours.
+        decided = self.last.reason in AS_IT_CAME or self.last.reason == ROUTE_DOWN
+        as_it_came = self._as_it_came if decided and first is None else None
+        return Exhausted(self.last, retry_after, first, as_it_came)
 
     def retry_after(self) -> int | None:
         """Seconds for Retry-After: the soonest recovery, when it is within `max_retry_after`; None (no

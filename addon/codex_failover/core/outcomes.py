@@ -15,6 +15,7 @@ from .routes import Endpoint
 from .vocabulary import (
     AUTH_REJECTED,
     EDGE_BLOCKED,
+    FORBIDDEN_PAGE,
     HANDSHAKE_FAILED,
     HOST_NETWORK,
     MODEL_NOT_ENTITLED,
@@ -30,7 +31,7 @@ from .vocabulary import (
 # Nor do the edge's refusals (the route's), a socket that lost a turn's state, or a model the account's plan
 # lacks (remembered per credential and model instead: `learn`).
 NOT_THE_CREDENTIAL = frozenset({UPGRADE_REFUSED, HANDSHAKE_FAILED, PRE_DISPATCH, HOST_NETWORK, TLS_FAILED, ROUTE_DOWN,
-                                NOT_PROCESSED, EDGE_BLOCKED, STATE_LOST, MODEL_NOT_ENTITLED})
+                                NOT_PROCESSED, EDGE_BLOCKED, FORBIDDEN_PAGE, STATE_LOST, MODEL_NOT_ENTITLED})
 
 # Why a Wait.
 BACKOFF = "backoff before retrying the only credential"
@@ -114,6 +115,9 @@ class Exhausted:
     last: Rejection
     retry_after: int | None  # seconds, or None: no Retry-After
     soonest: Soonest | None = None  # the first of the request's credentials back, if any is cooling
+    # The rejection whose upstream answer the client gets as it came (vocabulary.AS_IT_CAME: an edge's
+    # 403, a model's 400/404), when that decided and nothing is cooling; None: answer with ours.
+    as_it_came: Rejection | None = None
 
 
 @dataclass(frozen=True)

@@ -82,8 +82,10 @@ class PoolFeedback:
             log.info("%scredential %s: a rate-limit window is %s; cooling until it resets", where, name,
                      "full" if full_at >= 100 else f"at or over its max_usage_percent ({full_at:g}%)")
 
-    def succeeded(self, key: str, session: str | None) -> None:
-        """No longer cooling (unless its usage window is full), and the session's new home."""
+    def succeeded(self, key: str, session: str | None, model: str | None = None) -> None:
+        """No longer cooling (unless its usage window is full), and the session's new home; it serves
+        `model` (entitlement.ModelBook.served)."""
+        self.health.models.served(key, model)
         state = self.health.state(key)
         if state.status == "cooling" and state.reason != USAGE_WINDOW_FULL:
             self.health.restore(key)

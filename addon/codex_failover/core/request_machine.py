@@ -40,7 +40,7 @@ from .outcomes import (
 )
 from .planner import Candidate
 from .usage import Window
-from .vocabulary import STATE_LOST
+from .vocabulary import MODEL_NOT_ENTITLED, STATE_LOST
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ def settle_turn(scope: Scope, cand: Candidate, rejection: Rejection | None, wind
     reconnects: nothing else could serve it, and Codex's re-send is whole. `movable` is None outside a
     turn."""
     if rejection is None:
-        scope.feedback.succeeded(cand.key, scope.session)
+        scope.feedback.succeeded(cand.key, scope.session, scope.model)
         return SERVED_TURN
     scope.feedback.usage_seen(cand.key, cand.name, windows, scope.pool.policy, scope.where, cand.full_at)
     learn(scope, cand, rejection)
@@ -132,6 +132,9 @@ def settle_turn(scope: Scope, cand: Candidate, rejection: Rejection | None, wind
         return EXHAUSTED
     if rejection.reason == STATE_LOST:
         return RECONNECT  # the socket lost the turn's state: Codex's re-send carries its full input
+    models = scope.feedback.health.models
+    if rejection.reason == MODEL_NOT_ENTITLED and models.likely_no_model(scope.model, models.lacking(scope.model)):
+        return EXHAUSTED  # a model nobody was seen serving: the service's answer, not every account asked
     if movable:
         return MOVE
     if movable is not None and others_ready():

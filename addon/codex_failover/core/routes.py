@@ -3,6 +3,11 @@
 A dead endpoint backs off exponentially (30 s floor, 300 s cap by default) without penalising
 the credential that used it. While it backs off it is never dialled; when the backoff ends, one
 request probes it (others keep skipping it until that probe succeeds or fails).
+
+The edge's refusal (`edge_refused`: a Cloudflare challenge or block, a region 403) is one account's
+answer until a second says the same: the first refusal backs off only that (credential, endpoint) pair
+for the floor, once per episode (a refusal while the pair backs off counts no more); a refusal to
+another credential through the same endpoint during that episode backs the endpoint off for everyone.
 """
 
 from __future__ import annotations
@@ -166,19 +171,27 @@ class _EndpointState:
     probing: bool = False
 
 
+MAX_EDGE_PAIRS = 4096  # (credential, endpoint) pairs an edge refused, remembered at most (the oldest go first)
+
+
 class RouteHealth(Tracked):
     """Backoff per endpoint. A failure, a success after failures and a restore are tracked
-    (`Tracked`) for the state keeper; a probe's claim and release are not stored."""
+    (`Tracked`) for the state keeper; a probe's claim and release are not stored, nor are the
+    (credential, endpoint) pairs an edge refused (in memory: they last one floor)."""
 
     def __init__(self, floor: float = 30.0, cap: float = 300.0, clock: Callable[[], float] = time.monotonic):
         super().__init__()
         self.floor, self.cap = floor, cap
         self._clock = clock
         self._states: dict[str, _EndpointState] = {}
+        self._edge: dict[tuple[str, str], tuple[float, str]] = {}  # (endpoint key, credential) -> (until, reason)
 
-    def claim(self, ep: Endpoint) -> bool:
-        """May `ep` be dialled now? Not while it backs off; once the backoff has ended, only by the
-        first caller (the probe) until that probe reports `failed` or `succeeded`."""
+    def claim(self, ep: Endpoint, who: str | None = None) -> bool:
+        """May `ep` be dialled now (for credential `who`)? Not while it backs off, nor for a credential
+        whose pair with it backs off; once the backoff has ended, only by the first caller (the probe)
+        until that probe reports `failed` or `succeeded`."""
+        if who is not None and self.pair_until(ep, who) > 0:
+            return False
         state = self._states.get(ep.key)
         if state is None or state.failures == 0:
             return True
@@ -200,6 +213,29 @@ class RouteHealth(Tracked):
         state.until, state.reason, state.probing = self._clock() + backoff, reason, False
         self._changed(ep.key)
         return backoff
+
+    def edge_refused(self, ep: Endpoint, who: str, reason: str) -> tuple[bool, float]:
+        """The edge refused credential `who` through `ep` (a claimed attempt's answer). Returns (the
+        endpoint backs off for everyone, seconds): it does when another credential's pair with `ep`
+        backs off too (two accounts, one answer: the route's); else only this pair does, for the floor,
+        and a refusal during its episode counts no more. Either way the claim is over."""
+        now = self._clock()
+        for pair in [p for p, (until, _) in self._edge.items() if until <= now]:
+            del self._edge[pair]
+        if any(key == ep.key and cred != who for key, cred in self._edge):
+            for pair in [p for p in self._edge if p[0] == ep.key]:
+                del self._edge[pair]
+            return True, self.failed(ep, reason)
+        self.release(ep)
+        until = self._edge.setdefault((ep.key, who), (now + self.floor, reason))[0]
+        while len(self._edge) > MAX_EDGE_PAIRS:
+            del self._edge[next(iter(self._edge))]
+        return False, until - now
+
+    def pair_until(self, ep: Endpoint, who: str) -> float:
+        """Seconds left of the backoff of the pair (`who`, `ep`) an edge refused (0: none)."""
+        entry = self._edge.get((ep.key, who))
+        return max(0.0, entry[0] - self._clock()) if entry is not None else 0.0
 
     def succeeded(self, ep: Endpoint) -> None:
         if self._states.pop(ep.key, None) is not None:
@@ -233,7 +269,11 @@ class RouteHealth(Tracked):
     def keys(self) -> list[str]:
         return list(self._states)
 
-    def describe(self, ep: Endpoint) -> str:
+    def describe(self, ep: Endpoint, who: str | None = None) -> str:
+        left_pair = self.pair_until(ep, who) if who is not None else 0.0
+        if left_pair > 0:
+            why = self._edge[(ep.key, who or "")][1]
+            return f"{why} for this credential: not sent through it for {left_pair:.0f}s more (up for the others)"
         state = self._states.get(ep.key)
         if state is None or state.failures == 0:
             return "up"

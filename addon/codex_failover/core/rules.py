@@ -32,6 +32,7 @@ class RejectionRule:
     headers: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (response header name, values it may contain)
     params: frozenset[str] = frozenset()  # the error's `param`
     require_status: frozenset[int] = frozenset()  # when given, only an error with one of these statuses
+    require_param: frozenset[str] = frozenset()  # when given, only an error naming no `param` or one of these
 
     @property
     def reads_the_body(self) -> bool:
@@ -45,6 +46,8 @@ class RejectionRule:
         if not hit:
             return False
         if self.require_status and status not in self.require_status:
+            return False
+        if self.require_param and param and param not in self.require_param:
             return False
         return not self.require_message or any(m in message for m in self.require_message)
 
@@ -148,7 +151,7 @@ def _rejections(value: object, where: str) -> tuple[RejectionRule, ...]:
     if not isinstance(value, list) or not value:
         raise RulesError(f"{where}: expected a non-empty list of rules")
     allowed = {"class", "codes", "types", "messages", "require_message", "statuses", "plain_text", "headers", "params",
-               "require_status"}
+               "require_status", "require_param"}
     rules = []
     for i, item in enumerate(value):
         here = f"{where}[{i}]"
@@ -167,6 +170,7 @@ def _rejections(value: object, where: str) -> tuple[RejectionRule, ...]:
             headers=_headers(entry.get("headers", {}), f"{here}.headers"),
             params=_strings(entry.get("params", []), f"{here}.params"),
             require_status=_statuses(entry.get("require_status", []), f"{here}.require_status"),
+            require_param=_strings(entry.get("require_param", []), f"{here}.require_param"),
         )
         if rule.plain_text and not rule.statuses:
             raise RulesError(f"{here}.plain_text: applies to statuses, and the rule lists none")

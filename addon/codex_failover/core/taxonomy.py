@@ -17,6 +17,7 @@ from .vocabulary import (
     CLIENT_ERROR,
     CLOSED_BEFORE_OUTPUT,
     EDGE_BLOCKED,
+    FORBIDDEN_PAGE,
     HOST_NETWORK,
     MODEL_NOT_ENTITLED,
     OK,
@@ -34,7 +35,7 @@ from .vocabulary import (
 # Classes that never cool their credential (cooldown_seconds is 0 for them): they say nothing about the
 # account. Every other class cools for upstream's own time, else the policy's overload_cooldown.
 _NO_COOLDOWN = {CLOSED_BEFORE_OUTPUT, UPSTREAM_5XX, AUTH_REJECTED, PRE_DISPATCH, ROUTE_DOWN, HOST_NETWORK, EDGE_BLOCKED,
-                MODEL_NOT_ENTITLED, STATE_LOST}
+                FORBIDDEN_PAGE, MODEL_NOT_ENTITLED, STATE_LOST}
 # A workspace spend cap says no time: the account rests this long (the usage endpoint cannot tell
 # when an admin raises the cap, so it is not re-checked there), unless upstream names one.
 WORKSPACE_REST = 6 * 3600.0
@@ -42,7 +43,7 @@ WORKSPACE_REST = 6 * 3600.0
 # 429 as final for the turn and re-sends a 503 four times (docs/architecture.md#what-codex-does-with-our-answers).
 _EXHAUSTED_STATUS = {USAGE_LIMIT: 429, USAGE_WINDOW_FULL: 429, CAPACITY: 429, RATE_LIMITED: 429, WORKSPACE_LIMIT: 429,
                      PRE_DISPATCH: 502, ROUTE_DOWN: 502, HOST_NETWORK: 502, EDGE_BLOCKED: 502,
-                     MODEL_NOT_ENTITLED: 400}
+                     FORBIDDEN_PAGE: 502, MODEL_NOT_ENTITLED: 400}
 _PAGE_TEXT = 16384  # how much of a page that is no JSON error is matched (an edge's block page says it late)
 _TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
 
@@ -85,8 +86,8 @@ def _is_json(body: bytes) -> bool:
 
 def classify_response(status: int, body: bytes, rules: Rules, headers: Mapping[str, str] | None = None) -> ResponseVerdict:
     """A synchronous answer (headers and complete body known, not an event stream). `headers`: the
-    answer's, by lower-case name (`answer_headers`). A 401/403 that names no rejection (an edge's
-    page, a region, the account's state) is the credential's: AUTH_REJECTED."""
+    answer's, by lower-case name (`answer_headers`). A 401, or a 403 JSON error, that names no rejection
+    is the credential's: AUTH_REJECTED (a 403 that is no JSON error is the rules' `forbidden_page`)."""
     if 200 <= status < 300:
         return ResponseVerdict(Verdict.COMMIT, OK)
     error = error_object(body)

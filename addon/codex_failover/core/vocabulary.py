@@ -36,6 +36,7 @@ USAGE_LIMIT = "usage_limit"
 ACCOUNT_DISABLED = "account_disabled"  # the account cannot use Codex at all (a deactivated workspace, no Codex in its plan)
 WORKSPACE_LIMIT = "workspace_limit"  # the workspace's spend cap: a long rest
 EDGE_BLOCKED = "edge_blocked"  # the edge in front of the service refused the route (a challenge, a block, a region)
+FORBIDDEN_PAGE = "forbidden_page"  # a 403 that is no JSON error and names no edge: says nothing about account or route
 MODEL_NOT_ENTITLED = "model_not_entitled"  # this account's plan lacks the requested model
 
 # The WebSocket gate's: a turn named a response its socket does not hold (previous_response_not_found).
@@ -86,3 +87,6 @@ OVERLOAD_CLASSES = frozenset({OVERLOADED, SLOW_DOWN, CAPACITY, SERVER_ERROR_RETR
 USAGE_LIMIT_REASONS = frozenset({USAGE_LIMIT, USAGE_WINDOW_FULL})
 OUT_OF_ROTATION = frozenset({AUTH_REJECTED, ACCOUNT_DISABLED})  # a pooled credential leaves rotation for these
 ROUTE_CLASSES = frozenset({EDGE_BLOCKED})  # the route's, not the account's: counted against the route
+# When nothing served and one of these decided, the client gets the upstream's own answer as it came
+# (its 403 page, its "model is not supported" 400), not one of ours (failover_loop.FailoverLoop._end).
+AS_IT_CAME = frozenset({EDGE_BLOCKED, FORBIDDEN_PAGE, MODEL_NOT_ENTITLED})

@@ -15,6 +15,7 @@ from ..core.vocabulary import (
     AUTH_REJECTED,
     CAPACITY,
     EDGE_BLOCKED,
+    FORBIDDEN_PAGE,
     HOST_NETWORK,
     MODEL_NOT_ENTITLED,
     NO_USABLE_CREDENTIAL,
@@ -46,6 +47,7 @@ _DEFAULTS = {
     HOST_NETWORK: ("upstream_error", "network_unreachable"),
     WORKSPACE_LIMIT: ("usage_limit_reached", "usage_limit_reached"),
     EDGE_BLOCKED: ("upstream_error", "edge_blocked"),
+    FORBIDDEN_PAGE: ("upstream_error", "forbidden"),
     MODEL_NOT_ENTITLED: ("invalid_request_error", "model_not_found"),
 }
 _KEEP = ("type", "code", "message", "param", "resets_at", "resets_in_seconds", "plan_type")

@@ -42,7 +42,7 @@ from ..core.attempt_machine import AttemptMachine
 from ..core.auth import AuthMaterial, auth_from_headers
 from ..core.codex_request import is_compact, model_of
 from ..core.failover_loop import FailoverLoop
-from ..core.outcomes import AllCooling, Exhausted, Final, RouteDown, Try, Wait
+from ..core.outcomes import AllCooling, Exhausted, Final, Rejected, Rejection, RouteDown, Try, Wait
 from ..core.planner import Candidate, Plan, make_plan
 from ..core.pool_reach import kind_gap, unreachable
 from ..core.replay_safety import MovePolicy, assess
@@ -50,7 +50,7 @@ from ..core.request_machine import Done, GiveUp, RequestMachine
 from ..core.routes import Endpoint
 from ..core.run_log import RunLog
 from ..core.story import Skipped
-from ..core.vocabulary import CLIENT_GONE, Verdict
+from ..core.vocabulary import AS_IT_CAME, CLIENT_GONE, Verdict
 from ..shared import Shared
 from . import bounded_body, client_answers, live, secret_guard
 from .attempt import CHUNK, END, ERROR, Attempt, Item, copy_request, hide_secrets
@@ -85,6 +85,9 @@ class RequestRun:
         self.winner: Attempt | None = None  # the committed attempt, streaming through the relay
         self.current: Attempt | None = None  # the attempt in flight, or the last one
         self.whole = None  # its whole answer (bounded_body's), once read
+        # Whole answers the client may get as they came should nothing serve (vocabulary.AS_IT_CAME):
+        # (rejection, response, body, the client's own credential's); a few per request, each bounded.
+        self.kept: list[tuple[Rejection, http.Response, object, bool]] = []
         self.last_plan: Plan | None = None  # for pre-warming the next candidate's connection
         self.dispatched = asyncio.Event()  # the first attempt's head was written, or the run ended
         self.client_auth = client_auth  # the client's own credential (read from its request when not given)
@@ -116,7 +119,8 @@ class RequestRun:
             self.log.entry = self.shared.activity.start(self.request_id, time.time(), self.session, self.model, SSE)
         self.maker = AttemptMaker(self, req)
         self.body = None  # the maker has it (for a moved copy), and lets it go once built
-        loop = FailoverLoop(self._plan, self.health, self.shared.route_health, self.pool, tell=self._tell)
+        loop = FailoverLoop(self._plan, self.health, self.shared.route_health, self.pool, tell=self._tell,
+                            model=self.model)
         self.log.total = loop.total
         shared = self.shared
         context = Scope(self.rules, self.pool, shared.feedback, shared.provenance, shared.recovery_slots,
@@ -147,6 +151,8 @@ class RequestRun:
                 case Final(rejection):
                     return self._answer(client_answers.upstream_failed(rejection.error.get("message") or rejection.reason,
                                                                        self.log.history), "upstream failed")
+                case Exhausted(last, retry_after, first, as_it_came) if (kept := kept_answer(self.kept, as_it_came)):
+                    return self._answer(kept, "exhausted", "; the upstream's answer as it came")
                 case Exhausted(last, retry_after, first):
                     answer = client_answers.exhausted(last, self.log.history, retry_after, self.move.why_pinned, first)
                     gap = kind_gap(self.client_auth, self.pool) if self.move.movable else None
@@ -202,6 +208,9 @@ class RequestRun:
             self.maker.prewarm_next(self.last_plan, cand)
             while not state.over:
                 await self._carry_out(state, state.send(await self._event(state, attempt)))
+            result = state.result
+            if isinstance(result, Rejected) and result.rejection.reason in AS_IT_CAME and self.whole is not None:
+                self.kept.append((result.rejection, attempt.flow.response, self.whole, cand.is_client))
         except (ClientGone, asyncio.CancelledError):  # the run saw it, or the relay's hop closed
             gone = machine.client_gone()
             if not gone and not self.recorded:  # committed, the client left before its first output
@@ -344,4 +353,13 @@ async def _guarded(run: RequestRun) -> str | None:
         log.error("[%s] codex-failover internal error: %s\n%s", run.request_id, exc, traceback.format_exc())
         run.client.internal_error(type(exc).__name__)
         return type(exc).__name__
+    return None
+
+
+def kept_answer(kept: list[tuple[Rejection, http.Response, object, bool]], rejection: Rejection | None) -> http.Response | None:
+    """The upstream's own answer that gave `rejection` (a whole one, kept by `RequestRun._send`), as the
+    client gets it (secret_guard.forwarded); None when there is none."""
+    for which, response, whole, own in kept:
+        if which is rejection:
+            return secret_guard.forwarded(response, whole, own)
     return None
