@@ -172,6 +172,17 @@ def test_a_refresh_writes_back_only_over_the_file_it_read(name, now, ok):
     assert tr.still_the_one(SNAP, now) is ok
 
 
+@pytest.mark.parametrize("name,now,same", [
+    ("rewritten with the same login", (9, 2000, 301, "rt-1", "acct"), True),
+    ("removed", None, False),
+    ("another login of the same account", (7, 1000, 300, "rt-9", "acct"), False),
+    ("another account", (7, 1000, 300, "rt-1", "acct-other"), False),
+])
+def test_a_file_rewritten_with_the_same_login_still_takes_the_new_tokens(name, now, same):
+    assert tr.same_login(SNAP, now) is same
+    assert not tr.same_login((7, 1, 1, "", ""), (8, 1, 1, "", ""))  # no refresh token: nothing to keep
+
+
 @pytest.mark.parametrize("status,doc,outcome", [
     (200, {"access_token": "a", "refresh_token": "r", "id_token": "i"},
      tr.Refreshed({"access_token": "a", "refresh_token": "r", "id_token": "i"})),
@@ -437,6 +448,8 @@ def _shell(tmp_path, monkeypatch, answers, between=None):
     async def post_json(url, body, via, bridges, tls, timeout, answer_timeout=None):
         calls.append((body["refresh_token"], timeout, answer_timeout))
         answer = answers.pop(0)
+        if callable(answer):  # something happens to the file while the exchange is under way
+            answer = answer()
         if isinstance(answer, BaseException):
             raise answer
         return answer
@@ -595,3 +608,33 @@ def test_a_sent_exchange_without_a_whole_answer_is_no_answer_bounded_by_its_own_
             server.close()
 
     asyncio.run(main())
+
+
+def test_a_file_rewritten_with_the_same_login_during_the_exchange_gets_the_new_tokens(tmp_path, monkeypatch, caplog):
+    """Only the login decides: a file rewritten as it was (an editor, a copy back) still gets the
+    rotated tokens, merged into it as it is now (the refresh token sent is spent: leaving it would
+    lose the login)."""
+
+    def rewrite():
+        doc = json.loads(path.read_text())
+        path.unlink()
+        path.write_text(json.dumps({**doc, "note": "kept"}))  # another inode, size and format
+        return NEW_TOKENS
+
+    refresher, cred, path, calls, waits = _shell(tmp_path, monkeypatch, [rewrite])
+    _run(refresher, cred)
+    after = json.loads(path.read_text())
+    assert after["tokens"]["refresh_token"] == "rt-after-retry" and after["note"] == "kept"
+    assert "changed while its token refresh" not in caplog.text
+
+
+def test_codex_logout_during_the_exchange_is_not_undone(tmp_path, monkeypatch, caplog):
+    def logout():
+        path.unlink()
+        return NEW_TOKENS
+
+    refresher, cred, path, calls, waits = _shell(tmp_path, monkeypatch, [logout])
+    _run(refresher, cred)
+    assert not path.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["auth.json.lock"]
+    assert caplog.text.count("changed while its token refresh was under way") == 1
+    assert refresher.owner.pool.credentials[0].auth == cred.auth  # the refreshed tokens dropped

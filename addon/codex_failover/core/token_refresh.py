@@ -183,6 +183,13 @@ def still_the_one(read: Snapshot, now: Snapshot | None) -> bool:
     return now is not None and now == read
 
 
+def same_login(read: Snapshot, now: Snapshot | None) -> bool:
+    """The file changed but holds the login the refresh sent (its refresh token, its account): only
+    rewritten (an editor, a copy back). The new tokens still belong in it: that refresh token is spent
+    now, so leaving it there would lose the login."""
+    return now is not None and bool(read[3]) and now[3:] == read[3:]
+
+
 @dataclass
 class _Account:
     state: str = IDLE

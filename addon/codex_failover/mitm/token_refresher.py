@@ -39,6 +39,7 @@ from ..core.token_refresh import (
     merge,
     reason_due,
     request_doc,
+    same_login,
 )
 from ..net.usage_fetch import NoAnswer, post_json
 from ..ws.upstream import ConnectFailed
@@ -212,10 +213,22 @@ class TokenRefresher:
     async def _write(self, cred: Credential, doc: dict, snap: Snapshot, outcome: Refreshed, path: str, reason: str) -> None:
         """The new tokens into the file, unless it changed since it was read (a `codex logout` or a
         new `codex login` meanwhile: that wins, the refreshed tokens are dropped)."""
-        new_doc = merge(doc, outcome.tokens, time.time())
-        try:
-            await asyncio.to_thread(auth_refresh.write_doc, path, new_doc, snap)
-        except auth_refresh.Changed:
+        written = None
+        for _ in range(2):  # once more only over a file rewritten with the same login (same_login)
+            new_doc = merge(doc, outcome.tokens, time.time())
+            try:
+                await asyncio.to_thread(auth_refresh.write_doc, path, new_doc, snap)
+                written = new_doc
+                break
+            except auth_refresh.Changed:
+                try:
+                    doc, now = await asyncio.to_thread(auth_refresh.read_snapshot, path)
+                except AuthError:
+                    break
+                if not same_login(snap, now):
+                    break
+                snap = now
+        if written is None:
             log.warning("codex-failover: credential %s: %s changed while its token refresh was under way (codex "
                         "login or logout); the refreshed tokens are dropped and the file is read again", cred.name,
                         path)
@@ -223,7 +236,7 @@ class TokenRefresher:
             # found (gone: out of rotation; a new login: reloaded, in rotation); a new token starts afresh here.
             self.book.elsewhere(cred.auth, time.time())
             return
-        self._adopt(cred, auth_from_document(new_doc, path), path, f"tokens refreshed ({reason})", reason)
+        self._adopt(cred, auth_from_document(written, path), path, f"tokens refreshed ({reason})", reason)
 
     def _adopt(self, cred: Credential, new: AuthMaterial, path: str, how: str, reason: str) -> None:
         """`new` in force from the next attempt on, in the pool as it is now (it may have been
