@@ -130,6 +130,65 @@ def test_a_401_forces_one_refresh_and_the_credential_comes_back(fake, tmp_path):
         proxy.stop()
 
 
+def test_a_fresh_token_refused_again_stays_out_with_one_line_and_no_refresh_loop(fake, tmp_path):
+    """An account that refuses every token (even a freshly refreshed one): one forced refresh, then
+    out of rotation with one line; requests go on to the other credential, none to the endpoint."""
+    bad = seed(fake, tmp_path / "bad", account="acct-unauthorized", age=DAY)
+    good = seed(fake, tmp_path / "good", age=DAY)
+    text = (f"credentials:\n  - name: bad\n    auth_file: {bad}\n    base_url: {fake.base}/v1\n"
+            f"  - name: good\n    auth_file: {good}\n    base_url: {fake.base}/v1\npolicy: {{cooldown_wait: 0}}\n")
+    proxy = ProxyProcess(tmp_path / "p", text, extra=refresh_opts(fake))
+    try:
+        assert ask(proxy, fake).status == 200  # bad: 401, moved to good; bad's forced refresh follows
+        wait_until(lambda: "credential bad: tokens refreshed (upstream answered 401); in rotation again" in proxy.log(),
+                   10, "the forced refresh")
+        assert ask(proxy, fake).status == 200  # bad's fresh token refused too: moved again
+        wait_until(lambda: "freshly refreshed token too" in proxy.log(), 10, "bad out for good")
+        for _ in range(3):
+            assert ask(proxy, fake).status == 200
+            time.sleep(1.1)  # (the refresher looks at most once a second)
+        assert len(oauth(fake)) == 1  # one refresh for the login, not one per request
+        assert len([r for r in fake.model_requests() if r["credential"] == "acct-unauthorized"]) == 2
+        lines = [x for x in proxy.log().splitlines() if "credential bad: upstream answered 401 to its freshly" in x]
+        assert len(lines) == 1 and "out of rotation until you log in again: CODEX_HOME=" in lines[0]
+        assert next(c for c in proxy_status(proxy.port)["credentials"] if c["name"] == "bad")["state"] == "out"
+    finally:
+        proxy.stop()
+
+
+@pytest.mark.parametrize("meanwhile", ["logout", "login"])
+def test_a_refresh_in_flight_never_undoes_a_codex_logout_or_a_new_login(fake, tmp_path, meanwhile):
+    """The token endpoint answers late; meanwhile the user runs `codex logout` (the file removed) or
+    `codex login` of another account (Codex takes no lock): the refreshed tokens are dropped."""
+    path = seed(fake, tmp_path / "work")
+    fake.control("/_fake/oauth/next", {"delay": 2})
+    proxy = ProxyProcess(tmp_path / "p", pool(fake, path), extra=refresh_opts(fake))
+    try:
+        wait_until(lambda: any(r.get("event") == "oauth_waiting" for r in fake.requests()), 10,
+                   "the refresh at start waiting for its answer")
+        other = auth_json("acct-someone-else", access_token("acct-someone-else", 0), "rt-someone-else", time.time())
+        if meanwhile == "logout":
+            path.unlink()
+        else:
+            path.write_text(json.dumps(other, indent=2))
+        wait_until(lambda: "changed while its token refresh was under way" in proxy.log(), 10, "the refresh's end")
+        if meanwhile == "logout":
+            assert not path.exists()  # not re-created
+        else:
+            assert json.loads(path.read_text()) == other  # the new login kept
+        assert len(oauth(fake)) == 1 and "tokens refreshed" not in proxy.log()
+        lines = [x for x in proxy.log().splitlines() if "changed while its token refresh" in x]
+        assert len(lines) == 1 and "the refreshed tokens are dropped and the file is read again" in lines[0]
+        if meanwhile == "login":
+            reply = ask(proxy, fake)  # the auth watch read the new login: it serves
+            assert "Hello from acct-someone-else" in reply.body.decode(), reply.body[:300]
+        else:
+            ask(proxy, fake)
+            wait_until(lambda: "credential work: cannot read" in proxy.log(), 5, "the auth watch's line")
+    finally:
+        proxy.stop()
+
+
 def test_a_permanent_refresh_failure_takes_the_credential_out_with_one_line(fake, tmp_path):
     path = seed(fake, tmp_path / "work")
     fake.control("/_fake/oauth/next", {"scenario": "refresh_token_expired"})

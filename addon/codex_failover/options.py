@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .core.client_access import ClientAccess, ClientAccessError, parse_networks
+from .core.client_access import ClientAccess, ClientAccessError, is_loopback_host, parse_networks
 from .core.intercept_scope import MODES as INTERCEPT_MODES
 from .core.token_refresh import DEFAULT_URL as DEFAULT_REFRESH_URL
 from .core.units import parse_size
@@ -94,8 +94,11 @@ def parse_options(options, updated: set[str]) -> Parsed:
     if "failover_refresh_url" in updated:
         parts = urlsplit(options.failover_refresh_url)
         if parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc:
-            raise ValueError("failover_refresh_url: expected an http(s) URL without user:password "
+            raise ValueError("failover_refresh_url: expected an https URL without user:password "
                              f"(default {DEFAULT_REFRESH_URL})")
+        if parts.scheme == "http" and not is_loopback_host(parts.hostname):  # refresh tokens never in cleartext
+            raise ValueError(f"failover_refresh_url: {parts.scheme}://{parts.hostname} would send refresh tokens in "
+                             f"cleartext; use https (http only for a loopback host) (default {DEFAULT_REFRESH_URL})")
     if "failover_metrics" in updated and options.failover_metrics:
         parse_address(options.failover_metrics)
     if "mode" in updated and any(m.startswith("upstream:") for m in options.mode):

@@ -446,6 +446,7 @@ class FakeUpstream:
             return True
         if path.split("?")[0] == "/oauth/token" and method == "POST":
             if self.oauth.next and self.oauth.next[0].get("delay"):  # a slow answer: a refresh stays in flight
+                self._log({"ts": time.time(), "event": "oauth_waiting"})  # (a test acts while it waits)
                 await asyncio.sleep(float(self.oauth.next[0]["delay"]))
             status, answer = self.oauth.token(body, headers)
             await write_full(writer, status, {"content-type": "application/json"}, json.dumps(answer).encode())

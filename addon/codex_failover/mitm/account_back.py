@@ -8,12 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import OrderedDict
 from urllib.parse import unquote, urlsplit
 
 from mitmproxy import http
 
 from ..config import PoolConfig
+from ..core import own_tokens
 from ..core.auth import CHATGPT, AuthMaterial, auth_from_headers
 from ..core.client_access import is_loopback_host
 from ..core.cooldown_end import (
@@ -47,9 +47,10 @@ class AccountBack:
         self.ends = CooldownEnds()
         self.recheck = UsageRecheck()
         self.task: asyncio.Task | None = None
-        # The clients' own ChatGPT logins, by health key: the token and base URL of the last request
-        # each sent, so the re-check can ask its usage endpoint too. Memory only, never stored or shown.
-        self.own: OrderedDict[str, tuple[AuthMaterial, str]] = OrderedDict()
+        # The clients' own ChatGPT logins, by health key: a token (and base URL) the upstream accepted
+        # and the newest one seen, so the re-check can ask its usage endpoint too (core/own_tokens.py:
+        # a token claiming another's account never displaces it). Memory only, never stored or shown.
+        self.own: own_tokens.OwnTokens[tuple[AuthMaterial, str]] = own_tokens.OwnTokens(MAX_SEEN)
 
     def saw_client(self, auth: AuthMaterial, url: str, pooled: str | None = None) -> None:
         """A client's own credential on a model request to `url` (`pooled`: the pool's name for it,
@@ -60,11 +61,7 @@ class AccountBack:
         path = parts.path.rstrip("/")
         for tail in ("/responses/compact", "/responses"):
             path = path.removesuffix(tail)
-        key = client_key(auth)
-        self.own[key] = (auth, f"{parts.scheme}://{parts.netloc}{path}")
-        self.own.move_to_end(key)
-        while len(self.own) > MAX_SEEN:
-            self.own.popitem(last=False)
+        self.own.saw(client_key(auth), (auth, f"{parts.scheme}://{parts.netloc}{path}"))
 
     def _pool(self) -> PoolConfig:
         return self.owner.pool
@@ -197,26 +194,35 @@ class AccountBack:
             if key in creds:
                 cred = creds[key]
                 endpoints = pool.routes.get(cred.route) or (None,)
-                auth, base, via, full_at, name = cred.auth, cred.base_url, endpoints[0], cred.max_usage_percent, key
-            else:
-                auth, base = self.own[key]
-                via, full_at, name = None, 100.0, f"client {label(auth)}"
-            headers = {**auth.headers(), **auth.account_headers()}
-            try:
-                status, doc = await get_json(usage_url(base), headers, via, self._shared().bridges,
-                                             self._shared().upstream_tls, pool.policy.connect_timeout)
-            except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError) as exc:
-                log.info("codex-failover: credential %s: usage re-check failed (%s); next in %ds", name,
-                         type(exc).__name__, pool.policy.usage_recheck)
+                await self._ask(key, key, cred.auth, cred.base_url, endpoints[0], cred.max_usage_percent)
                 continue
-            if not 200 <= status < 300:
-                log.info("codex-failover: credential %s: usage re-check answered HTTP %d", name, status)
-                continue
-            windows = usage_windows(doc)
-            if windows:
-                self.usage.record(key, windows, full_at)
-            if usage_has_headroom(doc, full_at):
-                self._ended(key, name, self.ends.end(health, key, RECHECKED, usage_only=True))
+            for held in self.own.to_try(key):  # the newest token seen first, then the one the upstream accepted
+                status = await self._ask(key, f"client {label(held[0])}", held[0], held[1], None, 100.0)
+                if status is not None:
+                    self.own.answered(key, held, own_tokens.verdict(status))
+                if status is None or own_tokens.verdict(status) != own_tokens.REFUSED:
+                    break
+
+    async def _ask(self, key: str, name: str, auth: AuthMaterial, base: str, via, full_at: float) -> int | None:
+        """One usage re-check: the status it answered (None: no answer), the cooldown ended on headroom."""
+        pool, health = self._pool(), self._health()
+        headers = {**auth.headers(), **auth.account_headers()}
+        try:
+            status, doc = await get_json(usage_url(base), headers, via, self._shared().bridges,
+                                         self._shared().upstream_tls, pool.policy.connect_timeout)
+        except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError) as exc:
+            log.info("codex-failover: credential %s: usage re-check failed (%s); next in %ds", name,
+                     type(exc).__name__, pool.policy.usage_recheck)
+            return None
+        if not 200 <= status < 300:
+            log.info("codex-failover: credential %s: usage re-check answered HTTP %d", name, status)
+            return status
+        windows = usage_windows(doc)
+        if windows:
+            self.usage.record(key, windows, full_at)
+        if usage_has_headroom(doc, full_at):
+            self._ended(key, name, self.ends.end(health, key, RECHECKED, usage_only=True))
+        return status
 
     # -- the one log line --------------------------------------------------------------------
 

@@ -26,17 +26,22 @@ from ..core.policy import Credential
 from ..core.token_expiry import login_command
 from ..core.token_refresh import (
     AFTER_401,
+    ANSWER_TIMEOUT,
     CLAIM_TTL,
+    REFUSED_AGAIN,
+    Outcome,
     Permanent,
     Refreshed,
     Refreshes,
     Reused,
+    Snapshot,
     judge,
     merge,
     reason_due,
     request_doc,
+    same_login,
 )
-from ..net.usage_fetch import post_json
+from ..net.usage_fetch import NoAnswer, post_json
 from ..ws.upstream import ConnectFailed
 
 if TYPE_CHECKING:
@@ -59,6 +64,7 @@ class TokenRefresher:
         self.tasks: dict[str, asyncio.Task] = {}  # account -> its refresh under way
         self.loop: asyncio.Task | None = None
         self._checked = 0.0
+        self.sleep = asyncio.sleep  # (a test waits no real seconds)
 
     def start(self) -> None:
         """Look every EVERY seconds too, so a pool nobody uses for a while stays fresh."""
@@ -85,8 +91,11 @@ class TokenRefresher:
                 continue
             state = health.state(cred.name)
             reason = self.book.due(cred.auth, now, after_401=state.status == OUT and refused_401(state.reason))
-            if reason is None or (state.status == OUT and reason != AFTER_401):
+            if reason is None or (state.status == OUT and reason not in (AFTER_401, REFUSED_AGAIN)):
                 continue  # out of rotation for something a refresh does not fix
+            if reason == REFUSED_AGAIN:  # its forced refresh's token refused too: no loop against the endpoint
+                self._failed(cred, Permanent("HTTP 401"), "upstream answered 401 to its freshly refreshed token too")
+                continue
             self.book.start(cred.auth, reason)
             try:
                 task = asyncio.get_running_loop().create_task(self.refresh(cred, reason))
@@ -126,6 +135,10 @@ class TokenRefresher:
                     auth_refresh.release(fd)
             finally:
                 await self._release(auth.account)
+        except NoAnswer as exc:
+            wait = self.book.unanswered(auth, time.time())
+            log.warning("codex-failover: credential %s: token refresh got no answer (%s); the endpoint may have used "
+                        "the refresh token: the next try, in %ds, reads auth.json first", cred.name, exc, wait)
         except (OSError, TimeoutError, ValueError, ConnectFailed, asyncio.IncompleteReadError) as exc:
             wait = self.book.transient(auth, time.time())
             log.warning("codex-failover: credential %s: token refresh failed (%s); next try in %ds", cred.name,
@@ -138,7 +151,7 @@ class TokenRefresher:
     async def _locked(self, cred: Credential, reason: str, path: str) -> None:
         auth = cred.auth
         try:
-            doc = await asyncio.to_thread(auth_refresh.read_doc, path)
+            doc, snap = await asyncio.to_thread(auth_refresh.read_snapshot, path)
             current = auth_from_document(doc, path)
         except AuthError as exc:
             self.book.transient(auth, time.time())  # the auth watch says what is wrong with the file
@@ -147,41 +160,83 @@ class TokenRefresher:
         if current.fingerprint != auth.fingerprint and (reason == AFTER_401 or reason_due(current, time.time()) is None):
             self._adopt(cred, current, path, "refreshed by another program (its auth.json read again)", reason)
             return
-        tokens = doc.get("tokens") if isinstance(doc.get("tokens"), dict) else {}
-        sent = tokens.get("refresh_token") if isinstance(tokens, dict) else None
-        if not isinstance(sent, str) or not sent:
-            self.book.permanent(auth)
-            return
+        while True:  # bounded: a second pass only after `book.reused` allowed one more try
+            tokens = doc.get("tokens") if isinstance(doc.get("tokens"), dict) else {}
+            sent = tokens.get("refresh_token") if isinstance(tokens, dict) else None
+            if not isinstance(sent, str) or not sent:
+                self._failed(cred, Permanent("no refresh_token"), f"{path} holds no refresh_token")
+                return
+            outcome = await self._ask(cred, sent)
+            if isinstance(outcome, Refreshed):
+                return await self._write(cred, doc, snap, outcome, path, reason)
+            if isinstance(outcome, Permanent):
+                return self._failed(cred, outcome)
+            if not isinstance(outcome, Reused):
+                wait = self.book.transient(auth, time.time())
+                log.warning("codex-failover: credential %s: token refresh failed (%s); next try in %ds", cred.name,
+                            outcome.why, wait)
+                return
+            if await self._theirs(cred, path, sent, reason, "refresh_token_reused"):
+                return
+            wait = self.book.reused(auth)  # only after an exchange whose answer never came: once more
+            if wait is None:
+                return self._failed(cred, Permanent("refresh_token_reused"))
+            log.warning("codex-failover: credential %s: refresh_token_reused after an exchange that got no answer; "
+                        "auth.json unchanged: one more try in %ds", cred.name, wait)
+            await self.sleep(wait)
+            if await self._theirs(cred, path, sent, reason, "refresh_token_reused"):
+                return
+            doc, snap = await asyncio.to_thread(auth_refresh.read_snapshot, path)
+
+    async def _ask(self, cred: Credential, sent: str) -> Outcome:
+        """The exchange, through the credential's route; what the answer means (it goes no further)."""
         pool = self.owner.pool
         endpoints = pool.routes.get(cred.route) or (None,)
         shared = self.owner.shared()
         status, answer = await post_json(self._url(), request_doc(sent), endpoints[0], shared.bridges,
-                                         shared.upstream_tls, pool.policy.connect_timeout)
-        outcome = judge(status, answer)
-        del answer  # what the endpoint said goes no further than `judge`
-        now = time.time()
-        if isinstance(outcome, Refreshed):
-            new_doc = merge(doc, outcome.tokens, now)
-            await asyncio.to_thread(auth_refresh.write_doc, path, new_doc)
-            self._adopt(cred, auth_from_document(new_doc, path), path, f"tokens refreshed ({reason})", reason)
-        elif isinstance(outcome, Reused):
+                                         shared.upstream_tls, pool.policy.connect_timeout, ANSWER_TIMEOUT)
+        return judge(status, answer)
+
+    async def _theirs(self, cred: Credential, path: str, sent: str, reason: str, why: str) -> bool:
+        """auth.json read again: someone else's refresh (another refresh token) adopted: True."""
+        try:
+            again = await asyncio.to_thread(auth_refresh.read_doc, path)
+            theirs = again.get("tokens") or {}
+            current = auth_from_document(again, path)
+        except AuthError:
+            return False
+        if isinstance(theirs, dict) and theirs.get("refresh_token") not in (None, sent):
+            self._adopt(cred, current, path, f"refreshed by another program ({why}; its auth.json read again)", reason)
+            return True
+        return False
+
+    async def _write(self, cred: Credential, doc: dict, snap: Snapshot, outcome: Refreshed, path: str, reason: str) -> None:
+        """The new tokens into the file, unless it changed since it was read (a `codex logout` or a
+        new `codex login` meanwhile: that wins, the refreshed tokens are dropped)."""
+        written = None
+        for _ in range(2):  # once more only over a file rewritten with the same login (same_login)
+            new_doc = merge(doc, outcome.tokens, time.time())
             try:
-                again = await asyncio.to_thread(auth_refresh.read_doc, path)
-                theirs = again.get("tokens") or {}
-                current = auth_from_document(again, path)
-            except AuthError:
-                theirs, current = {}, auth
-            if isinstance(theirs, dict) and theirs.get("refresh_token") not in (None, sent):
-                self._adopt(cred, current, path, "refreshed by another program (refresh_token_reused; its auth.json "
-                            "read again)", reason)
-            else:
-                self._failed(cred, Permanent("refresh_token_reused"))
-        elif isinstance(outcome, Permanent):
-            self._failed(cred, outcome)
-        else:
-            wait = self.book.transient(auth, now)
-            log.warning("codex-failover: credential %s: token refresh failed (%s); next try in %ds", cred.name,
-                        outcome.why, wait)
+                await asyncio.to_thread(auth_refresh.write_doc, path, new_doc, snap)
+                written = new_doc
+                break
+            except auth_refresh.Changed:
+                try:
+                    doc, now = await asyncio.to_thread(auth_refresh.read_snapshot, path)
+                except AuthError:
+                    break
+                if not same_login(snap, now):
+                    break
+                snap = now
+        if written is None:
+            log.warning("codex-failover: credential %s: %s changed while its token refresh was under way (codex "
+                        "login or logout); the refreshed tokens are dropped and the file is read again", cred.name,
+                        path)
+            # The auth watch reads the file again (before the next request is served) and says what it
+            # found (gone: out of rotation; a new login: reloaded, in rotation); a new token starts afresh here.
+            self.book.elsewhere(cred.auth, time.time())
+            return
+        self._adopt(cred, auth_from_document(written, path), path, f"tokens refreshed ({reason})", reason)
 
     def _adopt(self, cred: Credential, new: AuthMaterial, path: str, how: str, reason: str) -> None:
         """`new` in force from the next attempt on, in the pool as it is now (it may have been
@@ -199,12 +254,14 @@ class TokenRefresher:
         else:
             log.info("codex-failover: credential %s: %s", cred.name, how)
 
-    def _failed(self, cred: Credential, outcome: Permanent) -> None:
+    def _failed(self, cred: Credential, outcome: Permanent, why: str | None = None) -> None:
+        """Out of rotation until a new login, with one line naming the fix."""
         self.book.permanent(cred.auth)
         fix = login_command(cred.auth_file)
-        self.owner.health.take_out(cred.name, f"token refresh refused ({outcome.code}); log in again: {fix}")
-        log.error("codex-failover: credential %s: token refresh refused (%s); out of rotation until you log in again: "
-                  "%s", cred.name, outcome.code, fix)
+        what = why or f"token refresh refused ({outcome.code})"
+        self.owner.health.take_out(cred.name, f"{what}; log in again: {fix}")
+        log.error("codex-failover: credential %s: %s; out of rotation until you log in again: %s", cred.name, what,
+                  fix)
 
     async def _claim(self, account: str) -> bool:
         store = getattr(self.owner.keeper, "store", None)

@@ -16,6 +16,11 @@ from .socks_bridge import SocksBridges
 MAX_BODY = 1024 * 1024
 
 
+class NoAnswer(TimeoutError):
+    """The request was sent and no whole answer came (in time, or before the connection closed):
+    the other side may have acted on it."""
+
+
 async def get_json(url: str, headers: dict[str, str], via: Endpoint | None, bridges: SocksBridges,
                    tls: ssl.SSLContext, timeout: float) -> tuple[int, object]:
     """(status, JSON body or None). Raises OSError / TimeoutError / ValueError when it fails."""
@@ -23,23 +28,38 @@ async def get_json(url: str, headers: dict[str, str], via: Endpoint | None, brid
 
 
 async def post_json(url: str, doc: object, via: Endpoint | None, bridges: SocksBridges, tls: ssl.SSLContext,
-                    timeout: float) -> tuple[int, object]:
-    """`POST` `doc` as JSON: (status, JSON body or None). Raises as `get_json`."""
+                    timeout: float, answer_timeout: float | None = None) -> tuple[int, object]:
+    """`POST` `doc` as JSON: (status, JSON body or None). Raises as `get_json`; with
+    `answer_timeout`, connecting is bounded by `timeout` and the answer, once the request is sent,
+    by `answer_timeout`: NoAnswer when it does not come whole."""
     return await exchange_json("POST", url, {"Content-Type": "application/json"}, json.dumps(doc).encode(), via,
-                               bridges, tls, timeout)
+                               bridges, tls, timeout, answer_timeout)
 
 
 async def exchange_json(method: str, url: str, headers: dict[str, str], body: bytes | None, via: Endpoint | None,
-                        bridges: SocksBridges, tls: ssl.SSLContext, timeout: float) -> tuple[int, object]:
+                        bridges: SocksBridges, tls: ssl.SSLContext, timeout: float,
+                        answer_timeout: float | None = None) -> tuple[int, object]:
+    target = Target.from_url(url)
+    if answer_timeout is None:
+        try:
+            return await asyncio.wait_for(_exchange(method, target, headers, body, via, bridges, tls), timeout)
+        except (IndexError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+            raise ValueError(f"not an HTTP answer ({type(exc).__name__})") from None
+    reader, writer = await asyncio.wait_for(tunnel(target, via, bridges, tls), timeout)
     try:
-        return await asyncio.wait_for(_exchange(method, Target.from_url(url), headers, body, via, bridges, tls), timeout)
-    except (IndexError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+        return await asyncio.wait_for(_exchange(method, target, headers, body, via, bridges, tls, (reader, writer)),
+                                      answer_timeout)
+    except TimeoutError:
+        raise NoAnswer(f"no answer within {answer_timeout:g}s") from None
+    except (asyncio.IncompleteReadError, ConnectionError) as exc:
+        raise NoAnswer(f"the connection closed before the answer ({type(exc).__name__})") from None
+    except (IndexError, asyncio.LimitOverrunError) as exc:
         raise ValueError(f"not an HTTP answer ({type(exc).__name__})") from None
 
 
 async def _exchange(method: str, target: Target, headers: dict[str, str], body: bytes | None, via, bridges,
-                    tls) -> tuple[int, object]:
-    reader, writer = await tunnel(target, via, bridges, tls)
+                    tls, conn=None) -> tuple[int, object]:
+    reader, writer = conn if conn is not None else await tunnel(target, via, bridges, tls)
     try:
         lines = [f"{method} {target.path} HTTP/1.1", f"Host: {target.authority}", "Accept: application/json",
                  "Accept-Encoding: identity", "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
@@ -71,6 +91,9 @@ async def _chunked(reader: asyncio.StreamReader) -> bytes:
         size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
         if size == 0:
             break
-        body += await reader.readexactly(size)
+        take = min(size, MAX_BODY - len(body))  # each read within what is left of MAX_BODY, whatever a chunk claims
+        body += await reader.readexactly(take)
+        if take < size:
+            break
         await reader.readexactly(2)
     return body
