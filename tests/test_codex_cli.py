@@ -733,3 +733,52 @@ def test_real_codex_with_the_whole_pool_at_its_usage_limit_prints_when_to_try_ag
         print(f"\n[codex-cli] whole pool at its usage limit: codex exec took {codex.took:.2f}s; errors: {errors}")
     assert codex.run.returncode != 0, codex.context
     assert errors and "try again at" in errors[-1].lower(), codex.context
+
+
+# -- an overload that could still be served never reaches Codex (one rule for both transports) ------
+
+ONCE_KEY = "sk-test-client-overload-once"  # the client's own key: its first model request is overloaded
+
+
+def _served_once(codex: CodexRun, capsys, what: str, key: str) -> None:
+    with capsys.disabled():
+        print(f"\n[codex-cli] {CODEX_VERSION} {what}: codex exec took {codex.took:.2f}s, exit {codex.run.returncode}; "
+              f"errors {_errors(codex)}; agent messages "
+              f"{[e['item'].get('text', '') for e in codex.events if e.get('item', {}).get('type') == 'agent_message']}")
+    codex.assert_completed_with(key)
+    codex.assert_loopback_only()
+
+
+@pytest.mark.parametrize("websocket", ["gate", "downgrade"])
+def test_real_codex_without_a_pool_is_served_by_its_own_overloaded_key_after_the_backoff(tmp_path, codex_bin, capsys,
+                                                                                        websocket):
+    """No pool, the own account overloaded once: the same backoff (0.5 s) on the gated WebSocket as on
+    HTTP, and the answer; never the overload (before: the gate delivered it, Codex exited 1)."""
+    codex = run_codex(tmp_path, codex_bin, [], client_key=ONCE_KEY, extra=["--set", f"failover_websocket={websocket}"])
+    _served_once(codex, capsys, f"no pool, own key overloaded once ({websocket})", ONCE_KEY)
+    assert codex.took < 10.0, codex.context
+    if websocket == "gate":  # still on the WebSocket: the turn retried on a new socket of the same key
+        assert not [r for r in codex.asked if r["method"] == "POST" and r["url"].split("?")[0].endswith("/responses")], \
+            codex.context
+        assert [t[:2] for t in _ws_turns(codex.fake)][-2:] == [(ONCE_KEY, "overload"), (ONCE_KEY, "good")], codex.context
+
+
+@pytest.mark.parametrize("websocket", ["gate", "downgrade"])
+def test_real_codex_with_every_account_overloaded_at_once_is_served_when_one_is_back(tmp_path, codex_bin, capsys,
+                                                                                     websocket):
+    """A burst: the own account and three spares each overloaded once at the same moment, then fine.
+    Exhausted on the gate, the client socket closes with 1012 (a close Codex retries), as HTTP's 503 is
+    re-sent; the re-sent request is served (before: the gate delivered the overload, Codex exited 1)."""
+    spares = [(f"s{i}", f"sk-test-s{i}-overload-once") for i in (1, 2, 3)]
+    codex = run_codex(tmp_path, codex_bin, spares, client_key=ONCE_KEY, extra=["--set", f"failover_websocket={websocket}"])
+    served = [e["item"].get("text", "") for e in codex.events if e.get("item", {}).get("type") == "agent_message"]
+    with capsys.disabled():
+        print(f"\n[codex-cli] {CODEX_VERSION} burst on every account ({websocket}): codex exec took {codex.took:.2f}s, "
+              f"exit {codex.run.returncode}; errors {_errors(codex)}; agent messages {served}")
+    assert codex.run.returncode == 0, codex.context
+    assert served and "Hello from sk-test-" in served[-1], codex.context
+    assert not [e for e in codex.events if e.get("type") in ("error", "turn.failed")], codex.context
+    assert codex.took < 15.0, codex.context
+    if websocket == "gate":
+        assert "closing the client socket with 1012" in codex.proxy_log, codex.context
+    codex.assert_loopback_only()

@@ -162,14 +162,14 @@ def test_an_overloaded_upgrade_goes_to_the_spare_and_without_one_is_answered_426
     assert [r["credential"] for r in handshakes(fake)].count("sk-test-overload-503-9") == 1
 
 
-def test_exhaustion_delivers_the_last_rejection_as_a_status_bearing_error_frame(fake, gated):
+def test_exhaustion_ends_in_a_close_codex_retries_never_the_overload(fake, gated):
+    """Every credential overloaded: the client socket closes with 1012 (Codex reconnects and re-sends
+    in full; the upgrade then answers 426 and the HTTP path answers), never an overload frame."""
     proxy = gated(fake, [("primary", "sk-test-overload-1"), ("spare", "sk-test-overload-2")])
     client = connect(proxy, fake)
     events = turn(client)
     client.close()
-    assert events[-1]["type"] == "error"
-    assert events[-1]["status"] == 503
-    assert events[-1]["error"]["code"] == "server_is_overloaded"
+    assert events == [{"type": "__close__", "code": 1012, "reason": "codex-failover: reconnect"}], events
     assert [r["credential"] for r in ws_turns(fake)] == ["sk-test-overload-1", "sk-test-overload-2"]
 
 
@@ -433,8 +433,7 @@ def test_max_attempts_bounds_one_turns_sockets(fake, gated):
     client = connect(proxy, fake)
     events = turn(client)
     client.close()
-    assert events[-1]["type"] == "error"
-    assert events[-1]["status"] == 503
+    assert events == [{"type": "__close__", "code": 1012, "reason": "codex-failover: reconnect"}], events
     assert [r["credential"] for r in ws_turns(fake)] == ["sk-test-a-overload", "sk-test-b-overload"]
 
 

@@ -31,9 +31,22 @@ from ..core.codex_request import model_of
 from ..core.outcomes import Rejection
 from ..core.pool_reach import kind_gap
 from ..core.provenance import artifacts_of_message
-from ..core.request_machine import MOVE, RECONNECT, exhausted_answer, goes_home, settle_turn
+from ..core.turn_machine import (
+    INTERNAL_CLOSE,
+    NORMAL_CLOSE,
+    RECONNECT_CLOSE,
+    TurnEvent,
+    TurnMachine,
+    TurnState,
+    cannot_go_home,
+    client_close_after_upstream,
+    client_close_at_end,
+    exhausted_answer,
+    goes_home,
+    upstream_close_after_client,
+)
 from ..core.usage import from_event, from_headers
-from ..core.vocabulary import NO_USABLE_CREDENTIAL, STATE_LOST, Verdict
+from ..core.vocabulary import STATE_LOST, Verdict
 from ..core.ws_turns import Step, Turn, TurnGate
 from ..mitm import client_answers
 from ..mitm.attempt import hide_secrets
@@ -42,15 +55,12 @@ from ..mitm.held_client import point_at_relay
 from ..net.relay import Relay
 from ..shared import Shared
 from .client_pipe import serve_in_process
-from .conn import ABNORMAL, HANDSHAKE_HEADERS, Message, WsConn
+from .conn import HANDSHAKE_HEADERS, Message, WsConn
 from .dial import Dialer, Upstream, as_frames
 from .socket_story import SocketStory
 
 log = logging.getLogger("codex_failover")
 
-# Codex treats a socket that closes during a turn as a transport error: it reconnects and sends
-# the full request on a new socket, silently (verified with Codex 0.169, tests/test_codex_cli.py).
-RECONNECT_CLOSE = 1012  # "service restart"
 HISTORY_LINES = 50  # per socket, for its flow comment and log context
 TICK = object()  # the hold's time budget ran out while waiting for the upstream
 
@@ -116,6 +126,7 @@ class GateSession:
         policy = self.shared.pool.policy
         self.gate = TurnGate(self.shared.rules, policy.bootstrap_timeout, time.monotonic, policy.encrypted_reasoning,
                              self.shared.provenance.owner)
+        self.turns = TurnMachine(policy.cooldown_wait, self.shared.health.now)
         self.started = time.monotonic()
         shared = self.shared
         self.scope = Scope(shared.rules, shared.pool, shared.feedback, shared.provenance, shared.recovery_slots,
@@ -168,10 +179,9 @@ class GateSession:
             return
         self.ended = True
         if self.up is not None:
-            code = self.down.close_code if self.down is not None and self.down.close_code not in (None, ABNORMAL) else 1000
-            self.up.conn.close(code)
+            self.up.conn.close(upstream_close_after_client(self.down.close_code if self.down is not None else None))
         if self.down is not None:
-            self.down.close(1011 if self.down.open else 1000)
+            self.down.close(client_close_at_end(self.down.open))
         self.owner.sessions.pop(self.sid, None)
         self.story.ended(time.monotonic() - self.started, self.gate.turns, self.moves)
 
@@ -184,6 +194,7 @@ class GateSession:
             if turn is not None:
                 self.story.turn(turn, self.up.cand.name)  # (its log line is its verdict: SocketStory.attempt)
                 self.dialer.new_turn(self.up.cand.key)
+                self.turns.new_turn()
                 if goes_home(turn.stays_home, self.dialer.home_of(turn.bound_to), self.up.cand.key):
                     await self._go_home(turn)
                     continue
@@ -230,44 +241,84 @@ class GateSession:
             return TICK
 
     def _upstream_ended(self, up: Upstream) -> None:
-        code = up.conn.close_code
-        # A vanished upstream (1006) would reach the client as a clean 1000: say 1011 instead.
-        self.down.close(1011 if code in (None, ABNORMAL) else code, up.conn.close_reason)
+        self.down.close(client_close_after_upstream(up.conn.close_code), up.conn.close_reason)
 
     # -- a turn's window closed ------------------------------------------------------------
 
     async def _decided(self, up: Upstream, step: Step) -> None:
-        """The request machine's rules settle the turn (core/request_machine.settle_turn); the gate
-        carries it out."""
+        """The turn machine settles the turn (core/turn_machine.py, the HTTP path's rules); the gate
+        carries out the state it comes to."""
         decision, turn = step.decision, self.gate.turn
         failed = decision.verdict is Verdict.FAILOVER
         rejection = _rejection(decision, step) if failed else None
         windows = from_headers(_wrapped_headers(step), self.shared.health.now()) if failed else []
         self.scope.model = model_of(turn.body) if turn else None  # (a credential may lack the turn's model)
-        outcome = settle_turn(self.scope, up.cand, rejection, windows, turn.movable if turn else None,
-                              lambda: self.dialer.others_ready(up.cand.key))
+        state = self.turns.settle(self.scope, up.cand, rejection, windows, turn.movable if turn else None,
+                                  lambda: self.dialer.others_ready(up.cand.key))
         if rejection is None:
             self.story.attempt(up, turn, decision.verdict.value, decision.reason)
             return
         self.dialer.last = rejection
         self.story.attempt(up, turn, Verdict.FAILOVER, rejection.reason)
-        if outcome == MOVE and turn is not None:
+        if state is TurnState.MOVING and turn is not None:
             await self._move(up, turn, rejection)
-        elif outcome == RECONNECT and turn is not None:
-            why = "its socket does not hold the response it continues" if rejection.reason == STATE_LOST else \
-                f"cannot move ({turn.why_pinned})"
-            self.story.note(f"turn {turn.n} rejected ({rejection.reason}) and {why}; "
-                       f"closing the client socket with {RECONNECT_CLOSE} so Codex reconnects with the full request")
-            up.conn.close(1000)
-            self.down.close(RECONNECT_CLOSE, "codex-failover: reconnect")
+        elif state is TurnState.RESENDING and turn is not None:
+            await self._resend(up, turn, rejection)
+        elif state is TurnState.RECONNECTING and turn is not None:
+            self._reconnect(up, turn, rejection, "its socket does not hold the response it continues"
+                            if rejection.reason == STATE_LOST else
+                            f"it cannot move ({turn.why_pinned}) and another credential is ready"
+                            if self.dialer.others_ready(up.cand.key) else
+                            f"it cannot move ({turn.why_pinned}) and its credential's retries are spent")
         else:
             await self._exhausted(up, rejection)
 
+    def _reconnect(self, up: Upstream, turn: Turn, rejection: Rejection, why: str) -> None:
+        """The turn ends in a close Codex retries: it reconnects and re-sends the full request, which the
+        upgrade places anew (or answers 426: then the HTTP path answers it, its exhausted answer too)."""
+        self.story.note(f"turn {turn.n} rejected ({rejection.reason}): {why}; closing the client socket with "
+                        f"{RECONNECT_CLOSE} so Codex reconnects with the full request")
+        up.conn.close(NORMAL_CLOSE)
+        self.down.close(RECONNECT_CLOSE, "codex-failover: reconnect")
+
     async def _move(self, old: Upstream, turn: Turn, rejection: Rejection) -> None:
-        """A self-contained turn was rejected: the same create on the next credential's socket."""
-        await self._relocate(turn, self.dialer.open_next, lambda: self._exhausted(old, rejection),
-                             lambda new: f"turn {turn.n} moved to {new.cand.name} via {new.route}; "
-                                         f"the socket is pinned there")
+        """A self-contained turn was rejected: the same create on the socket its failover loop opens
+        next (another credential; the only one after its backoff; one back within cooldown_wait)."""
+        self.dialer.turn_rejected(rejection)
+
+        async def none_opened() -> None:
+            self.turns.fire(TurnEvent.NONE_OPENED)
+            self._reconnect(old, turn, rejection, "no credential can serve it now")
+
+        def opened(new: Upstream) -> str:
+            self.turns.fire(TurnEvent.OPENED)
+            same = new.cand.key == old.cand.key
+            return (f"turn {turn.n} retried on {new.cand.name} via {new.route} (a new socket)" if same else
+                    f"turn {turn.n} moved to {new.cand.name} via {new.route}; the socket is pinned there")
+
+        await self._relocate(turn, self.dialer.open_next, none_opened, opened)
+
+    async def _resend(self, up: Upstream, turn: Turn, rejection: Rejection) -> None:
+        """A continued turn nothing else can serve now: the same create on the same socket after the
+        only-credential backoff (client messages meanwhile wait in the backlog)."""
+        delay = self.turns.delay
+        self.story.note(f"turn {turn.n} rejected ({rejection.reason}) and cannot move ({turn.why_pinned}); "
+                        f"retrying it on {up.cand.name} in {delay:.1f}s")
+        self.moving = True
+        try:
+            await asyncio.sleep(delay)
+            if self.ended:
+                return
+            if self.up is not up or not up.conn.open:
+                self.turns.fire(TurnEvent.SOCKET_GONE)
+                self._reconnect(up, turn, rejection, "its socket closed while it waited")
+                return
+            self.turns.fire(TurnEvent.RESENT)
+            self.gate.reopen()
+            await up.send(turn.message_for(new_socket=False, foreign=not up.cand.is_client))
+            await self._flush_backlog()
+        finally:
+            self.moving = False
 
     async def _go_home(self, turn: Turn) -> None:
         """A self-contained turn bound to one account (a compaction item, the pin) arrived on another
@@ -299,9 +350,7 @@ class GateSession:
     async def _cannot_go_home(self, turn: Turn) -> None:
         for message in self.gate.abandon():
             await self.down.send(message)
-        why = f"codex-failover: this request cannot leave the credential holding its state ({turn.why_pinned}), which cannot serve it now"
-        busy = Rejection(NO_USABLE_CREDENTIAL, 503, {"type": "service_unavailable_error",
-                                                      "code": NO_USABLE_CREDENTIAL, "message": why})
+        busy = cannot_go_home(turn.why_pinned)
         self.story.note(f"turn {turn.n} must stay on the credential holding its state ({turn.why_pinned}); it cannot serve: 503")
         for frame in as_frames(busy):
             await self.down.send(frame)
@@ -323,9 +372,9 @@ class GateSession:
                 await self.up.send(message)
 
     async def _exhausted(self, up: Upstream, rejection: Rejection) -> None:
-        """Nothing else can serve the turn. If its socket is still open, the client gets the turn's
-        rejection as upstream sent it (the rest of that response follows from there); if it closed,
-        the last rejection seen (a status-bearing `error` frame for a failed upgrade), then a close."""
+        """A DELIVERED turn (the client's own 401/403, or a rejection outside any turn). If its socket
+        is still open, the client gets the rejection as upstream sent it (the rest of that response
+        follows from there); if it closed, the last rejection seen, then a close."""
         last = exhausted_answer(rejection, up.conn.open, self.dialer.last)
         turn = self.gate.turn
         pinned = f", and it cannot move ({turn.why_pinned})" if turn is not None and not turn.movable else ""
@@ -334,7 +383,7 @@ class GateSession:
         for frame in as_frames(last, self.dialer.soonest()):
             await self.down.send(frame)
         if not up.conn.open:
-            self.down.close(1011, "codex-failover: upstream closed")
+            self.down.close(INTERNAL_CLOSE, "codex-failover: upstream closed")
 
     # -- visibility ------------------------------------------------------------------------
 
