@@ -243,7 +243,8 @@ def test_a_rejection_followed_by_the_upstream_closing_still_moves_cleanly(fake, 
 
 
 def test_the_time_budget_releases_a_held_turn_while_the_upstream_is_silent(fake, gated):
-    proxy = gated(fake, [("primary", "sk-test-stall-1")], bootstrap_timeout="0.3s")
+    """With the extended hold off (first_event_timeout: 0): released at bootstrap_timeout."""
+    proxy = gated(fake, [("primary", "sk-test-stall-1")], bootstrap_timeout="0.3s", first_event_timeout="0s")
     client = connect(proxy, fake)
     client.send_json(CREATE)
     started = time.monotonic()
@@ -252,6 +253,20 @@ def test_the_time_budget_releases_a_held_turn_while_the_upstream_is_silent(fake,
     client.close()
     assert [json.loads(text)["type"] for _, text in got] == ["response.created", "response.in_progress"]
     assert 0.25 < waited < 3
+
+
+def test_a_turn_whose_upstream_goes_silent_moves_at_first_event_timeout(fake, gated):
+    """Past bootstrap_timeout with nothing shown the turn is held on; silent for first_event_timeout,
+    it moves to the spare (scaled: 0.3 s and 0.5 s stand for 30 s and 60 s)."""
+    proxy = gated(fake, [("primary", "sk-test-stall-1"), ("spare", SPARE)], bootstrap_timeout="0.3s",
+                  first_event_timeout="0.5s", max_hold="10s")
+    client = connect(proxy, fake)
+    events = turn(client)
+    client.close()
+    assert events[-1]["type"] == "response.completed", events
+    assert [e["type"] for e in events].count("response.created") == 1, events
+    assert [r["credential"] for r in ws_turns(fake)] == ["sk-test-stall-1", SPARE]
+    assert "reason=stalled_before_output" in proxy.log()
 
 
 # -- routes: the gate's own upstream sockets go through each credential's route ---------------------

@@ -116,6 +116,8 @@ SCENARIOS = {
     "noctype-overload": "as overload, with no Content-Type header",
     "noctype-good": "as good, with no Content-Type header",
     "wrongtype-good": "as good, labelled Content-Type: application/octet-stream",
+    "late-overload": "response.created, then only keepalive comments (every --stall/5 s) for --stall seconds, then "
+                     "an overload (a rejection that takes long to arrive)",
 }
 UNLABELLED = {"noctype-overload": ("overload", b""), "noctype-good": ("good", b""),
               "wrongtype-good": ("good", b"content-type: application/octet-stream\r\n")}
@@ -700,6 +702,12 @@ class FakeUpstream:
         elif scenario == "delta-overload":
             events += [turn.ev("response.output_text.delta", item_id="m", output_index=0, content_index=0, delta="Hi"),
                        turn.overload_error(), turn.failed("server_is_overloaded", "overloaded")]
+        elif scenario == "late-overload":
+            await self._send(writer, events, label)
+            for _ in range(5):
+                await asyncio.sleep(self.stall / 5)
+                await self._send(writer, [b": keepalive\n\n"], label)
+            events = [turn.overload_error(), turn.failed("server_is_overloaded", "Our servers are currently overloaded.")]
         elif scenario == "stall":
             await self._send(writer, events, label)
             if not await self._stall(reader, label):

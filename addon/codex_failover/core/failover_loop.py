@@ -88,13 +88,14 @@ from .vocabulary import (
     ROUTE_DOWN,
     SERVER_ERROR_RETRYABLE,
     SLOW_DOWN,
+    STALLED_BEFORE_OUTPUT,
     TLS_FAILED,
     UPSTREAM_5XX,
 )
 
 # Rejections worth retrying on the same credential when it is the only one (with backoff).
-RETRY_SAME = frozenset({OVERLOADED, SLOW_DOWN, SERVER_ERROR_RETRYABLE, CLOSED_BEFORE_OUTPUT, UPSTREAM_5XX, NOT_PROCESSED,
-                        FORBIDDEN_PAGE, *ROUTE_CLASSES})
+RETRY_SAME = frozenset({OVERLOADED, SLOW_DOWN, SERVER_ERROR_RETRYABLE, CLOSED_BEFORE_OUTPUT, STALLED_BEFORE_OUTPUT,
+                        UPSTREAM_5XX, NOT_PROCESSED, FORBIDDEN_PAGE, *ROUTE_CLASSES})
 
 SAME_CREDENTIAL_BACKOFF = (0.5, 1.0, 2.0, 4.0)
 # The only credential resting for an overload (a guess, not a fact): probed once after this long.

@@ -94,6 +94,8 @@ class TurnGate:
     clock: Callable[[], float] = time.monotonic
     encrypted_reasoning: str = "strip"
     owner: Callable[[tuple[str, ...]], str | None] = _nobody  # who made an artifact (provenance.Provenance.owner)
+    stall: float = 0.0  # first_event_timeout: a hold past `timeout` goes on while the upstream is not this silent
+    max_hold: float = 0.0  # ...and this long at most (classifier.py; 0: commit at `timeout`)
     turns: int = 0
     turn: Turn | None = None  # the latest turn
     _clf: BootstrapClassifier | None = None  # open window
@@ -143,7 +145,8 @@ class TurnGate:
 
     def reopen(self) -> None:
         """A fresh window for the current turn (a new turn, or the same one on a new socket)."""
-        self._clf = BootstrapClassifier(self.rules, timeout=self.timeout, clock=self.clock)
+        self._clf = BootstrapClassifier(self.rules, timeout=self.timeout, clock=self.clock, stall=self.stall,
+                                        max_hold=self.max_hold)
         self._held = []
         if self.turn is not None:
             self.turn.response_id = None  # the next socket names its own response

@@ -114,7 +114,7 @@ class GateSession(TurnEnds):
         self.story = SocketStory(self.sid, self.flow, self.history, self.shared.activity, self.dialer.session)
         policy = self.shared.pool.policy
         self.gate = TurnGate(self.shared.rules, policy.bootstrap_timeout, time.monotonic, policy.encrypted_reasoning,
-                             self.shared.provenance.owner)
+                             self.shared.provenance.owner, stall=policy.first_event_timeout, max_hold=policy.max_hold)
         self.turns = TurnMachine(policy.cooldown_wait, self.shared.health.now)
         self.started = time.monotonic()
         shared = self.shared
