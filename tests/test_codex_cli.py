@@ -782,3 +782,24 @@ def test_real_codex_with_every_account_overloaded_at_once_is_served_when_one_is_
     if websocket == "gate":
         assert "closing the client socket with 1012" in codex.proxy_log, codex.context
     codex.assert_loopback_only()
+
+
+def test_real_codex_gets_one_whole_answer_when_its_turn_is_overloaded_after_a_few_deltas(tmp_path, codex_bin, capsys):
+    """An overload after output began, on the gated WebSocket: the turn ends in a close Codex retries
+    (1012), the credential cools, and Codex's re-send is answered by the spare: exit 0, one whole
+    answer, the first attempt's delta not repeated in it (before: the overload was delivered, exit 1)."""
+    def prepare(fake):
+        for scenario in ("warmup", "delta-overload"):
+            fake.overload_next(PRIMARY_KEY, 1, scenario)
+
+    codex = run_codex(tmp_path, codex_bin, [("primary", PRIMARY_KEY), ("spare", SPARE_KEY)], prepare=prepare,
+                      use_client_credential=False)
+    messages = [e["item"].get("text", "") for e in codex.events
+                if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "agent_message"]
+    with capsys.disabled():
+        print(f"\n[codex-cli] {CODEX_VERSION} overload after a delta (gate): codex exec took {codex.took:.2f}s, exit "
+              f"{codex.run.returncode}; errors {_errors(codex)}; agent messages {messages}; turns {_ws_turns(codex.fake)}")
+    codex.assert_completed_with(SPARE_KEY)
+    assert len(messages) == 1 and not messages[0].startswith("Hi"), codex.context
+    assert "after the turn's output began" in codex.proxy_log, codex.context
+    codex.assert_loopback_only()

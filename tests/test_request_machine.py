@@ -189,6 +189,8 @@ def whole(status: int, body: bytes) -> list:
 
 OVERLOAD_JSON = error_body(OVERLOADED)
 HELLO = Turn("a", 1).handshake()[0]
+KEEPALIVE = b": keepalive\n\n"
+OVERLOAD_EVENT = Turn("a", 1).overload_error()
 USAGE_LIMIT = error_body({"type": "usage_limit_reached", "code": "usage_limit_reached", "message": "limit",
                           "resets_in_seconds": 3600})
 
@@ -242,9 +244,26 @@ CASES = [
     ("a stream that breaks while held is delivered, then the break", {},
      [[Head(200, SSE, True), Chunk(HELLO), Broke("reset")]],
      ["try 1 a", f"commit {len(HELLO)}b broken(reset)", "succeeded", "record commit upstream_broken 200", "done"], {}),
-    ("the bootstrap window's time runs out: commit", {"bootstrap_timeout": 2.0},
+    ("the bootstrap window's time runs out with no extended hold: commit", {"bootstrap_timeout": 2.0,
+                                                                             "first_event_timeout": 0.0},
      [[Head(200, SSE, True), Chunk(Turn("a", 1).handshake()[0]), 2, Tick()]],
      ["try 1 a", f"commit {len(Turn('a', 1).handshake()[0])}b", "succeeded", "record commit timeout 200", "done"], {}),
+    # -- a hold that outlasts a slow rejection (the defaults: 30 s, then 60 s of silence, 300 s in all) --
+    ("an overload 40 s after response.created, only keepalives before it: held on (Codex kept alive), moved",
+     {"bootstrap_timeout": 30.0},
+     [[Head(200, SSE, True), Chunk(HELLO), 10, Chunk(KEEPALIVE), 10, Chunk(KEEPALIVE), 10, Tick(), 5,
+       Chunk(KEEPALIVE), 5, Chunk(OVERLOAD_EVENT)], stream(answer("b"))],
+     ["try 1 a", "heartbeat 15", "record failover overloaded 200", "cancel", "try 2 b", f"commit {len(answer('b'))}b",
+      "succeeded", "record commit output 200", "done"], {"a": "overloaded"}),
+    ("an upstream silent past first_event_timeout in an extended hold moves (nothing cools)",
+     {"bootstrap_timeout": 30.0},
+     [[Head(200, SSE, True), Chunk(HELLO), 30, Tick(), 29, Tick(), 1, Tick()], stream(answer("b"))],  # silent since 0 s
+     ["try 1 a", "heartbeat 15", "record failover stalled_before_output 200", "cancel", "try 2 b",
+      f"commit {len(answer('b'))}b", "succeeded", "record commit output 200", "done"], {}),
+    ("keepalives forever: committed at max_hold, as at the budget before", {"bootstrap_timeout": 30.0, "max_hold": 100.0},
+     [[Head(200, SSE, True), Chunk(HELLO), *[x for _ in range(9) for x in (10, Chunk(KEEPALIVE))], 10, Tick()]],
+     ["try 1 a", "heartbeat 15",
+      f"commit {len(HELLO) + 9 * len(KEEPALIVE)}b", "succeeded", "record commit timeout 200", "done"], {}),
     ("closed before output moves", {}, [[Head(200, SSE, True), End()], stream(answer("b"))],
      ["try 1 a", "record failover closed_before_output 200", "cancel", "try 2 b",
       f"commit {len(answer('b'))}b", "succeeded", "record commit output 200", "done"], {}),  # (it never cooled)
@@ -473,6 +492,7 @@ def test_an_upstream_retry_after_longer_than_cooldown_wait_reconnects_at_once():
     (S.MOVING, TurnEvent.NONE_OPENED, S.RECONNECTING),
     (S.RESENDING, TurnEvent.RESENT, S.HELD),
     (S.RESENDING, TurnEvent.SOCKET_GONE, S.RECONNECTING),
+    (S.SERVED, TurnEvent.AFTER_OUTPUT, S.RECONNECTING),
 ])
 def test_turn_transitions_after_a_rejection(start, event, end):
     m = TurnMachine(2.0, lambda: 0.0, state=start)
@@ -484,6 +504,17 @@ def test_no_rejection_a_turn_could_still_serve_ends_in_delivery():
     assert {e for (_, e), end in TRANSITIONS.items() if end is S.DELIVERED} == {TurnEvent.OWN_REFUSAL, TurnEvent.NO_TURN}
     with pytest.raises(ValueError):
         TurnMachine(2.0, lambda: 0.0, state=S.SERVED).fire(TurnEvent.OPENED)
+
+
+def test_a_rejection_after_output_cools_and_reconnects():
+    """An overload after a few deltas on the gated socket: the credential cools (the re-send moves)
+    and the turn ends in a close Codex retries."""
+    world = World()
+    cand = make_plan(CLIENT, world.pool, world.health, True).candidates[0]
+    m = turn_machine(world)
+    assert m.settle(world.scope(), cand, None, [], True, lambda: True) is S.SERVED
+    assert m.settle(world.scope(), cand, ws_rejection(), [], True, lambda: True, after_output=True) is S.RECONNECTING
+    assert world.cooling() == {"a": "overloaded"}
 
 
 def test_close_codes():

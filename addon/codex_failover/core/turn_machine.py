@@ -16,6 +16,9 @@ transition table. The shell (ws/gate.py) carries out each state; it decides noth
       └──continued, nothing left─────────────▶ RECONNECTING
     MOVING ──opened──▶ HELD          MOVING ──none opened──▶ RECONNECTING
     RESENDING ──resent──▶ HELD       RESENDING ──socket gone──▶ RECONNECTING
+    SERVED ──a rejection after output began──▶ RECONNECTING   the credential cools; Codex's re-send of
+                                                             the whole request goes elsewhere and
+                                                             starts the answer over
 
 Nothing that another credential, or the same one a moment later, could serve reaches Codex as a
 terminal error: when the turn is truly exhausted, the client socket closes with RECONNECT_CLOSE,
@@ -70,6 +73,7 @@ class TurnEvent(Enum):
     NONE_OPENED = "no socket opened"
     RESENT = "resent"
     SOCKET_GONE = "the socket closed meanwhile"
+    AFTER_OUTPUT = "rejected after its output began"
 
 
 S, E = TurnState, TurnEvent
@@ -87,6 +91,7 @@ TRANSITIONS: dict[tuple[TurnState, TurnEvent], TurnState] = {
     (S.MOVING, E.NONE_OPENED): S.RECONNECTING,
     (S.RESENDING, E.RESENT): S.HELD,
     (S.RESENDING, E.SOCKET_GONE): S.RECONNECTING,
+    (S.SERVED, E.AFTER_OUTPUT): S.RECONNECTING,
 }
 
 
@@ -116,14 +121,17 @@ class TurnMachine:
         return nxt
 
     def settle(self, scope: Scope, cand: Candidate, rejection: Rejection | None, windows: list[Window],
-               movable: bool | None, others_ready: Callable[[], bool]) -> TurnState:
-        """A turn's window closed on `cand`'s socket (rejection None: it serves). The pool learns by
-        the same rules as an HTTP attempt (`learn`); the turn goes on by TRANSITIONS."""
+               movable: bool | None, others_ready: Callable[[], bool], after_output: bool = False) -> TurnState:
+        """A turn's window closed on `cand`'s socket (rejection None: it serves), or (`after_output`)
+        a served turn was rejected after its output began. The pool learns by the same rules as an
+        HTTP attempt (`learn`); the turn goes on by TRANSITIONS."""
         if rejection is None:
             scope.feedback.succeeded(cand.key, scope.session, scope.model)
             return self.fire(TurnEvent.SERVED)
         scope.feedback.usage_seen(cand.key, cand.name, windows, scope.pool.policy, scope.where, cand.full_at)
         learn(scope, cand, rejection)
+        if after_output:  # (a rules rejection class: never the client's own refusal)
+            return self.fire(TurnEvent.AFTER_OUTPUT)
         return self.fire(self._event(scope, cand, rejection, movable, others_ready))
 
     def _event(self, scope: Scope, cand: Candidate, rejection: Rejection, movable: bool | None,

@@ -58,7 +58,7 @@ class TurnEnds:
         windows = from_headers(_wrapped_headers(step), self.shared.health.now()) if failed else []
         self.scope.model = model_of(turn.body) if turn else None  # (a credential may lack the turn's model)
         state = self.turns.settle(self.scope, up.cand, rejection, windows, turn.movable if turn else None,
-                                  lambda: self.dialer.others_ready(up.cand.key))
+                                  lambda: self.dialer.others_ready(up.cand.key), step.after_output)
         if rejection is None:
             self.story.attempt(up, turn, decision.verdict.value, decision.reason)
             return
@@ -68,6 +68,9 @@ class TurnEnds:
             await self._move(up, turn, rejection)
         elif state is TurnState.RESENDING and turn is not None:
             await self._resend(up, turn, rejection)
+        elif state is TurnState.RECONNECTING and turn is not None and step.after_output:
+            self._reconnect(up, turn, rejection, "it came after the turn's output began: Codex re-sends the whole "
+                            "request, which starts the answer over elsewhere")
         elif state is TurnState.RECONNECTING and turn is not None:
             self._reconnect(up, turn, rejection, "its socket does not hold the response it continues"
                             if rejection.reason == STATE_LOST else
