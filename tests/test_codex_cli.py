@@ -803,3 +803,36 @@ def test_real_codex_gets_one_whole_answer_when_its_turn_is_overloaded_after_a_fe
     assert len(messages) == 1 and not messages[0].startswith("Hi"), codex.context
     assert "after the turn's output began" in codex.proxy_log, codex.context
     codex.assert_loopback_only()
+
+
+@pytest.mark.parametrize("websocket", ["gate", "downgrade"])
+def test_real_codex_session_pinned_to_a_spare_overloaded_once_is_served_within_seconds(tmp_path, codex_bin, capsys,
+                                                                                     websocket):
+    """The session's compaction item belongs to `work`, so the request after the compaction must stay
+    there; work is overloaded once right then. It is retried on work after the backoff (on the gated
+    socket: the same create on the same socket), and served within seconds (before, on the gate: the
+    overload was delivered, and Codex's reconnects and HTTP re-sends were refused `503 (not dialled)`
+    for work's whole rest)."""
+    def prepare(fake):
+        turns = ["toolcall", "toolcall", "overload"]
+        for scenario in (["warmup", *turns] if websocket == "gate" else turns):
+            fake.overload_next(WORK_ACCOUNT, 1, scenario)
+
+    codex = run_codex(tmp_path, codex_bin, [], pool_file=_work_pool, auth_json=chatgpt_auth(OWN_ACCOUNT),
+                      codex_args=("-c", "model_auto_compact_token_limit=100"), prepare=prepare,
+                      extra=["--set", f"failover_websocket={websocket}"])
+    requests = codex.fake.model_requests() if websocket == "downgrade" else [
+        r for r in codex.fake.requests() if r.get("event") == "ws_turn" and r.get("generate") is not False]
+    served = [(r["credential"], r["scenario"], r.get("compaction")) for r in requests]
+    messages = [e["item"].get("text", "") for e in codex.events
+                if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "agent_message"]
+    with capsys.disabled():
+        print(f"\n[codex-cli] {CODEX_VERSION} pinned session, work overloaded once ({websocket}): exit "
+              f"{codex.run.returncode} in {codex.took:.2f}s; errors {_errors(codex)}; messages {messages}; "
+              f"model requests {served}")
+    assert codex.run.returncode == 0, codex.context
+    assert any(f"Hello from {WORK_ACCOUNT}" in m for m in messages), codex.context
+    assert (WORK_ACCOUNT, "overload", 1) in served, f"work was not overloaded after the compaction: {served}"
+    assert "not dialled" not in codex.proxy_log, codex.context
+    assert codex.took < 10.0, codex.context
+    codex.assert_loopback_only()
