@@ -271,15 +271,16 @@ DOWNGRADE = ["--set", "failover_websocket=downgrade"]
 def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] = (), prepare=None,
               output: tuple[str, ...] = ("--json",), pool_file=None, auth_json: dict | None = None,
               codex_args: tuple[str, ...] = (), client_key: str = CLIENT_KEY, shell: list[str] | None = None,
-              proxy_class=ProxyProcess, sessions: int = 1, **policy) -> CodexRun:
+              proxy_class=ProxyProcess, sessions: int = 1, fake_args: tuple[str, ...] = (), **policy) -> CodexRun:
     """Start the fake and mitmdump (pool `creds`), run `codex exec "say hi"` with CLIENT_KEY, stop both.
     `prepare(fake)` runs before Codex starts (e.g. to queue scenarios). `pool_file(fake, tmp_path)` gives
     (pool text, env) instead of API-key `creds`; with `auth_json`, Codex is logged in with that
     auth.json (ChatGPT mode) instead of CLIENT_KEY (`client_key`: another key). With `shell` (e.g.
     `zsh -l -c`), Codex runs in that shell with no proxy variables or CA of its own: only what
     README.md's shell block, run in its HOME, gives every shell. `proxy_class`: e.g. a mitmweb.
-    `sessions`: that many `codex exec` at once, each with a CODEX_HOME and work folder of its own."""
-    fake = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "5")
+    `sessions`: that many `codex exec` at once, each with a CODEX_HOME and work folder of its own.
+    `fake_args`: more arguments for the fake upstream (e.g. `--stall 1`)."""
+    fake = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "5", *fake_args)
     proxy = None
     try:
         recorder = tmp_path / "recorder.py"
@@ -836,3 +837,25 @@ def test_real_codex_session_pinned_to_a_spare_overloaded_once_is_served_within_s
     assert "not dialled" not in codex.proxy_log, codex.context
     assert codex.took < 10.0, codex.context
     codex.assert_loopback_only()
+
+
+def test_real_codex_over_http_is_served_when_the_sse_carries_no_content_type(tmp_path, codex_bin, capsys):
+    """The real backend's SSE may carry no Content-Type: the in-stream overload on the client's key is
+    still held and moved, and Codex gets the spare's answer (before: the overload reached Codex)."""
+    codex = run_codex(tmp_path, codex_bin, [("spare", "sk-test-spare-noctype-good")],
+                      client_key="sk-test-client-noctype-overload", extra=DOWNGRADE)
+    _served_once(codex, capsys, "SSE without Content-Type (downgrade)", "sk-test-spare-noctype-good")
+
+
+@pytest.mark.parametrize("websocket", ["gate", "downgrade"])
+def test_real_codex_is_served_when_its_rejection_comes_late(tmp_path, codex_bin, capsys, websocket):
+    """Scaled (bootstrap_timeout 0.3 s for 30 s, first_event_timeout 0.8 s for 60 s): over HTTP an
+    overload about 1 s after response.created with only keepalives before it, on the gated socket an
+    upstream silent past first_event_timeout; either moves to the spare (before: committed at
+    bootstrap_timeout, the late overload reached Codex, and the silent turn waited on its upstream)."""
+    client = "sk-test-client-late-overload" if websocket == "downgrade" else "sk-test-client-stall"
+    codex = run_codex(tmp_path, codex_bin, [("spare", SPARE_KEY)], client_key=client, fake_args=("--stall", "3"),
+                      extra=["--set", f"failover_websocket={websocket}"], bootstrap_timeout="0.3s",
+                      first_event_timeout="0.8s", max_hold="20s")
+    _served_once(codex, capsys, f"late rejection ({websocket})", SPARE_KEY)
+    assert codex.took < 10.0, codex.context

@@ -108,14 +108,18 @@ def test_later_turn_overload_closes_the_client_and_the_reconnect_is_served_by_a_
     assert {c["name"]: c["state"] for c in status["credentials"]}["primary"] == "cooling"
 
 
-def test_a_delta_before_the_overload_is_delivered_and_nothing_moves(fake, gated):
+def test_a_delta_before_the_overload_is_delivered_and_the_turn_ends_in_a_close_codex_retries(fake, gated):
+    """Output began, then an overload: nothing is replayed by the proxy (one socket), the delta is the
+    client's, the overload is not: the client's socket closes with 1012 and the credential cools, so
+    Codex's re-send of the whole request goes elsewhere."""
     proxy = gated(fake, [("primary", "sk-test-delta-overload-1"), ("spare", SPARE)])
     client = connect(proxy, fake)
     events = turn(client)
     client.close()
-    assert [e["type"] for e in events] == ["response.created", "response.output_text.delta", "error"]
-    assert events[-1]["status"] == 503
+    assert [e["type"] for e in events] == ["response.created", "response.output_text.delta", "__close__"], events
+    assert events[-1]["code"] == 1012
     assert len(handshakes(fake)) == 1
+    assert "after the turn's output began" in proxy.log()
 
 
 def test_a_status_bearing_429_cools_the_credential_and_the_turn_moves(fake, gated):
