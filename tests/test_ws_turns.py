@@ -122,11 +122,15 @@ def test_a_turn_silent_past_first_event_timeout_moves_and_keepalives_end_at_max_
 
 OVERLOAD_503 = fixture("server_error_server_is_overloaded_503.json")
 MESSAGE_DONE = {"type": "response.output_item.done", "item": {"type": "message", "content": []}}
+CALL_DONE = {"type": "response.output_item.done", "item": {"type": "function_call", "name": "shell", "arguments": "{}"}}
+REASONING_DONE = {"type": "response.output_item.done", "item": {"type": "reasoning", "summary": []}}
 
 
 @pytest.mark.parametrize("name, after, late", [
     ("an overload after a few deltas: a close Codex retries", [DELTA, DELTA], True),
     ("after a whole message item: delivered (a re-send would repeat its text)", [DELTA, MESSAGE_DONE], False),
+    ("after a tool call item: delivered (Codex may have run it)", [DELTA, CALL_DONE], False),
+    ("after a reasoning item only: a close Codex retries", [DELTA, REASONING_DONE], True),
     ("after the response completed: not this turn's", [DELTA, COMPLETED], False),
 ])
 def test_a_rejection_after_output(rules, name, after, late):

@@ -103,7 +103,7 @@ class TurnGate:
     _held: list[Message] = field(default_factory=list)
     _warmups: dict[str, dict[str, Any]] = field(default_factory=dict)  # response id -> warm-up body
     _live: bool = False  # the turn was committed and its response goes on: watched for a late rejection
-    _whole_item: bool = False  # a message item of it completed: a re-send would repeat its text
+    _whole_item: bool = False  # an item of it other than reasoning completed: a re-send would repeat it
 
     # -- client side -----------------------------------------------------------------------
 
@@ -197,16 +197,20 @@ class TurnGate:
 
     def _late_rejection(self, message: Message) -> Step | None:
         """A committed turn's message: a rejection after its output began (an overload after a few
-        deltas) is not delivered while no message item of the turn has completed: the turn ends in a
-        close Codex retries (core/turn_machine.py), whose re-send starts the answer over. Cheap: only
-        a message that may be an error is parsed."""
+        deltas) is not delivered while no item of the turn but reasoning has completed (no whole
+        message the user saw, no tool call Codex may have run): the turn ends in a close Codex retries
+        (core/turn_machine.py), whose re-send starts the answer over. Cheap: only a message that may
+        be an error, or an item's end, is parsed."""
         content = message[0]
         raw = content.encode() if isinstance(content, str) else content
         if b'"response.completed"' in raw or b'"response.incomplete"' in raw:
             self._live = False
             return None
-        if b'"response.output_item.done"' in raw and b'"message"' in raw:
-            self._whole_item = True
+        if b'"response.output_item.done"' in raw:  # (a few per response: parsed)
+            payload = Event.from_ws_message(content).payload
+            item = payload.get("item") if isinstance(payload, dict) else None
+            if not isinstance(item, dict) or item.get("type") != "reasoning":
+                self._whole_item = True  # a message the user saw whole, a tool call Codex may have run
             return None
         if b'"error"' not in raw and b'"response.failed"' not in raw:
             return None
