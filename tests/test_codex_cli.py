@@ -858,4 +858,6 @@ def test_real_codex_is_served_when_its_rejection_comes_late(tmp_path, codex_bin,
                       extra=["--set", f"failover_websocket={websocket}"], bootstrap_timeout="0.3s",
                       first_event_timeout="0.8s", max_hold="20s")
     _served_once(codex, capsys, f"late rejection ({websocket})", SPARE_KEY)
+    with capsys.disabled():
+        print("\n".join(line for line in codex.session_log if "verdict=" in line or "moved" in line or "1012" in line))
     assert codex.took < 10.0, codex.context
