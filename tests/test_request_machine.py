@@ -500,8 +500,10 @@ def test_turn_transitions_after_a_rejection(start, event, end):
 
 
 def test_no_rejection_a_turn_could_still_serve_ends_in_delivery():
-    """Only the client's own refusal and a rejection outside any turn reach Codex as they are."""
-    assert {e for (_, e), end in TRANSITIONS.items() if end is S.DELIVERED} == {TurnEvent.OWN_REFUSAL, TurnEvent.NO_TURN}
+    """Only the client's own refusal, a rejection outside any turn, and a model nobody was seen serving
+    (refused by enough accounts: the service's answer) reach Codex as they are."""
+    assert {e for (_, e), end in TRANSITIONS.items() if end is S.DELIVERED} == {
+        TurnEvent.OWN_REFUSAL, TurnEvent.NO_TURN, TurnEvent.NO_SUCH_MODEL}  # (that one: the service's own answer)
     with pytest.raises(ValueError):
         TurnMachine(2.0, lambda: 0.0, state=S.SERVED).fire(TurnEvent.OPENED)
 

@@ -66,7 +66,7 @@ from .outcomes import (
     own_refusal,
 )
 from .planner import NOT_ENTITLED, Candidate, Plan
-from .policy import PoolConfig
+from .policy import Policy, PoolConfig
 from .pool_wait import retry_after as true_retry_after, soonest
 from .recovery import RetryBudget
 from .routes import Endpoint, RouteHealth
@@ -115,23 +115,31 @@ def backoff_delay(last: Rejection, n: int, cooldown_wait: float, now: float) -> 
     return delay if delay <= cooldown_wait else None
 
 
+def probe_delay(health: Health, key: str, policy: Policy) -> float | None:
+    """How soon the only credential, resting for an overload (a guess, not a fact), is probed once:
+    PROBE_DELAY, or sooner if it is back sooner. None: it does not rest for an overload (a usage limit
+    is a fact; out of rotation is no rest), or no wait is allowed."""
+    state = health.state(key)
+    if state.status != COOLING or state.reason not in OVERLOAD_CLASSES or PROBE_DELAY > policy.cooldown_wait:
+        return None
+    recovers = health.recovers_in(key)
+    return max(0.001, min(PROBE_DELAY, recovers if recovers is not None else PROBE_DELAY))
+
+
 def _silent(level: int, text: str) -> None:
     pass
 
 
 class FailoverLoop:
-    """One request's (or one WebSocket turn's) attempts. `plan()` gives the candidates in policy order
-    (it is asked again after each rejection); `handshake` is a WebSocket upgrade's loop: any failure
-    but TLS may move, and at the upgrade it never waits (a 426 sends Codex to SSE, which does). A
-    gated turn's loop (`waits`) is a handshake loop that waits as the HTTP path does: the same
-    backoff on the only credential, the same hold for one that recovers within `cooldown_wait`.
-    `tried`, `n` and `last` carry on a turn that already used a socket (`last`: its rejection)."""
+    """One request's (or one WebSocket turn's) attempts, `plan()` in policy order (asked again after each
+    rejection). `handshake`: any failure but TLS may move; `waits` (a gated turn's; not an upgrade's, a
+    426 sends Codex to SSE): HTTP's backoff and hold. `tried`, `n`, `last` carry on a turn's sockets."""
 
     def __init__(self, plan: Callable[[], Plan], health: Health, route_health: RouteHealth, pool: PoolConfig, *,
                  handshake: bool = False, waits: bool | None = None, tried: Iterable[str] = (), n: int = 0,
-                 last: Rejection | None = None,
-                 tell: Callable[[int, str], None] = _silent, clock: Callable[[], float] = time.monotonic,
-                 rand: Callable[[], float] = random.random, model: str | None = None):
+                 last: Rejection | None = None, tell: Callable[[int, str], None] = _silent,
+                 clock: Callable[[], float] = time.monotonic, rand: Callable[[], float] = random.random,
+                 model: str | None = None):
         self._replan, self.health, self.route_health, self.pool = plan, health, route_health, pool
         self.policy = pool.policy
         self.handshake = handshake
@@ -232,9 +240,7 @@ class FailoverLoop:
                                                and not self._as_it_came_own):
             self._as_it_came, self._as_it_came_own = rejection, self._in_hand.is_client
 
-    def rejected_later(self, rejection: Rejection) -> None:
-        """The last Try was served (its socket opened) and then rejected (a gated turn, in-stream):
-        what the next choice goes on from, as if its attempt had been rejected."""
+    def rejected_later(self, rejection: Rejection) -> None:  # its socket opened, then its turn was rejected
         self._settle(rejection)
 
     def abandon(self) -> None:
@@ -269,21 +275,18 @@ class FailoverLoop:
         return [c for c in plan.candidates if c.key not in self.tried]
 
     def _wait(self) -> LoopStep:
-        """Nothing ready and untried. The only credential is retried after a backoff; otherwise hold
-        for an untried one that recovers within `cooldown_wait`. An upgrade never waits. The only
-        credential resting for an overload is probed once, shortly, rather than refused undialled."""
+        """Nothing ready and untried: the only credential's backoff, or its probe when it rests for an
+        overload; else hold for an untried one back within `cooldown_wait` (an upgrade never waits)."""
         if not self.waits:
             return self._end()
-        if self.only is not None and self.last is not None:
-            delay = self._same_credential_delay(self.last)
+        if self.only is not None and self.last is not None:  # (after a failed probe: the rest was right)
+            delay = None if self._probed else backoff_delay(self.last, self.n, self.policy.cooldown_wait, self.health.now())
             if delay is None:
                 return self._end()
             self._waited = BACKOFF
             return Wait(delay, BACKOFF)
-        if self.only is not None and self._probe_only():
+        if self.only is not None and not self._probed and (delay := probe_delay(self.health, self.only.key, self.policy)):
             self._probed, self._waited = True, BACKOFF
-            recovers = self.health.recovers_in(self.only.key)
-            delay = min(PROBE_DELAY, recovers if recovers is not None else PROBE_DELAY)
             self._tell(logging.INFO, f"credential {self.only.name} rests for an overload; probing it in {delay:.1f}s")
             return Wait(delay, BACKOFF)
         waits = [w for k in self.plan.all_keys if k not in self.tried and (w := self.health.recovers_in(k)) is not None]
@@ -292,21 +295,6 @@ class FailoverLoop:
         self._tell(logging.INFO, f"no credential ready; holding {min(waits):.1f}s for the first to recover")
         self._waited = RECOVERING
         return Wait(min(waits), RECOVERING)
-
-    def _probe_only(self) -> bool:
-        """The only credential is cooling for an overload (not a usage limit, not out of rotation) and
-        has not been probed yet in this request."""
-        assert self.only is not None
-        state = self.health.state(self.only.key)
-        return (not self._probed and state.status == COOLING and state.reason in OVERLOAD_CLASSES
-                and PROBE_DELAY <= self.policy.cooldown_wait)
-
-    def _same_credential_delay(self, last: Rejection) -> float | None:
-        """0.5 s, 1 s, 2 s, 4 s, or longer if upstream said so; None when the rejection is not worth
-        retrying or the delay exceeds `cooldown_wait` (then the client is told instead)."""
-        if self._probed:
-            return None  # a probe that failed: the rest was right
-        return backoff_delay(last, self.n, self.policy.cooldown_wait, self.health.now())
 
     def _start(self, cand: Candidate) -> LoopStep:
         self.n += 1
