@@ -353,3 +353,25 @@ def test_verdict_independent_of_chunking(rules, units, chunk, eof):
     assert (clf_whole.held_frames, clf_whole.held_bytes) == (clf_piece.held_frames, clf_piece.held_bytes)
     if whole.verdict in (Verdict.COMMIT, Verdict.DELIVER):
         assert b"".join(e.raw for e in rel_whole) == data
+
+
+# -- what is an event stream (core/codex_request.held_as_stream) -------------------------------------
+
+@pytest.mark.parametrize("status,ctype,streams,held", [
+    (200, "text/event-stream", False, True),
+    (200, "text/event-stream; charset=utf-8", True, True),
+    (200, None, True, True),  # the real backend's SSE without a Content-Type
+    (200, "", True, True),
+    (200, "application/octet-stream", True, True),  # a wrong label
+    (200, "text/plain", True, True),
+    (200, None, False, False),  # a request that did not ask to stream: read whole
+    (200, "application/json", True, False),  # a JSON answer is what it says
+    (200, "application/json; charset=utf-8", True, False),
+    (200, "text/html", True, False),
+    (503, None, True, False),  # a rejection is read whole and classified
+    (429, "text/event-stream", True, False),
+])
+def test_an_answer_is_held_as_a_stream_by_what_it_is(status, ctype, streams, held):
+    from codex_failover.core.codex_request import held_as_stream
+
+    assert held_as_stream(status, ctype, streams) is held

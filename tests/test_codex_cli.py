@@ -271,15 +271,16 @@ DOWNGRADE = ["--set", "failover_websocket=downgrade"]
 def run_codex(tmp_path: Path, codex_bin: Path, creds: list, *, extra: list[str] = (), prepare=None,
               output: tuple[str, ...] = ("--json",), pool_file=None, auth_json: dict | None = None,
               codex_args: tuple[str, ...] = (), client_key: str = CLIENT_KEY, shell: list[str] | None = None,
-              proxy_class=ProxyProcess, sessions: int = 1, **policy) -> CodexRun:
+              proxy_class=ProxyProcess, sessions: int = 1, fake_args: tuple[str, ...] = (), **policy) -> CodexRun:
     """Start the fake and mitmdump (pool `creds`), run `codex exec "say hi"` with CLIENT_KEY, stop both.
     `prepare(fake)` runs before Codex starts (e.g. to queue scenarios). `pool_file(fake, tmp_path)` gives
     (pool text, env) instead of API-key `creds`; with `auth_json`, Codex is logged in with that
     auth.json (ChatGPT mode) instead of CLIENT_KEY (`client_key`: another key). With `shell` (e.g.
     `zsh -l -c`), Codex runs in that shell with no proxy variables or CA of its own: only what
     README.md's shell block, run in its HOME, gives every shell. `proxy_class`: e.g. a mitmweb.
-    `sessions`: that many `codex exec` at once, each with a CODEX_HOME and work folder of its own."""
-    fake = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "5")
+    `sessions`: that many `codex exec` at once, each with a CODEX_HOME and work folder of its own.
+    `fake_args`: more arguments for the fake upstream (e.g. `--stall 1`)."""
+    fake = FakeUpstreamProcess(tmp_path, "--pace", "0.002", "--deltas", "5", *fake_args)
     proxy = None
     try:
         recorder = tmp_path / "recorder.py"
@@ -733,3 +734,130 @@ def test_real_codex_with_the_whole_pool_at_its_usage_limit_prints_when_to_try_ag
         print(f"\n[codex-cli] whole pool at its usage limit: codex exec took {codex.took:.2f}s; errors: {errors}")
     assert codex.run.returncode != 0, codex.context
     assert errors and "try again at" in errors[-1].lower(), codex.context
+
+
+# -- an overload that could still be served never reaches Codex (one rule for both transports) ------
+
+ONCE_KEY = "sk-test-client-overload-once"  # the client's own key: its first model request is overloaded
+
+
+def _served_once(codex: CodexRun, capsys, what: str, key: str) -> None:
+    with capsys.disabled():
+        print(f"\n[codex-cli] {CODEX_VERSION} {what}: codex exec took {codex.took:.2f}s, exit {codex.run.returncode}; "
+              f"errors {_errors(codex)}; agent messages "
+              f"{[e['item'].get('text', '') for e in codex.events if e.get('item', {}).get('type') == 'agent_message']}")
+    codex.assert_completed_with(key)
+    codex.assert_loopback_only()
+
+
+@pytest.mark.parametrize("websocket", ["gate", "downgrade"])
+def test_real_codex_without_a_pool_is_served_by_its_own_overloaded_key_after_the_backoff(tmp_path, codex_bin, capsys,
+                                                                                        websocket):
+    """No pool, the own account overloaded once: the same backoff (0.5 s) on the gated WebSocket as on
+    HTTP, and the answer; never the overload (before: the gate delivered it, Codex exited 1)."""
+    codex = run_codex(tmp_path, codex_bin, [], client_key=ONCE_KEY, extra=["--set", f"failover_websocket={websocket}"])
+    _served_once(codex, capsys, f"no pool, own key overloaded once ({websocket})", ONCE_KEY)
+    assert codex.took < 10.0, codex.context
+    if websocket == "gate":  # still on the WebSocket: the turn retried on a new socket of the same key
+        assert not [r for r in codex.asked if r["method"] == "POST" and r["url"].split("?")[0].endswith("/responses")], \
+            codex.context
+        assert [t[:2] for t in _ws_turns(codex.fake)][-2:] == [(ONCE_KEY, "overload"), (ONCE_KEY, "good")], codex.context
+
+
+@pytest.mark.parametrize("websocket", ["gate", "downgrade"])
+def test_real_codex_with_every_account_overloaded_at_once_is_served_when_one_is_back(tmp_path, codex_bin, capsys,
+                                                                                     websocket):
+    """A burst: the own account and three spares each overloaded once at the same moment, then fine.
+    Exhausted on the gate, the client socket closes with 1012 (a close Codex retries), as HTTP's 503 is
+    re-sent; the re-sent request is served (before: the gate delivered the overload, Codex exited 1)."""
+    spares = [(f"s{i}", f"sk-test-s{i}-overload-once") for i in (1, 2, 3)]
+    codex = run_codex(tmp_path, codex_bin, spares, client_key=ONCE_KEY, extra=["--set", f"failover_websocket={websocket}"])
+    served = [e["item"].get("text", "") for e in codex.events if e.get("item", {}).get("type") == "agent_message"]
+    with capsys.disabled():
+        print(f"\n[codex-cli] {CODEX_VERSION} burst on every account ({websocket}): codex exec took {codex.took:.2f}s, "
+              f"exit {codex.run.returncode}; errors {_errors(codex)}; agent messages {served}")
+    assert codex.run.returncode == 0, codex.context
+    assert served and "Hello from sk-test-" in served[-1], codex.context
+    assert not [e for e in codex.events if e.get("type") in ("error", "turn.failed")], codex.context
+    assert codex.took < 15.0, codex.context
+    if websocket == "gate":
+        assert "closing the client socket with 1012" in codex.proxy_log, codex.context
+    codex.assert_loopback_only()
+
+
+def test_real_codex_gets_one_whole_answer_when_its_turn_is_overloaded_after_a_few_deltas(tmp_path, codex_bin, capsys):
+    """An overload after output began, on the gated WebSocket: the turn ends in a close Codex retries
+    (1012), the credential cools, and Codex's re-send is answered by the spare: exit 0, one whole
+    answer, the first attempt's delta not repeated in it (before: the overload was delivered, exit 1)."""
+    def prepare(fake):
+        for scenario in ("warmup", "delta-overload"):
+            fake.overload_next(PRIMARY_KEY, 1, scenario)
+
+    codex = run_codex(tmp_path, codex_bin, [("primary", PRIMARY_KEY), ("spare", SPARE_KEY)], prepare=prepare,
+                      use_client_credential=False)
+    messages = [e["item"].get("text", "") for e in codex.events
+                if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "agent_message"]
+    with capsys.disabled():
+        print(f"\n[codex-cli] {CODEX_VERSION} overload after a delta (gate): codex exec took {codex.took:.2f}s, exit "
+              f"{codex.run.returncode}; errors {_errors(codex)}; agent messages {messages}; turns {_ws_turns(codex.fake)}")
+    codex.assert_completed_with(SPARE_KEY)
+    assert len(messages) == 1 and not messages[0].startswith("Hi"), codex.context
+    assert "after the turn's output began" in codex.proxy_log, codex.context
+    codex.assert_loopback_only()
+
+
+@pytest.mark.parametrize("websocket", ["gate", "downgrade"])
+def test_real_codex_session_pinned_to_a_spare_overloaded_once_is_served_within_seconds(tmp_path, codex_bin, capsys,
+                                                                                     websocket):
+    """The session's compaction item belongs to `work`, so the request after the compaction must stay
+    there; work is overloaded once right then. It is retried on work after the backoff (on the gated
+    socket: the same create on the same socket), and served within seconds (before, on the gate: the
+    overload was delivered, and Codex's reconnects and HTTP re-sends were refused `503 (not dialled)`
+    for work's whole rest)."""
+    def prepare(fake):
+        turns = ["toolcall", "toolcall", "overload"]
+        for scenario in (["warmup", *turns] if websocket == "gate" else turns):
+            fake.overload_next(WORK_ACCOUNT, 1, scenario)
+
+    codex = run_codex(tmp_path, codex_bin, [], pool_file=_work_pool, auth_json=chatgpt_auth(OWN_ACCOUNT),
+                      codex_args=("-c", "model_auto_compact_token_limit=100"), prepare=prepare,
+                      extra=["--set", f"failover_websocket={websocket}"])
+    requests = codex.fake.model_requests() if websocket == "downgrade" else [
+        r for r in codex.fake.requests() if r.get("event") == "ws_turn" and r.get("generate") is not False]
+    served = [(r["credential"], r["scenario"], r.get("compaction")) for r in requests]
+    messages = [e["item"].get("text", "") for e in codex.events
+                if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "agent_message"]
+    with capsys.disabled():
+        print(f"\n[codex-cli] {CODEX_VERSION} pinned session, work overloaded once ({websocket}): exit "
+              f"{codex.run.returncode} in {codex.took:.2f}s; errors {_errors(codex)}; messages {messages}; "
+              f"model requests {served}")
+    assert codex.run.returncode == 0, codex.context
+    assert any(f"Hello from {WORK_ACCOUNT}" in m for m in messages), codex.context
+    assert (WORK_ACCOUNT, "overload", 1) in served, f"work was not overloaded after the compaction: {served}"
+    assert "not dialled" not in codex.proxy_log, codex.context
+    assert codex.took < 10.0, codex.context
+    codex.assert_loopback_only()
+
+
+def test_real_codex_over_http_is_served_when_the_sse_carries_no_content_type(tmp_path, codex_bin, capsys):
+    """The real backend's SSE may carry no Content-Type: the in-stream overload on the client's key is
+    still held and moved, and Codex gets the spare's answer (before: the overload reached Codex)."""
+    codex = run_codex(tmp_path, codex_bin, [("spare", "sk-test-spare-noctype-good")],
+                      client_key="sk-test-client-noctype-overload", extra=DOWNGRADE)
+    _served_once(codex, capsys, "SSE without Content-Type (downgrade)", "sk-test-spare-noctype-good")
+
+
+@pytest.mark.parametrize("websocket", ["gate", "downgrade"])
+def test_real_codex_is_served_when_its_rejection_comes_late(tmp_path, codex_bin, capsys, websocket):
+    """Scaled (bootstrap_timeout 0.3 s for 30 s, first_event_timeout 0.8 s for 60 s): over HTTP an
+    overload about 1 s after response.created with only keepalives before it, on the gated socket an
+    upstream silent past first_event_timeout; either moves to the spare (before: committed at
+    bootstrap_timeout, the late overload reached Codex, and the silent turn waited on its upstream)."""
+    client = "sk-test-client-late-overload" if websocket == "downgrade" else "sk-test-client-stall"
+    codex = run_codex(tmp_path, codex_bin, [("spare", SPARE_KEY)], client_key=client, fake_args=("--stall", "3"),
+                      extra=["--set", f"failover_websocket={websocket}"], bootstrap_timeout="0.3s",
+                      first_event_timeout="0.8s", max_hold="20s")
+    _served_once(codex, capsys, f"late rejection ({websocket})", SPARE_KEY)
+    with capsys.disabled():
+        print("\n".join(line for line in codex.session_log if "verdict=" in line or "moved" in line or "1012" in line))
+    assert codex.took < 10.0, codex.context

@@ -102,6 +102,33 @@ def test_when_the_credential_holding_the_state_cannot_serve_the_client_gets_its_
     assert "credential work, which holds this request's state, is cooling" in log
 
 
+def test_a_request_pinned_to_a_credential_resting_for_an_overload_is_probed_and_served(fake, tmp_path):
+    """The credential holding the session's state is resting for an overload (a guess, not a fact):
+    the pinned request is held 0.5 s and tried there, and served, instead of `503 (not dialled)` for
+    the whole rest (a usage limit is a fact: that one is still not dialled, test above)."""
+    url = f"{fake.base}/v1/responses"
+    proxy = proxy_for(tmp_path, fake)
+    try:
+        assert post_responses(proxy.port, url, OWN_LIMITED, turn([USER])).status == 200  # moved to work
+        compact = post_responses(proxy.port, url, OWN_LIMITED, turn([USER, {"type": "compaction_trigger"}]))
+        item = next(i for i in items_done(compact.body) if i["type"] == "compaction")
+        fake.overload_next(WORK, scenario="overload")
+        busy = post_responses(proxy.port, url, OWN_LIMITED, turn([USER], session="thread-2"))  # work overloaded: rests
+        started = time.monotonic()
+        pinned = post_responses(proxy.port, url, OWN_LIMITED, turn([item, USER]))
+        took = time.monotonic() - started
+        log = proxy.log()
+    finally:
+        proxy.stop()
+    assert busy.status == 503, busy.body[:300]
+    assert pinned.status == 200, pinned.body[:400]
+    assert b"Hello from " + WORK.encode() in pinned.body
+    assert 0.4 < took < 5.0, took
+    assert "rests for an overload; probing it in 0.5s" in log, log[-3000:]
+    served = [(r["credential"], r.get("compaction")) for r in fake.model_requests()]
+    assert served[-1] == (WORK, 1), served
+
+
 def test_the_compact_endpoint_fails_over_and_its_result_is_bound_to_the_credential_that_made_it(fake, tmp_path):
     base = f"{fake.base}/v1"
     proxy = proxy_for(tmp_path, fake)

@@ -108,14 +108,18 @@ def test_later_turn_overload_closes_the_client_and_the_reconnect_is_served_by_a_
     assert {c["name"]: c["state"] for c in status["credentials"]}["primary"] == "cooling"
 
 
-def test_a_delta_before_the_overload_is_delivered_and_nothing_moves(fake, gated):
+def test_a_delta_before_the_overload_is_delivered_and_the_turn_ends_in_a_close_codex_retries(fake, gated):
+    """Output began, then an overload: nothing is replayed by the proxy (one socket), the delta is the
+    client's, the overload is not: the client's socket closes with 1012 and the credential cools, so
+    Codex's re-send of the whole request goes elsewhere."""
     proxy = gated(fake, [("primary", "sk-test-delta-overload-1"), ("spare", SPARE)])
     client = connect(proxy, fake)
     events = turn(client)
     client.close()
-    assert [e["type"] for e in events] == ["response.created", "response.output_text.delta", "error"]
-    assert events[-1]["status"] == 503
+    assert [e["type"] for e in events] == ["response.created", "response.output_text.delta", "__close__"], events
+    assert events[-1]["code"] == 1012
     assert len(handshakes(fake)) == 1
+    assert "after the turn's output began" in proxy.log()
 
 
 def test_a_status_bearing_429_cools_the_credential_and_the_turn_moves(fake, gated):
@@ -162,14 +166,14 @@ def test_an_overloaded_upgrade_goes_to_the_spare_and_without_one_is_answered_426
     assert [r["credential"] for r in handshakes(fake)].count("sk-test-overload-503-9") == 1
 
 
-def test_exhaustion_delivers_the_last_rejection_as_a_status_bearing_error_frame(fake, gated):
+def test_exhaustion_ends_in_a_close_codex_retries_never_the_overload(fake, gated):
+    """Every credential overloaded: the client socket closes with 1012 (Codex reconnects and re-sends
+    in full; the upgrade then answers 426 and the HTTP path answers), never an overload frame."""
     proxy = gated(fake, [("primary", "sk-test-overload-1"), ("spare", "sk-test-overload-2")])
     client = connect(proxy, fake)
     events = turn(client)
     client.close()
-    assert events[-1]["type"] == "error"
-    assert events[-1]["status"] == 503
-    assert events[-1]["error"]["code"] == "server_is_overloaded"
+    assert events == [{"type": "__close__", "code": 1012, "reason": "codex-failover: reconnect"}], events
     assert [r["credential"] for r in ws_turns(fake)] == ["sk-test-overload-1", "sk-test-overload-2"]
 
 
@@ -243,7 +247,8 @@ def test_a_rejection_followed_by_the_upstream_closing_still_moves_cleanly(fake, 
 
 
 def test_the_time_budget_releases_a_held_turn_while_the_upstream_is_silent(fake, gated):
-    proxy = gated(fake, [("primary", "sk-test-stall-1")], bootstrap_timeout="0.3s")
+    """With the extended hold off (first_event_timeout: 0): released at bootstrap_timeout."""
+    proxy = gated(fake, [("primary", "sk-test-stall-1")], bootstrap_timeout="0.3s", first_event_timeout="0s")
     client = connect(proxy, fake)
     client.send_json(CREATE)
     started = time.monotonic()
@@ -252,6 +257,20 @@ def test_the_time_budget_releases_a_held_turn_while_the_upstream_is_silent(fake,
     client.close()
     assert [json.loads(text)["type"] for _, text in got] == ["response.created", "response.in_progress"]
     assert 0.25 < waited < 3
+
+
+def test_a_turn_whose_upstream_goes_silent_moves_at_first_event_timeout(fake, gated):
+    """Past bootstrap_timeout with nothing shown the turn is held on; silent for first_event_timeout,
+    it moves to the spare (scaled: 0.3 s and 0.5 s stand for 30 s and 60 s)."""
+    proxy = gated(fake, [("primary", "sk-test-stall-1"), ("spare", SPARE)], bootstrap_timeout="0.3s",
+                  first_event_timeout="0.5s", max_hold="10s")
+    client = connect(proxy, fake)
+    events = turn(client)
+    client.close()
+    assert events[-1]["type"] == "response.completed", events
+    assert [e["type"] for e in events].count("response.created") == 1, events
+    assert [r["credential"] for r in ws_turns(fake)] == ["sk-test-stall-1", SPARE]
+    assert "reason=stalled_before_output" in proxy.log()
 
 
 # -- routes: the gate's own upstream sockets go through each credential's route ---------------------
@@ -433,8 +452,7 @@ def test_max_attempts_bounds_one_turns_sockets(fake, gated):
     client = connect(proxy, fake)
     events = turn(client)
     client.close()
-    assert events[-1]["type"] == "error"
-    assert events[-1]["status"] == 503
+    assert events == [{"type": "__close__", "code": 1012, "reason": "codex-failover: reconnect"}], events
     assert [r["credential"] for r in ws_turns(fake)] == ["sk-test-a-overload", "sk-test-b-overload"]
 
 

@@ -334,6 +334,33 @@ CASES = [
          loop={"handshake": True, "tried": ("a",), "n": 1}),
     Case("a turn at max_attempts opens nothing", {}, ["all cooling (), retry-after 1"], POOL,
          loop={"handshake": True, "tried": ("a",), "n": 4}),
+    # -- a gated turn waits as HTTP does (handshake rules, HTTP's waits) ---------------------------
+    Case("a turn rejected on the only credential: a new socket there after 0.5 s, 1 s, 2 s",
+         {"client": [SERVED]}, ["wait 0.5s (backoff)", "try client #2"], ALONE,
+         lambda w: w.cool("client", 15),
+         loop={"handshake": True, "waits": True, "tried": ("client",), "n": 1,
+               "last": Rejection("overloaded", 503, {"message": "busy"})}),
+    Case("a turn whose backoff is spent opens nothing (the gate closes for a reconnect)", {},
+         ["exhausted: overloaded, retry-after None"], ALONE, lambda w: w.cool("client", 15),
+         loop={"handshake": True, "waits": True, "tried": ("client",), "n": 4,
+               "last": Rejection("overloaded", 503, {"message": "busy"})}),
+    Case("a turn holds for a credential back within cooldown_wait", {"b": [SERVED]},
+         ["wait 1s (recovering)", "try b #2"], POOL, lambda w: w.cool("b", 1),
+         loop={"handshake": True, "waits": True, "tried": ("a",), "n": 1}),
+    Case("the upgrade itself never waits", {}, ["all cooling (b cooling overloaded), retry-after 1"], POOL,
+         lambda w: w.cool("b", 1), loop={"handshake": True, "tried": ("a",), "n": 1}),
+    # -- the only credential resting for an overload is probed, not refused undialled ------------------
+    Case("a pinned request whose credential rests for an overload: probed after 0.5 s", {"a": [SERVED]},
+         ["wait 0.5s (backoff)", "try a #1"], {"creds": [cred("a")]}, lambda w: w.cool("a", 15),
+         told=("probing it in 0.5s",)),
+    Case("a failed probe ends it: the rest was right (no backoff after it)", {"a": [rej("overloaded")]},
+         ["wait 0.5s (backoff)", "try a #1", "exhausted: overloaded, retry-after None"], {"creds": [cred("a")]},
+         lambda w: w.cool("a", 15)),
+    Case("a usage limit is a fact: never probed", {}, ["all cooling (a cooling usage_limit), retry-after None"],
+         {"creds": [cred("a")]}, lambda w: w.cool("a", 600, "usage_limit")),
+    Case("with another credential in the plan there is no probe", {},
+         ["all cooling (a cooling overloaded; b cooling overloaded), retry-after None"], POOL,
+         lambda w: (w.cool("a", 15), w.cool("b", 15))),
 ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -97,10 +98,11 @@ def create(**extra) -> tuple[bytes, bool]:
     return json.dumps({"type": "response.create", "model": "gpt-fake", "input": [], **extra}).encode(), True
 
 
-def world(monkeypatch, creds, upstreams: dict[str, FakeSocket], use_client=False):
+def world(monkeypatch, creds, upstreams: dict[str, FakeSocket | list[FakeSocket]], use_client=False, **policy):
+    """`upstreams`: each credential's socket, or its sockets in the order they are dialled."""
     health = Health()
     pool = PoolConfig(tuple(Credential(c, AuthMaterial(APIKEY, f"tok-{c}"), "https://api.example/v1", "$X") for c in creds),
-                      Policy(use_client_credential=use_client, bootstrap_timeout=10.0))
+                      Policy(use_client_credential=use_client, bootstrap_timeout=10.0, **policy))
     shared = Shared(pool, RULES, health, RouteHealth(), Affinity(), UsageBook(), SocksBridges(), relay=None, engine=None,
                     attempts={}, notices=set(), recovery_slots=Slots(), upstream_tls=ssl.create_default_context(),
                     provenance=Provenance())
@@ -109,7 +111,8 @@ def world(monkeypatch, creds, upstreams: dict[str, FakeSocket], use_client=False
     async def open_upstream(target, fields, via, bridges, tls, connect_timeout, response_timeout, deflate):
         token = {k.lower(): v for k, v in fields}[b"authorization"].decode().removeprefix("Bearer tok-")
         dialled.append(token)
-        return upstreams[token]
+        sock = upstreams[token]
+        return sock.pop(0) if isinstance(sock, list) else sock
 
     monkeypatch.setattr(ws_dial, "open_upstream", open_upstream)
     flow = http.HTTPFlow(SimpleNamespace(id="c1"), None)
@@ -118,9 +121,9 @@ def world(monkeypatch, creds, upstreams: dict[str, FakeSocket], use_client=False
     return shared, flow, dialled
 
 
-async def serve(shared, flow, client: FakeSocket, messages, monkeypatch) -> ws_gate.GateSession:
+async def serve(shared, flow, client: FakeSocket, messages, monkeypatch, quiet: float = 0.2) -> ws_gate.GateSession:
     """Open the session, let the client send `messages` (then leave once the client socket went
-    quiet), and run it to its end."""
+    quiet for `quiet` seconds), and run it to its end."""
     session, why = await ws_gate.WebsocketGate().open(flow, shared)
     assert session is not None, why
     monkeypatch.setattr(ws_gate.WsConn, "accept", staticmethod(lambda *args: client))
@@ -129,9 +132,9 @@ async def serve(shared, flow, client: FakeSocket, messages, monkeypatch) -> ws_g
 
     async def leave_when_quiet():
         seen = -1
-        while seen != len(client.sent):  # nothing new for 0.2 s: the client is done
+        while seen != len(client.sent):  # nothing new for a while: the client is done
             seen = len(client.sent)
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(quiet)
         client.close(1000)
 
     leaving = asyncio.ensure_future(leave_when_quiet())
@@ -164,13 +167,45 @@ def test_a_rejected_later_turn_that_continues_closes_the_client_with_1012(monkey
     assert shared.health.state("a").status == "cooling"
 
 
-def test_a_rejected_turn_nobody_else_can_serve_is_delivered_as_the_rejection(monkeypatch):
+def test_a_rejected_turn_nobody_else_can_serve_ends_in_a_reconnect_never_the_rejection(monkeypatch):
     upstreams = {"a": FakeSocket("a", [overloaded("a")])}
-    shared, flow, _ = world(monkeypatch, ["a"], upstreams)
+    shared, flow, _ = world(monkeypatch, ["a"], upstreams, cooldown_wait=0.0)
     client = FakeSocket("client")
     asyncio.run(serve(shared, flow, client, [create()], monkeypatch))
     texts = client.texts()
-    assert any(OVERLOADED["code"] in t for t in texts), texts
+    assert not any(OVERLOADED["code"] in t for t in texts), texts
+    assert client.close_code == 1012, client.close_code
+
+
+def test_a_turn_overloaded_on_the_only_credential_is_retried_there_after_the_http_backoff(monkeypatch):
+    """No pool: the socket's own credential overloaded once. As on HTTP: the same credential again
+    after 0.5 s (a new socket, the full create), and the client gets the answer, not the overload."""
+    upstreams = {"a": [FakeSocket("a1", [overloaded("a")]), FakeSocket("a2", [good("a")])]}
+    shared, flow, dialled = world(monkeypatch, ["a"], upstreams)
+    client = FakeSocket("client")
+    started = time.monotonic()
+    asyncio.run(serve(shared, flow, client, [create()], monkeypatch, quiet=1.0))
+    texts = client.texts()
+    assert dialled == ["a", "a"], dialled
+    assert time.monotonic() - started >= 0.5  # the backoff (the client's 0.2 s quiet wait comes after)
+    assert any('"response.completed"' in t for t in texts), texts
+    assert not any(OVERLOADED["code"] in t for t in texts), texts
+
+
+def test_a_continued_turn_on_the_only_credential_is_resent_on_its_socket_after_the_backoff(monkeypatch):
+    """A turn that carries previous_response_id cannot leave its socket: with nobody else ready it is
+    sent again on the same socket after 0.5 s, never answered with the overload."""
+    upstreams = {"a": FakeSocket("a", [overloaded("a"), good("a")])}
+    shared, flow, dialled = world(monkeypatch, ["a"], upstreams)
+    client = FakeSocket("client")
+    started = time.monotonic()
+    asyncio.run(serve(shared, flow, client, [create(previous_response_id="resp_1")], monkeypatch, quiet=1.0))
+    texts = client.texts()
+    assert dialled == ["a"], dialled
+    assert time.monotonic() - started >= 0.5  # the backoff (the client's 0.2 s quiet wait comes after)
+    assert [t for t in upstreams["a"].texts() if '"response.create"' in t] == [create(previous_response_id="resp_1")[0].decode()] * 2
+    assert any('"response.completed"' in t for t in texts), texts
+    assert not any(OVERLOADED["code"] in t for t in texts), texts
 
 
 def test_the_clients_own_key_refused_in_stream_is_its_answer_and_stays_in_rotation(monkeypatch):

@@ -41,19 +41,20 @@ from codex_failover.core.planner import make_plan
 from codex_failover.core.pool_feedback import PoolFeedback
 from codex_failover.core.provenance import RESPONSE, Provenance, artifacts_of_output, item_keys
 from codex_failover.core.recovery import RecoveryPolicy, Slots
-from codex_failover.core.request_machine import (
-    EXHAUSTED,
-    MOVE,
-    RECONNECT,
-    SERVED_TURN,
-    Done,
-    GiveUp,
-    RequestMachine,
+from codex_failover.core.request_machine import Done, GiveUp, RequestMachine
+from codex_failover.core.routes import RouteHealth, parse_routes
+from codex_failover.core.turn_machine import (
+    TRANSITIONS,
+    TurnEvent,
+    TurnMachine,
+    TurnState,
+    cannot_go_home,
+    client_close_after_upstream,
+    client_close_at_end,
     exhausted_answer,
     goes_home,
-    settle_turn,
+    upstream_close_after_client,
 )
-from codex_failover.core.routes import RouteHealth, parse_routes
 from codex_failover.core.usage import UsageBook
 from codex_failover.rules_file import load_rules
 
@@ -188,6 +189,8 @@ def whole(status: int, body: bytes) -> list:
 
 OVERLOAD_JSON = error_body(OVERLOADED)
 HELLO = Turn("a", 1).handshake()[0]
+KEEPALIVE = b": keepalive\n\n"
+OVERLOAD_EVENT = Turn("a", 1).overload_error()
 USAGE_LIMIT = error_body({"type": "usage_limit_reached", "code": "usage_limit_reached", "message": "limit",
                           "resets_in_seconds": 3600})
 
@@ -241,9 +244,26 @@ CASES = [
     ("a stream that breaks while held is delivered, then the break", {},
      [[Head(200, SSE, True), Chunk(HELLO), Broke("reset")]],
      ["try 1 a", f"commit {len(HELLO)}b broken(reset)", "succeeded", "record commit upstream_broken 200", "done"], {}),
-    ("the bootstrap window's time runs out: commit", {"bootstrap_timeout": 2.0},
+    ("the bootstrap window's time runs out with no extended hold: commit", {"bootstrap_timeout": 2.0,
+                                                                             "first_event_timeout": 0.0},
      [[Head(200, SSE, True), Chunk(Turn("a", 1).handshake()[0]), 2, Tick()]],
      ["try 1 a", f"commit {len(Turn('a', 1).handshake()[0])}b", "succeeded", "record commit timeout 200", "done"], {}),
+    # -- a hold that outlasts a slow rejection (the defaults: 30 s, then 60 s of silence, 300 s in all) --
+    ("an overload 40 s after response.created, only keepalives before it: held on (Codex kept alive), moved",
+     {"bootstrap_timeout": 30.0},
+     [[Head(200, SSE, True), Chunk(HELLO), 10, Chunk(KEEPALIVE), 10, Chunk(KEEPALIVE), 10, Tick(), 5,
+       Chunk(KEEPALIVE), 5, Chunk(OVERLOAD_EVENT)], stream(answer("b"))],
+     ["try 1 a", "heartbeat 15", "record failover overloaded 200", "cancel", "try 2 b", f"commit {len(answer('b'))}b",
+      "succeeded", "record commit output 200", "done"], {"a": "overloaded"}),
+    ("an upstream silent past first_event_timeout in an extended hold moves (nothing cools)",
+     {"bootstrap_timeout": 30.0},
+     [[Head(200, SSE, True), Chunk(HELLO), 30, Tick(), 29, Tick(), 1, Tick()], stream(answer("b"))],  # silent since 0 s
+     ["try 1 a", "heartbeat 15", "record failover stalled_before_output 200", "cancel", "try 2 b",
+      f"commit {len(answer('b'))}b", "succeeded", "record commit output 200", "done"], {}),
+    ("keepalives forever: committed at max_hold, as at the budget before", {"bootstrap_timeout": 30.0, "max_hold": 100.0},
+     [[Head(200, SSE, True), Chunk(HELLO), *[x for _ in range(9) for x in (10, Chunk(KEEPALIVE))], 10, Tick()]],
+     ["try 1 a", "heartbeat 15",
+      f"commit {len(HELLO) + 9 * len(KEEPALIVE)}b", "succeeded", "record commit timeout 200", "done"], {}),
     ("closed before output moves", {}, [[Head(200, SSE, True), End()], stream(answer("b"))],
      ["try 1 a", "record failover closed_before_output 200", "cancel", "try 2 b",
       f"commit {len(answer('b'))}b", "succeeded", "record commit output 200", "done"], {}),  # (it never cooled)
@@ -398,27 +418,37 @@ def ws_rejection(reason: str = "overloaded", status: int | None = 503) -> Reject
     return Rejection(reason, status, {"message": reason})
 
 
+S = TurnState
 TURNS = [
-    ("served", None, True, True, SERVED_TURN, {}),
-    ("a self-contained turn moves", ws_rejection(), True, True, MOVE, {"a": "overloaded"}),
-    ("a continued turn with another credential ready: reconnect", ws_rejection(), False, True, RECONNECT,
+    ("served", None, True, True, S.SERVED, {}),
+    ("a self-contained turn moves (its loop picks the socket, waits included)", ws_rejection(), True, True, S.MOVING,
      {"a": "overloaded"}),
-    ("a continued turn and nobody else: exhausted", ws_rejection(), False, False, EXHAUSTED, {"a": "overloaded"}),
-    ("outside a turn: exhausted", ws_rejection(), None, True, EXHAUSTED, {"a": "overloaded"}),
-    ("a turn's usage limit cools until it resets", ws_rejection("usage_limit", 429), True, True, MOVE,
+    ("a continued turn with another credential ready: reconnect", ws_rejection(), False, True, S.RECONNECTING,
+     {"a": "overloaded"}),
+    ("a continued overloaded turn and nobody else: the same socket after a backoff", ws_rejection(), False, False,
+     S.RESENDING, {"a": "overloaded"}),
+    ("a continued turn not worth retrying there, nobody else: reconnect (then HTTP answers)",
+     ws_rejection("usage_limit", 429), False, False, S.RECONNECTING, {"a": "usage_limit"}),
+    ("outside a turn: delivered", ws_rejection(), None, True, S.DELIVERED, {"a": "overloaded"}),
+    ("a turn's usage limit cools until it resets", ws_rejection("usage_limit", 429), True, True, S.MOVING,
      {"a": "usage_limit"}),
     # The socket lost the turn's state (previous_response_not_found after a move): Codex reconnects and
     # re-sends it whole, even with nobody else ready; nothing cools.
-    ("a turn whose socket lost its state reconnects", ws_rejection("state_lost", 400), False, False, RECONNECT, {}),
-    ("the edge's refusal moves a turn and cools nothing", ws_rejection("edge_blocked", 403), True, True, MOVE, {}),
+    ("a turn whose socket lost its state reconnects", ws_rejection("state_lost", 400), False, False, S.RECONNECTING,
+     {}),
+    ("the edge's refusal moves a turn and cools nothing", ws_rejection("edge_blocked", 403), True, True, S.MOVING, {}),
 ]
 
 
-@pytest.mark.parametrize("name,rejection,movable,others,outcome,cooling", TURNS, ids=[t[0] for t in TURNS])
-def test_websocket_turn(name, rejection, movable, others, outcome, cooling):
+def turn_machine(world: World) -> TurnMachine:
+    return TurnMachine(world.pool.policy.cooldown_wait, world.health.now)
+
+
+@pytest.mark.parametrize("name,rejection,movable,others,state,cooling", TURNS, ids=[t[0] for t in TURNS])
+def test_websocket_turn(name, rejection, movable, others, state, cooling):
     world = World()
     cand = make_plan(CLIENT, world.pool, world.health, True).candidates[0]
-    assert settle_turn(world.scope(), cand, rejection, [], movable, lambda: others) == outcome
+    assert turn_machine(world).settle(world.scope(), cand, rejection, [], movable, lambda: others) is state
     assert world.cooling() == cooling
 
 
@@ -428,8 +458,78 @@ def test_a_turn_refused_on_the_clients_own_key_is_its_answer_and_takes_nothing_o
     world = World(creds=("a",), use_client=True)
     own = make_plan(CLIENT, world.pool, world.health, True).candidates[0]
     assert own.is_client
-    assert settle_turn(world.scope(), own, ws_rejection("auth_rejected", 401), [], True, lambda: True) == EXHAUSTED
+    state = turn_machine(world).settle(world.scope(), own, ws_rejection("auth_rejected", 401), [], True, lambda: True)
+    assert state is S.DELIVERED
     assert world.health.state(own.key).status == "ready"
+
+
+def test_a_continued_turn_on_the_only_credential_backs_off_as_http_then_reconnects():
+    """The same socket after 0.5 s, 1 s, 2 s (HTTP's backoff on its only credential, bounded by
+    cooldown_wait), then a close Codex retries, never the overload itself."""
+    world = World(creds=("a",))
+    cand = make_plan(CLIENT, world.pool, world.health, True).candidates[0]
+    m, seen = turn_machine(world), []
+    for _ in range(4):
+        state = m.settle(world.scope(), cand, ws_rejection(), [], False, lambda: False)
+        seen.append((state.value, m.delay if state is S.RESENDING else None))
+        if state is S.RESENDING:
+            world.clock.now += m.delay
+            assert m.fire(TurnEvent.RESENT) is S.HELD
+    assert seen == [("resending", 0.5), ("resending", 1.0), ("resending", 2.0), ("reconnecting", None)]
+    m.new_turn()
+    assert (m.state, m.sends) == (S.HELD, 1)
+
+
+def test_an_upstream_retry_after_longer_than_cooldown_wait_reconnects_at_once():
+    world = World(creds=("a",))
+    cand = make_plan(CLIENT, world.pool, world.health, True).candidates[0]
+    slow = Rejection("overloaded", 503, {"message": "busy"}, retry_after="30")
+    assert turn_machine(world).settle(world.scope(), cand, slow, [], False, lambda: False) is S.RECONNECTING
+
+
+@pytest.mark.parametrize("start,event,end", [
+    (S.MOVING, TurnEvent.OPENED, S.HELD),
+    (S.MOVING, TurnEvent.NONE_OPENED, S.RECONNECTING),
+    (S.RESENDING, TurnEvent.RESENT, S.HELD),
+    (S.RESENDING, TurnEvent.SOCKET_GONE, S.RECONNECTING),
+    (S.SERVED, TurnEvent.AFTER_OUTPUT, S.RECONNECTING),
+])
+def test_turn_transitions_after_a_rejection(start, event, end):
+    m = TurnMachine(2.0, lambda: 0.0, state=start)
+    assert m.fire(event) is end
+
+
+def test_no_rejection_a_turn_could_still_serve_ends_in_delivery():
+    """Only the client's own refusal, a rejection outside any turn, and a model nobody was seen serving
+    (refused by enough accounts: the service's answer) reach Codex as they are."""
+    assert {e for (_, e), end in TRANSITIONS.items() if end is S.DELIVERED} == {
+        TurnEvent.OWN_REFUSAL, TurnEvent.NO_TURN, TurnEvent.NO_SUCH_MODEL}  # (that one: the service's own answer)
+    with pytest.raises(ValueError):
+        TurnMachine(2.0, lambda: 0.0, state=S.SERVED).fire(TurnEvent.OPENED)
+
+
+def test_a_rejection_after_output_cools_and_reconnects():
+    """An overload after a few deltas on the gated socket: the credential cools (the re-send moves)
+    and the turn ends in a close Codex retries."""
+    world = World()
+    cand = make_plan(CLIENT, world.pool, world.health, True).candidates[0]
+    m = turn_machine(world)
+    assert m.settle(world.scope(), cand, None, [], True, lambda: True) is S.SERVED
+    assert m.settle(world.scope(), cand, ws_rejection(), [], True, lambda: True, after_output=True) is S.RECONNECTING
+    assert world.cooling() == {"a": "overloaded"}
+
+
+def test_close_codes():
+    assert client_close_after_upstream(None) == 1011 and client_close_after_upstream(1006) == 1011
+    assert client_close_after_upstream(1000) == 1000 and client_close_after_upstream(4000) == 4000
+    assert upstream_close_after_client(None) == 1000 and upstream_close_after_client(1001) == 1001
+    assert client_close_at_end(True) == 1011 and client_close_at_end(False) == 1000
+
+
+def test_a_turn_that_cannot_go_home_is_answered_as_http_answers_a_pinned_request():
+    answer = cannot_go_home("carries a compaction item")
+    assert (answer.reason, answer.status, answer.error["code"]) == ("no_usable_credential", 503, "no_usable_credential")
+    assert "compaction item" in answer.error["message"]
 
 
 def test_recovery_exhausted_on_a_408_cools_nothing():

@@ -358,16 +358,20 @@ def test_an_answer_of_ours_when_another_rejection_decided_or_a_credential_comes_
 def test_a_websocket_turn_for_a_model_nobody_served_stops_after_the_second_account():
     from test_request_machine import World as TurnWorld, ws_rejection
 
-    from codex_failover.core.request_machine import EXHAUSTED, MOVE, settle_turn
+    from codex_failover.core.turn_machine import TurnMachine, TurnState
+
+    def settle(cand, rejection) -> TurnState:  # each a turn's window closing (a fresh turn machine)
+        return TurnMachine(world.pool.policy.cooldown_wait, world.health.now).settle(scope, cand, rejection, [], True,
+                                                                                     lambda: True)
 
     world = TurnWorld(creds=("a", "b", "c"))
     scope = world.scope()
     scope.model = "gpt-5-cdoex"
     a, b = make_plan(CLIENT_AUTH, world.pool, world.health, True).candidates[:2]
     lacks = ws_rejection(MODEL_NOT_ENTITLED, 400)
-    assert settle_turn(scope, a, lacks, [], True, lambda: True) == MOVE
-    assert settle_turn(scope, b, lacks, [], True, lambda: True) == EXHAUSTED, "the service's answer, delivered"
+    assert settle(a, lacks) is TurnState.MOVING
+    assert settle(b, lacks) is TurnState.DELIVERED, "the service's answer, delivered"
     world.health.models.served("c", "gpt-pro")
     scope.model = "gpt-pro"
-    assert settle_turn(scope, a, lacks, [], True, lambda: True) == MOVE
-    assert settle_turn(scope, b, lacks, [], True, lambda: True) == MOVE, "a model known to exist moves on"
+    assert settle(a, lacks) is TurnState.MOVING
+    assert settle(b, lacks) is TurnState.MOVING, "a model known to exist moves on"

@@ -7,7 +7,7 @@ from conftest import LIVE, WIRE, Clock
 from hypothesis import given, settings, strategies as st
 
 from codex_failover.core.vocabulary import Verdict
-from codex_failover.core.ws_turns import TurnGate, parse_create
+from codex_failover.core.ws_turns import Step, TurnGate, parse_create
 
 
 def msg(obj) -> tuple[bytes, bool]:
@@ -40,7 +40,7 @@ def gate(rules, **kw) -> TurnGate:
     ("response.failed overload", [fixture("server_response_failed_server_is_overloaded.json")], Verdict.FAILOVER, "overloaded"),
     ("response.failed other: delivered", [fixture("server_response_failed_invalid_prompt.json")], Verdict.DELIVER, "terminal_error"),
     ("wrapped 400: delivered", [fixture("server_error_invalid_request_400.json")], Verdict.DELIVER, "terminal_error"),
-    ("delta then overload: committed at the delta", [DELTA, fixture("server_error_server_is_overloaded_503.json")],
+    ("delta then a terminal error: committed at the delta", [DELTA, fixture("server_error_invalid_request_400.json")],
      Verdict.COMMIT, "output"),
     ("rate limits and empty messages are held", [RATE, b"", DELTA], Verdict.COMMIT, "output"),
 ])
@@ -85,6 +85,73 @@ def test_time_budget_commits_on_tick(rules):
     step = g.tick()
     assert step.decision.reason == "timeout"
     assert step.release == (msg(CREATED),)
+
+
+def test_a_turn_held_past_the_budget_catches_a_late_overload(rules):
+    """bootstrap_timeout 30 s, first_event_timeout 60 s, max_hold 300 s: an overload 40 s after
+    response.created, only rate-limit messages before it, still moves (the socket needs no keepalive)."""
+    clock = Clock()
+    g = gate(rules, timeout=30.0, clock=clock, stall=60.0, max_hold=300.0)
+    start = clock.now
+    g.server_message(*msg(CREATED))
+    clock.now += 30
+    assert g.tick().decision is None and g.deadline == start + 60  # extended: silent since the start
+    clock.now += 5
+    assert g.server_message(*msg(RATE)).decision is None
+    assert g.deadline == start + 95
+    clock.now += 5
+    step = g.server_message(*msg(fixture("server_error_server_is_overloaded_503.json")))
+    assert (step.decision.verdict, step.decision.reason) == (Verdict.FAILOVER, "overloaded")
+
+
+def test_a_turn_silent_past_first_event_timeout_moves_and_keepalives_end_at_max_hold(rules):
+    clock = Clock()
+    g = gate(rules, timeout=30.0, clock=clock, stall=60.0, max_hold=300.0)
+    g.server_message(*msg(CREATED))
+    clock.now += 59.9
+    assert g.tick().decision is None
+    clock.now += 0.1
+    step = g.tick()
+    assert (step.decision.verdict, step.decision.reason) == (Verdict.FAILOVER, "stalled_before_output")
+    busy = gate(rules, timeout=30.0, clock=clock, stall=60.0, max_hold=300.0)
+    for _ in range(30):
+        clock.now += 10
+        step = busy.server_message(*msg(RATE))
+    assert (step.decision.verdict, step.decision.reason) == (Verdict.COMMIT, "timeout")
+
+
+OVERLOAD_503 = fixture("server_error_server_is_overloaded_503.json")
+MESSAGE_DONE = {"type": "response.output_item.done", "item": {"type": "message", "content": []}}
+CALL_DONE = {"type": "response.output_item.done", "item": {"type": "function_call", "name": "shell", "arguments": "{}"}}
+REASONING_DONE = {"type": "response.output_item.done", "item": {"type": "reasoning", "summary": []}}
+
+
+@pytest.mark.parametrize("name, after, late", [
+    ("an overload after a few deltas: a close Codex retries", [DELTA, DELTA], True),
+    ("after a whole message item: delivered (a re-send would repeat its text)", [DELTA, MESSAGE_DONE], False),
+    ("after a tool call item: delivered (Codex may have run it)", [DELTA, CALL_DONE], False),
+    ("after a reasoning item only: a close Codex retries", [DELTA, REASONING_DONE], True),
+    ("after the response completed: not this turn's", [DELTA, COMPLETED], False),
+])
+def test_a_rejection_after_output(rules, name, after, late):
+    g = gate(rules)
+    g.server_message(*msg(CREATED))
+    assert g.server_message(*msg(DELTA)).decision.verdict is Verdict.COMMIT
+    for m in after:
+        assert g.server_message(*msg(m)).release == (msg(m),)
+    step = g.server_message(*msg(OVERLOAD_503))
+    if late:
+        assert step.after_output and step.release == () and step.held == (msg(OVERLOAD_503),)
+        assert (step.decision.verdict, step.decision.reason) == (Verdict.FAILOVER, "overloaded")
+    else:
+        assert step.decision is None and step.release == (msg(OVERLOAD_503),)
+
+
+def test_a_terminal_error_after_output_that_is_no_rejection_is_delivered(rules):
+    g = gate(rules)
+    g.server_message(*msg(DELTA))
+    invalid = fixture("server_error_invalid_request_400.json")
+    assert g.server_message(*msg(invalid)) == Step(release=(msg(invalid),))
 
 
 def test_upstream_closing_inside_the_window_is_a_rejection(rules):
@@ -197,14 +264,16 @@ def test_every_message_is_released_once_in_order_or_swallowed(rules, kinds):
              "reject": fixture("server_error_server_is_overloaded_503.json")}
     g = gate(rules)
     sent = [msg(table[k]) for k in kinds]
-    out, swallowed = [], []
+    out, swallowed, seen = [], [], []  # seen: each message where it left the gate, released or swallowed
     for m in sent:
         step = g.server_message(*m)
         out += step.release
         swallowed += step.held
+        seen += [*step.release, *step.held]
     end = g.upstream_closed()
     out += end.release
     swallowed += end.held
-    assert out + swallowed == sent or swallowed + out == sent
+    seen += [*end.release, *end.held]
+    assert seen == sent  # (a rejection after output is swallowed where it came; the rest goes on)
     if not swallowed:
         assert out == sent

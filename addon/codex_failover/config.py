@@ -58,6 +58,8 @@ class _Unusable(Exception):
 _POLICY_FIELDS = {
     "max_attempts": "int",
     "bootstrap_timeout": "duration",
+    "first_event_timeout": "duration",
+    "max_hold": "duration",
     "overload_cooldown": "duration",
     "use_client_credential": "bool",
     "max_retry_after": "duration",

@@ -112,7 +112,15 @@ SCENARIOS = {
     "overload-close": "WS: response.created, an `error` without `status`, then the server closes with 1011",
     "close-after-created": "WS: response.created, then the server closes with 1011",
     "many": "WS: response.created, then --deltas text deltas `d0 `, `d1 `, … in one write, then completed",
+    # As the real backend's SSE may be sent: no Content-Type at all (or a wrong one).
+    "noctype-overload": "as overload, with no Content-Type header",
+    "noctype-good": "as good, with no Content-Type header",
+    "wrongtype-good": "as good, labelled Content-Type: application/octet-stream",
+    "late-overload": "response.created, then only keepalive comments (every --stall/5 s) for --stall seconds, then "
+                     "an overload (a rejection that takes long to arrive)",
 }
+UNLABELLED = {"noctype-overload": ("overload", b""), "noctype-good": ("good", b""),
+              "wrongtype-good": ("good", b"content-type: application/octet-stream\r\n")}
 ORDER = sorted(SCENARIOS, key=len, reverse=True)  # longest name first: overload-eof before overload
 _REJECTION = (b'"type":"error"', b'"type":"response.failed"')
 _OUTPUT = (b'"type":"response.reasoning_summary_text.delta"', b'"type":"response.output_text.delta"')
@@ -622,9 +630,10 @@ class FakeUpstream:
                       compact: bool = False, encrypted: bool = False) -> bool:
         if scenario == "stall-headers" and not await self._stall(reader, label):
             return False
+        scenario, ctype = UNLABELLED.get(scenario, (scenario, b"content-type: text/event-stream\r\n"))
         turn = Turn(label, self.deltas, sse_spaced if scenario == "spaced" else sse, compact=compact, encrypted=encrypted)
         used = b"100" if scenario == "window-full" else b"10"
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+        writer.write(b"HTTP/1.1 200 OK\r\n" + ctype + b"cache-control: no-cache\r\n"
                      b"access-control-allow-origin: *\r\n"
                      b"x-codex-primary-used-percent: " + used + b"\r\nx-codex-primary-reset-after-seconds: 120\r\n"
                      b"x-codex-turn-state: ts-" + label.encode()[-8:] + b"\r\ntransfer-encoding: chunked\r\n\r\n")
@@ -693,6 +702,12 @@ class FakeUpstream:
         elif scenario == "delta-overload":
             events += [turn.ev("response.output_text.delta", item_id="m", output_index=0, content_index=0, delta="Hi"),
                        turn.overload_error(), turn.failed("server_is_overloaded", "overloaded")]
+        elif scenario == "late-overload":
+            await self._send(writer, events, label)
+            for _ in range(5):
+                await asyncio.sleep(self.stall / 5)
+                await self._send(writer, [b": keepalive\n\n"], label)
+            events = [turn.overload_error(), turn.failed("server_is_overloaded", "Our servers are currently overloaded.")]
         elif scenario == "stall":
             await self._send(writer, events, label)
             if not await self._stall(reader, label):

@@ -14,7 +14,7 @@ out the commands in order. No mitmproxy, no asyncio; docs/architecture.md#the-re
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +59,7 @@ from .vocabulary import (
     Verdict,
 )
 
+EXTENDED_HEARTBEAT = 15.0  # seconds between keepalives in an extended hold when recovery's heartbeat is off
 HEAD, HOLD, BUFFER, WHOLE, OVER = "reading the head", "holding the stream", "buffering", "reading whole", "over"  # phases
 RESPOND_IT, COMMIT_IT = "respond with it", "commit it"  # a Transient's `final`: how its attempt answers at the end
 
@@ -111,6 +112,7 @@ class AttemptMachine:
         self._clf: BootstrapClassifier | None = None
         self._slot = False
         self._rejection: Rejection | None = None  # a recoverable whole answer, as a rejection
+        self._kept_alive = False  # an extended hold asked for the heartbeat
 
     @property
     def over(self) -> bool:
@@ -178,7 +180,7 @@ class AttemptMachine:
         self._usage(from_headers(event.headers, health.now()))
         if event.streaming:
             self.phase = HOLD
-            self._clf = BootstrapClassifier(self.scope.rules, timeout=policy.bootstrap_timeout, clock=self.scope.clock)
+            self._clf = hold_classifier(self.scope.rules, policy, self.scope.clock)
             self._deadline = self._clf.deadline
             return []
         self.phase = WHOLE
@@ -207,6 +209,9 @@ class AttemptMachine:
         decision = self.view.hold(clf, event)
         self._deadline = clf.deadline
         if not decision.final:
+            if clf.extended and not self._kept_alive:  # held past bootstrap_timeout: Codex is kept alive
+                self._kept_alive = True
+                return [Heartbeat(self.scope.pool.recovery.heartbeat or EXTENDED_HEARTBEAT)]
             return []
         self.verdict = decision
         if decision.verdict is Verdict.FAILOVER:
@@ -328,6 +333,13 @@ class AttemptMachine:
     def _made(self, artifacts: list[str]) -> None:
         if artifacts:
             self.scope.provenance.record(artifacts, self.cand.key)
+
+
+def hold_classifier(rules: Rules, policy: Policy, clock: Callable[[], float]) -> BootstrapClassifier:
+    """The classifier of a held stream (an HTTP attempt's, a WebSocket turn's), with the policy's
+    time bounds: bootstrap_timeout, then first_event_timeout and max_hold (classifier.py)."""
+    return BootstrapClassifier(rules, timeout=policy.bootstrap_timeout, clock=clock,
+                               stall=policy.first_event_timeout, max_hold=policy.max_hold)
 
 
 def learn(scope: Scope, cand: Candidate, rejection: Rejection) -> None:

@@ -5,8 +5,14 @@ The first event that is not on the list decides:
 - a recognised rejection  -> FAILOVER (nothing held is released; the attempt is dropped);
 - another terminal error   -> DELIVER  (release everything; the client sees the error in-stream);
 - anything else            -> COMMIT   (release everything held, in order, then pass through).
-Budgets (frames, bytes) are checked before an event is admitted, and an expired time budget
-commits on the next `feed()` or `tick()`. The clock is injected, so tests never sleep.
+Budgets (frames, bytes) are checked before an event is admitted. Time, on the next `feed()` or
+`tick()` (the clock is injected, so tests never sleep):
+- `timeout` (bootstrap_timeout) passed: commit (`timeout`), unless `stall` is set: then the hold is
+  EXTENDED (nothing Codex would show has come: a rejection may still, late), and goes on
+- until the upstream is silent for `stall` seconds (first_event_timeout, counted from its last event
+  or keepalive): FAILOVER (`stalled_before_output`: a silent upstream moves),
+- or until `max_hold` from the start: commit (`timeout`), as at the budget before.
+docs/decisions.md#a-hold-that-outlasts-a-slow-rejection.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from .vocabulary import (
     INCOMPLETE,
     NOT_JSON,
     OUTPUT,
+    STALLED_BEFORE_OUTPUT,
     TERMINAL_ERROR,
     TIMEOUT,
     Verdict,
@@ -58,12 +65,20 @@ class BootstrapClassifier:
         clock: Callable[[], float] = time.monotonic,
         max_frames: int | None = None,
         max_bytes: int | None = None,
+        stall: float = 0.0,
+        max_hold: float = 0.0,
     ):
         self.rules = rules
         self.max_frames = max_frames if max_frames is not None else rules.max_frames
         self.max_bytes = max_bytes if max_bytes is not None else rules.max_bytes
         self._clock = clock
-        self.deadline = clock() + timeout if timeout > 0 else None
+        started = clock()
+        self._budget = started + timeout if timeout > 0 else None
+        self._stall = stall
+        # Extended past the budget only when both bounds make sense: a stall bound, and a cap beyond it.
+        self._cap = started + max_hold if self._budget is not None and stall > 0 and max_hold > timeout else None
+        self.last_seen = started  # the last event (a keepalive too): the stall counts from it
+        self.extended = False  # past the budget with nothing shown: held on (the shell keeps the client alive)
         self.held: list[Event] = []
         self.held_frames = 0
         self.held_bytes = 0
@@ -72,13 +87,23 @@ class BootstrapClassifier:
 
     # -- inputs ----------------------------------------------------------------------------
 
+    @property
+    def deadline(self) -> float | None:
+        """When `tick()` has something to decide (None: never)."""
+        if self._budget is None or not self.extended:
+            return self._budget
+        assert self._cap is not None
+        return min(self.last_seen + self._stall, self._cap)
+
     def feed(self, event: Event) -> Decision:
         self.events_seen += 1
         if self.decision is not None:
             passthrough = (event,) if self.decision.verdict is not Verdict.FAILOVER else ()
             return _replace_release(self.decision, passthrough)
-        if self._expired():
-            return self._decide(Verdict.COMMIT, TIMEOUT, None, None, event)
+        self.last_seen = self._clock()
+        timed = self._timed(event)
+        if timed is not None:
+            return timed
         if self.held_frames + event.frames > self.max_frames:
             return self._decide(Verdict.COMMIT, FRAME_BUDGET, event.type, None, event)
         if self.held_bytes + len(event.raw) > self.max_bytes:
@@ -95,9 +120,7 @@ class BootstrapClassifier:
         """Time passed: commits what is held once the time budget has expired."""
         if self.decision is not None:
             return _replace_release(self.decision, ())
-        if self._expired():
-            return self._decide(Verdict.COMMIT, TIMEOUT, None, None, None)
-        return _HOLD
+        return self._timed(None) or _HOLD
 
     def end(self) -> Decision:
         """The upstream closed the stream. Inside the window, nothing useful came: fail over."""
@@ -117,8 +140,24 @@ class BootstrapClassifier:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _expired(self) -> bool:
-        return self.deadline is not None and self._clock() >= self.deadline
+    def _timed(self, event: Event | None) -> Decision | None:
+        """What time has decided (see the module's docstring), or None: hold on."""
+        if self._budget is None:
+            return None
+        now = self._clock()
+        if not self.extended:
+            if now < self._budget:
+                return None
+            if self._cap is None:
+                return self._decide(Verdict.COMMIT, TIMEOUT, None, None, event)
+            self.extended = True
+        assert self._cap is not None
+        if now >= self._cap:
+            return self._decide(Verdict.COMMIT, TIMEOUT, None, None, event)
+        if now >= self.last_seen + self._stall:
+            error = {"message": f"codex-failover: the upstream sent nothing for {self._stall:g}s before any output"}
+            return self._decide(Verdict.FAILOVER, STALLED_BEFORE_OUTPUT, None, error, None)
+        return None
 
     def _decide(self, verdict: Verdict, reason: str, trigger: str | None, error: Mapping[str, Any] | None,
                 event: Event | None) -> Decision:

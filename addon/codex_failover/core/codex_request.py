@@ -80,6 +80,24 @@ def asks_to_stream(body: object) -> bool:
     return isinstance(body, dict) and body.get("stream") is True
 
 
+# Content types that say what a body is when it is not an event stream: read whole and classified.
+NOT_EVENT_STREAM = ("application/json", "application/problem+json", "text/html")
+
+
+def held_as_stream(status: int, content_type: str | None, request_streams: bool) -> bool:
+    """Whether an answer is an event stream to hold, frame and stream as SSE. By what it is, not only
+    by its label: `text/event-stream`, or, to a request that asked to stream, a 2xx answer whose
+    Content-Type is absent or names no other body (the real backend's SSE may carry none: a missing
+    type is SSE, as other Codex proxies treat it). A JSON or HTML answer is still read whole and
+    classified as the body it is; a non-2xx answer always is."""
+    if not 200 <= status < 300:
+        return False
+    kind = (content_type or "").split(";", 1)[0].strip().lower()
+    if kind == "text/event-stream":
+        return True
+    return request_streams and kind not in NOT_EVENT_STREAM
+
+
 def is_websocket_upgrade(method: str, headers: Mapping[str, str]) -> bool:
     return method == "GET" and headers.get("upgrade", "").lower() == "websocket"
 

@@ -46,7 +46,7 @@ import random
 import time
 from typing import Callable, Iterable
 
-from .health import Health
+from .health import COOLING, Health
 from .outcomes import (
     BACKOFF,
     RECOVERING,
@@ -66,7 +66,7 @@ from .outcomes import (
     own_refusal,
 )
 from .planner import NOT_ENTITLED, Candidate, Plan
-from .policy import PoolConfig
+from .policy import Policy, PoolConfig
 from .pool_wait import retry_after as true_retry_after, soonest
 from .recovery import RetryBudget
 from .routes import Endpoint, RouteHealth
@@ -80,6 +80,7 @@ from .vocabulary import (
     INCOMPLETE_RESPONSE,
     MODEL_NOT_ENTITLED,
     NOT_PROCESSED,
+    OVERLOAD_CLASSES,
     OVERLOADED,
     PRE_DISPATCH,
     RESPONSE_TIMEOUT,
@@ -87,42 +88,70 @@ from .vocabulary import (
     ROUTE_DOWN,
     SERVER_ERROR_RETRYABLE,
     SLOW_DOWN,
+    STALLED_BEFORE_OUTPUT,
     TLS_FAILED,
     UPSTREAM_5XX,
 )
 
 # Rejections worth retrying on the same credential when it is the only one (with backoff).
-RETRY_SAME = frozenset({OVERLOADED, SLOW_DOWN, SERVER_ERROR_RETRYABLE, CLOSED_BEFORE_OUTPUT, UPSTREAM_5XX, NOT_PROCESSED,
-                        FORBIDDEN_PAGE, *ROUTE_CLASSES})
+RETRY_SAME = frozenset({OVERLOADED, SLOW_DOWN, SERVER_ERROR_RETRYABLE, CLOSED_BEFORE_OUTPUT, STALLED_BEFORE_OUTPUT,
+                        UPSTREAM_5XX, NOT_PROCESSED, FORBIDDEN_PAGE, *ROUTE_CLASSES})
 
 SAME_CREDENTIAL_BACKOFF = (0.5, 1.0, 2.0, 4.0)
+# The only credential resting for an overload (a guess, not a fact): probed once after this long.
+PROBE_DELAY = SAME_CREDENTIAL_BACKOFF[0]
 # The request may have reached upstream: never replayed elsewhere (docs/architecture.md#replay-safety).
 MAY_HAVE_BEEN_SENT = frozenset({AMBIGUOUS, RESPONSE_TIMEOUT, INCOMPLETE_RESPONSE})
+
+def backoff_delay(last: Rejection, n: int, cooldown_wait: float, now: float) -> float | None:
+    """How long before attempt n+1 on the same credential after `last` rejected attempt n: 0.5 s,
+    1 s, 2 s, 4 s, or upstream's hint if longer; None when the rejection is not worth retrying there
+    or the delay exceeds `cooldown_wait`. One rule for an HTTP request's only credential and a gated
+    turn that cannot leave its socket (core/turn_machine.py)."""
+    if last.reason not in RETRY_SAME:
+        return None
+    hinted = hinted_seconds(last.error or {}, last.retry_after, now) or 0.0
+    delay = max(SAME_CREDENTIAL_BACKOFF[max(0, min(n - 1, len(SAME_CREDENTIAL_BACKOFF) - 1))], hinted)
+    return delay if delay <= cooldown_wait else None
+
+
+def probe_delay(health: Health, key: str, policy: Policy) -> float | None:
+    """How soon the only credential, resting for an overload (a guess, not a fact), is probed once:
+    PROBE_DELAY, or sooner if it is back sooner. None: it does not rest for an overload (a usage limit
+    is a fact; out of rotation is no rest), or no wait is allowed."""
+    state = health.state(key)
+    if state.status != COOLING or state.reason not in OVERLOAD_CLASSES or PROBE_DELAY > policy.cooldown_wait:
+        return None
+    recovers = health.recovers_in(key)
+    return max(0.001, min(PROBE_DELAY, recovers if recovers is not None else PROBE_DELAY))
+
 
 def _silent(level: int, text: str) -> None:
     pass
 
 
 class FailoverLoop:
-    """One request's (or one WebSocket turn's) attempts. `plan()` gives the candidates in policy order
-    (it is asked again after each rejection); `handshake` is a WebSocket upgrade's loop: it never
-    waits (a 426 sends Codex to SSE, which does) and any failure but TLS may move. `tried` and `n`
-    carry on a turn that already used a socket."""
+    """One request's (or one WebSocket turn's) attempts, `plan()` in policy order (asked again after each
+    rejection). `handshake`: any failure but TLS may move; `waits` (a gated turn's; not an upgrade's, a
+    426 sends Codex to SSE): HTTP's backoff and hold. `tried`, `n`, `last` carry on a turn's sockets."""
 
     def __init__(self, plan: Callable[[], Plan], health: Health, route_health: RouteHealth, pool: PoolConfig, *,
-                 handshake: bool = False, tried: Iterable[str] = (), n: int = 0,
-                 tell: Callable[[int, str], None] = _silent, clock: Callable[[], float] = time.monotonic,
-                 rand: Callable[[], float] = random.random, model: str | None = None):
+                 handshake: bool = False, waits: bool | None = None, tried: Iterable[str] = (), n: int = 0,
+                 last: Rejection | None = None, tell: Callable[[int, str], None] = _silent,
+                 clock: Callable[[], float] = time.monotonic, rand: Callable[[], float] = random.random,
+                 model: str | None = None):
         self._replan, self.health, self.route_health, self.pool = plan, health, route_health, pool
         self.policy = pool.policy
         self.handshake = handshake
+        self.waits = not handshake if waits is None else waits
         self.tried: set[str] = set(tried)
         self.n = n  # attempts made (an endpoint that failed before dispatch costs none)
-        self.last: Rejection | None = None
+        self.last: Rejection | None = last
         self.model = model  # the request's model (a typo'd one moves once at most)
         self._lacked = 0  # how many credentials said they lack it, in this request
         self._as_it_came: Rejection | None = None  # the upstream answer the client gets should nothing serve
         self._as_it_came_own = False  # it is the client's own credential's
+        self._probed = False  # the only credential was dialled through its overload rest
         self._tell, self._clock, self._rand = tell, clock, rand
         self.plan = plan()
         everyone = [*self.plan.candidates, *(c for c, _ in self.plan.skipped)]
@@ -211,6 +240,9 @@ class FailoverLoop:
                                                and not self._as_it_came_own):
             self._as_it_came, self._as_it_came_own = rejection, self._in_hand.is_client
 
+    def rejected_later(self, rejection: Rejection) -> None:  # its socket opened, then its turn was rejected
+        self._settle(rejection)
+
     def abandon(self) -> None:
         """The attempt in flight ended without a verdict (the client left, a bug): its endpoint is
         released, so an unfinished probe never keeps it claimed."""
@@ -243,15 +275,19 @@ class FailoverLoop:
         return [c for c in plan.candidates if c.key not in self.tried]
 
     def _wait(self) -> LoopStep:
-        """Nothing ready and untried. The only credential is retried after a backoff; otherwise hold
-        for an untried one that recovers within `cooldown_wait`. A handshake never waits."""
-        if self.handshake:
+        """Nothing ready and untried: the only credential's backoff, or its probe when it rests for an
+        overload; else hold for an untried one back within `cooldown_wait` (an upgrade never waits)."""
+        if not self.waits:
             return self._end()
-        if self.only is not None and self.last is not None:
-            delay = self._same_credential_delay(self.last)
+        if self.only is not None and self.last is not None:  # (after a failed probe: the rest was right)
+            delay = None if self._probed else backoff_delay(self.last, self.n, self.policy.cooldown_wait, self.health.now())
             if delay is None:
                 return self._end()
             self._waited = BACKOFF
+            return Wait(delay, BACKOFF)
+        if self.only is not None and not self._probed and (delay := probe_delay(self.health, self.only.key, self.policy)):
+            self._probed, self._waited = True, BACKOFF
+            self._tell(logging.INFO, f"credential {self.only.name} rests for an overload; probing it in {delay:.1f}s")
             return Wait(delay, BACKOFF)
         waits = [w for k in self.plan.all_keys if k not in self.tried and (w := self.health.recovers_in(k)) is not None]
         if not waits or min(waits) > self.policy.cooldown_wait:
@@ -259,15 +295,6 @@ class FailoverLoop:
         self._tell(logging.INFO, f"no credential ready; holding {min(waits):.1f}s for the first to recover")
         self._waited = RECOVERING
         return Wait(min(waits), RECOVERING)
-
-    def _same_credential_delay(self, last: Rejection) -> float | None:
-        """0.5 s, 1 s, 2 s, 4 s, or longer if upstream said so; None when the rejection is not worth
-        retrying or the delay exceeds `cooldown_wait` (then the client is told instead)."""
-        if last.reason not in RETRY_SAME:
-            return None
-        hinted = hinted_seconds(last.error or {}, last.retry_after, self.health.now()) or 0.0
-        delay = max(SAME_CREDENTIAL_BACKOFF[min(self.n - 1, len(SAME_CREDENTIAL_BACKOFF) - 1)], hinted)
-        return delay if delay <= self.policy.cooldown_wait else None
 
     def _start(self, cand: Candidate) -> LoopStep:
         self.n += 1

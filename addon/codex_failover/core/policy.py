@@ -18,6 +18,10 @@ from .recovery import RecoveryPolicy
 class Policy:
     max_attempts: int = 4
     bootstrap_timeout: float = 30.0
+    # Past bootstrap_timeout with nothing Codex would show, the hold goes on (a rejection may come
+    # late) while the upstream is not silent this long (0: commit at bootstrap_timeout, as before)...
+    first_event_timeout: float = 60.0
+    max_hold: float = 300.0  # ...and at most this long in all (docs/decisions.md#a-hold-that-outlasts-a-slow-rejection)
     overload_cooldown: float = 60.0
     use_client_credential: bool = True
     max_retry_after: float = 5.0

@@ -19,28 +19,22 @@ docs/architecture.md#the-request-machine.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Union
 
 from .attempt_events import Command, Scope
-from .attempt_machine import AttemptMachine, learn
+from .attempt_machine import AttemptMachine
 from .failover_loop import FailoverLoop
 from .outcomes import (
     AllCooling,
     Exhausted,
     Final,
     RecoveryExhausted,
-    Rejection,
     RouteDown,
     Served,
     Try,
     Wait,
-    own_refusal,
 )
-from .planner import Candidate
-from .usage import Window
-from .vocabulary import MODEL_NOT_ENTITLED, STATE_LOST
 
 
 @dataclass(frozen=True)
@@ -93,50 +87,3 @@ class RequestMachine:
         if attempt is not None and not attempt.over:
             return attempt.client_gone()
         return []
-
-
-# -- a WebSocket turn -------------------------------------------------------------------------
-
-SERVED_TURN, MOVE, RECONNECT, EXHAUSTED = "served", "move", "reconnect", "exhausted"
-
-
-def goes_home(stays_home: bool, home: str, current: str) -> bool:
-    """A turn bound to one account (a compaction item, the pin) that arrived on another account's
-    socket goes to a new socket on `home` (the credential holding its state) before it is sent."""
-    return stays_home and home != current
-
-
-def exhausted_answer(turn_rejection: Rejection, socket_open: bool, last_dial: Rejection | None) -> Rejection:
-    """What a turn nothing else can serve is answered with: its own rejection while its socket is
-    open (the rest of that response follows from there); once it closed, the last rejection the
-    dialer saw (a failed upgrade's, as a status-bearing `error` frame), if any."""
-    return turn_rejection if socket_open or last_dial is None else last_dial
-
-
-def settle_turn(scope: Scope, cand: Candidate, rejection: Rejection | None, windows: list[Window],
-                movable: bool | None, others_ready: Callable[[], bool]) -> str:
-    """A gated turn's window closed on `cand`'s socket (rejection None: it serves). What the pool
-    learns, by the same rules as an HTTP attempt (`learn`), and what the gate does next:
-    SERVED_TURN; MOVE (self-contained: the same create on the next credential's socket); RECONNECT
-    (it cannot move, but another credential could serve Codex's full re-send: close with 1012);
-    EXHAUSTED (deliver the rejection). A turn whose socket lost its state (STATE_LOST) always
-    reconnects: nothing else could serve it, and Codex's re-send is whole. `movable` is None outside a
-    turn."""
-    if rejection is None:
-        scope.feedback.succeeded(cand.key, scope.session, scope.model)
-        return SERVED_TURN
-    scope.feedback.usage_seen(cand.key, cand.name, windows, scope.pool.policy, scope.where, cand.full_at)
-    learn(scope, cand, rejection)
-    if own_refusal(rejection.reason, cand):
-        scope.feedback.client_refused(scope.client_auth)  # never lent the pool, as on HTTP
-        return EXHAUSTED
-    if rejection.reason == STATE_LOST:
-        return RECONNECT  # the socket lost the turn's state: Codex's re-send carries its full input
-    models = scope.feedback.health.models
-    if rejection.reason == MODEL_NOT_ENTITLED and models.likely_no_model(scope.model, models.lacking(scope.model)):
-        return EXHAUSTED  # a model nobody was seen serving: the service's answer, not every account asked
-    if movable:
-        return MOVE
-    if movable is not None and others_ready():
-        return RECONNECT
-    return EXHAUSTED

@@ -24,6 +24,7 @@ from .vocabulary import (
     PRE_DISPATCH,
     RATE_LIMITED,
     ROUTE_DOWN,
+    STALLED_BEFORE_OUTPUT,
     STATE_LOST,
     UPSTREAM_5XX,
     USAGE_LIMIT,
@@ -34,8 +35,8 @@ from .vocabulary import (
 
 # Classes that never cool their credential (cooldown_seconds is 0 for them): they say nothing about the
 # account. Every other class cools for upstream's own time, else the policy's overload_cooldown.
-_NO_COOLDOWN = {CLOSED_BEFORE_OUTPUT, UPSTREAM_5XX, AUTH_REJECTED, PRE_DISPATCH, ROUTE_DOWN, HOST_NETWORK, EDGE_BLOCKED,
-                FORBIDDEN_PAGE, MODEL_NOT_ENTITLED, STATE_LOST}
+_NO_COOLDOWN = {CLOSED_BEFORE_OUTPUT, STALLED_BEFORE_OUTPUT, UPSTREAM_5XX, AUTH_REJECTED, PRE_DISPATCH, ROUTE_DOWN,
+                HOST_NETWORK, EDGE_BLOCKED, FORBIDDEN_PAGE, MODEL_NOT_ENTITLED, STATE_LOST}
 # A workspace spend cap says no time: the account rests this long (the usage endpoint cannot tell
 # when an admin raises the cap, so it is not re-checked there), unless upstream names one.
 WORKSPACE_REST = 6 * 3600.0

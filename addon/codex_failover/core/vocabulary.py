@@ -52,6 +52,7 @@ TIMEOUT = "timeout"
 TERMINAL_ERROR = "terminal_error"
 INCOMPLETE = "incomplete"
 CLOSED_BEFORE_OUTPUT = "closed_before_output"
+STALLED_BEFORE_OUTPUT = "stalled_before_output"  # silent past first_event_timeout in an extended hold
 FRAMING_ERROR = "framing_error"
 UPSTREAM_BROKEN = "upstream_broken"  # the stream broke while held: what came is delivered, then the break
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .body_edit import remove_members
-from .classifier import BootstrapClassifier, Decision
+from .classifier import BootstrapClassifier, Decision, stream_error
 from .framer import Event
 from .replay_safety import _nobody, assess, removals
 from .rules import Rules
@@ -73,6 +73,7 @@ class Step:
     release: tuple[Message, ...] = ()  # deliver to the client now, in order
     decision: Decision | None = None  # set when a window just closed
     held: tuple[Message, ...] = ()  # a FAILOVER's swallowed messages (delivered on exhaustion)
+    after_output: bool = False  # the FAILOVER is a rejection after the turn's output began
 
 
 def parse_create(content: bytes | str) -> dict[str, Any] | None:
@@ -94,11 +95,15 @@ class TurnGate:
     clock: Callable[[], float] = time.monotonic
     encrypted_reasoning: str = "strip"
     owner: Callable[[tuple[str, ...]], str | None] = _nobody  # who made an artifact (provenance.Provenance.owner)
+    stall: float = 0.0  # first_event_timeout: a hold past `timeout` goes on while the upstream is not this silent
+    max_hold: float = 0.0  # ...and this long at most (classifier.py; 0: commit at `timeout`)
     turns: int = 0
     turn: Turn | None = None  # the latest turn
     _clf: BootstrapClassifier | None = None  # open window
     _held: list[Message] = field(default_factory=list)
     _warmups: dict[str, dict[str, Any]] = field(default_factory=dict)  # response id -> warm-up body
+    _live: bool = False  # the turn was committed and its response goes on: watched for a late rejection
+    _whole_item: bool = False  # an item of it other than reasoning completed: a re-send would repeat it
 
     # -- client side -----------------------------------------------------------------------
 
@@ -143,8 +148,9 @@ class TurnGate:
 
     def reopen(self) -> None:
         """A fresh window for the current turn (a new turn, or the same one on a new socket)."""
-        self._clf = BootstrapClassifier(self.rules, timeout=self.timeout, clock=self.clock)
-        self._held = []
+        self._clf = BootstrapClassifier(self.rules, timeout=self.timeout, clock=self.clock, stall=self.stall,
+                                        max_hold=self.max_hold)
+        self._held, self._live = [], False
         if self.turn is not None:
             self.turn.response_id = None  # the next socket names its own response
 
@@ -160,10 +166,11 @@ class TurnGate:
 
     def server_message(self, content: bytes, is_text: bool) -> Step:
         message = (content, is_text)
-        if self._clf is None:  # the hot path: passed on as is, never parsed
+        if self._clf is None:  # the hot path: passed on as is, parsed only when it may be a rejection
             if self._wants_response_id():
                 self._note_response_id(Event.from_ws_message(content))
-            return Step(release=(message,))
+            late = self._late_rejection(message) if self._live else None
+            return late or Step(release=(message,))
         event = Event.from_ws_message(content)
         if self._wants_response_id():
             self._note_response_id(event)
@@ -185,7 +192,38 @@ class TurnGate:
             decision = Decision(Verdict.FAILOVER, STATE_LOST, decision.trigger, decision.error)
         if decision.verdict is Verdict.FAILOVER:
             return Step(decision=decision, held=held)
+        self._live, self._whole_item = decision.verdict is Verdict.COMMIT, False
         return Step(release=held, decision=decision)
+
+    def _late_rejection(self, message: Message) -> Step | None:
+        """A committed turn's message: a rejection after its output began (an overload after a few
+        deltas) is not delivered while no item of the turn but reasoning has completed (no whole
+        message the user saw, no tool call Codex may have run): the turn ends in a close Codex retries
+        (core/turn_machine.py), whose re-send starts the answer over. Cheap: only a message that may
+        be an error, or an item's end, is parsed."""
+        content = message[0]
+        raw = content.encode() if isinstance(content, str) else content
+        if b'"response.completed"' in raw or b'"response.incomplete"' in raw:
+            self._live = False
+            return None
+        if b'"response.output_item.done"' in raw:  # (a few per response: parsed)
+            payload = Event.from_ws_message(content).payload
+            item = payload.get("item") if isinstance(payload, dict) else None
+            if not isinstance(item, dict) or item.get("type") != "reasoning":
+                self._whole_item = True  # a message the user saw whole, a tool call Codex may have run
+            return None
+        if b'"error"' not in raw and b'"response.failed"' not in raw:
+            return None
+        payload = Event.from_ws_message(content).payload
+        if not isinstance(payload, dict) or payload.get("type") not in ("error", "response.failed"):
+            return None
+        self._live = False
+        error = stream_error(payload)
+        klass = self.rules.rejection_class(error.get("code"), error.get("type"), error.get("message"), error.get("status"))
+        if klass is None or self._whole_item:
+            return None  # not a rejection, or the user has a whole item already: delivered as sent
+        return Step(decision=Decision(Verdict.FAILOVER, klass, payload.get("type"), error), held=(message,),
+                    after_output=True)
 
     def _wants_response_id(self) -> bool:
         """Only a warm-up's response id matters (a later turn may name it)."""

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from mitmproxy import flow as mitmflow, hooks, http
 
+from ..core.codex_request import held_as_stream
 from ..core.warm_book import WarmKey
 from .hook_chain import run_hook
 from .secret_guard import arming
@@ -139,6 +140,7 @@ class Attempt:
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self._stashed: Item | None = None  # see next_batch
         self.streaming = False
+        self.wants_stream = False  # the request asked to stream: a 2xx answer is SSE whatever its Content-Type
         self.captured = Capture()
         self.started = time.monotonic()
         self.conn: WarmConnection | None = None  # the connection it was sent on, once handed over
@@ -354,8 +356,8 @@ class AttemptHooks:
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         attempt = self.attempts.get(flow.id)
         if attempt is not None and not attempt.direct:
-            ctype = flow.response.headers.get("content-type", "")
-            attempt.on_responseheaders(200 <= flow.response.status_code < 300 and "text/event-stream" in ctype)
+            attempt.on_responseheaders(held_as_stream(flow.response.status_code, flow.response.headers.get("content-type"),
+                                                      attempt.wants_stream))
 
     def response(self, flow: http.HTTPFlow):
         """(An awaitable for an attempt's own flow only: any other flow's hook needs no coroutine.)"""

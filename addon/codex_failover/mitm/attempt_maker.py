@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 from mitmproxy import http
 
 from ..core.body_edit import remove_members
-from ..core.codex_request import COMPACT, swap_credential
+from ..core.codex_request import COMPACT, asks_to_stream, swap_credential
 from ..core.planner import Candidate, Plan
 from ..core.replay_safety import PIN_HEADER, removals
 from ..core.routes import Endpoint
@@ -65,6 +65,7 @@ class AttemptMaker:
             attempt = self.shared.engine.attempt(self.run.flow, req, label, n)
         attempt.dial_timeout = self.pool.policy.connect_timeout
         attempt.account = cand.key
+        attempt.wants_stream = asks_to_stream(self.body)
         return attempt
 
     def _body_for(self, cand: Candidate) -> bytes | None:

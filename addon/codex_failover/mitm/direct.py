@@ -37,6 +37,7 @@ import time
 
 from mitmproxy import flow as mitmflow, http
 
+from ..core.codex_request import held_as_stream
 from . import bounded_body
 from .attempt import Attempt, Item, copy_request, hide_secrets, secrets_in
 from .record_hooks import SENT_HOOKS, RecordHooks, Signal
@@ -243,8 +244,7 @@ class DirectAttempt(Attempt):
         return True
 
     def on_head(self, response: http.Response, end_stream: bool) -> None:
-        ctype = response.headers.get("content-type", "")
-        self.streaming = 200 <= response.status_code < 300 and "text/event-stream" in ctype
+        self.streaming = held_as_stream(response.status_code, response.headers.get("content-type"), self.wants_stream)
         # A body read whole is kept on the record's own copy; a stream's head is the stream's until the
         # record is shown (`settle`: a served attempt's is never copied).
         self._own_response = not self.streaming

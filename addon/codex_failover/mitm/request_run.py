@@ -38,7 +38,7 @@ from ..core.attempt_events import (
     Tick,
     Whole,
 )
-from ..core.attempt_machine import AttemptMachine
+from ..core.attempt_machine import BUFFER, AttemptMachine
 from ..core.auth import AuthMaterial, auth_from_headers
 from ..core.codex_request import is_compact, model_of
 from ..core.failover_loop import FailoverLoop
@@ -261,8 +261,9 @@ class RequestRun:
                 case Heartbeat(seconds):
                     if self.client.sink is None:
                         self.client.start_heartbeat(seconds)
-                        log.info("[%s] recovery: heartbeat every %gs while the response is buffered",
-                                 self.request_id, seconds)
+                        why = "the response is buffered" if state.phase == BUFFER else \
+                            "nothing is shown yet past bootstrap_timeout: a late rejection may still come"
+                        log.info("[%s] heartbeat every %gs while %s", self.request_id, seconds, why)
                 case Commit() as commit:
                     self.winner = attempt
                     if self.log.entry is not None:

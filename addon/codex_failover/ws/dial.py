@@ -18,7 +18,7 @@ from ..core.affinity import affinity_key, session_of
 from ..core.auth import auth_from_headers
 from ..core.codex_request import swap_credential
 from ..core.failover_loop import FailoverLoop
-from ..core.outcomes import SERVED, Rejected, Rejection, RouteDown, Try, cools, own_refusal
+from ..core.outcomes import SERVED, Rejected, Rejection, RouteDown, Try, Wait, cools, own_refusal
 from ..core.planner import Candidate, Plan, make_plan
 from ..core.pool_wait import Soonest, back_in, soonest, time_fields
 from ..core.replay_safety import PIN_HEADER, assess
@@ -110,6 +110,11 @@ class Dialer:
         """A new turn starts on the socket of credential `key` (its first attempt)."""
         self._first, self._loop = key, None
 
+    def turn_rejected(self, rejection: Rejection) -> None:
+        """The turn was rejected on its socket: its loop goes on from there (the next socket it opens
+        is chosen, and waited for, knowing why: the only credential's backoff, as on HTTP)."""
+        self._turn().rejected_later(rejection)
+
     async def open_next(self) -> Upstream | None:
         """The next candidate's socket, within this turn's attempts; None when none opens."""
         return await self._dial(self._turn())
@@ -126,14 +131,17 @@ class Dialer:
         return await self._dial(self._new_loop(True, (), made, bound))
 
     def _turn(self) -> FailoverLoop:
-        """This turn's loop: it goes on from the credential the turn started on (one attempt made)."""
+        """This turn's loop: it goes on from the credential the turn started on (one attempt made).
+        The upgrade's loop (no turn yet) never waits; a turn's waits as the HTTP path's does."""
         if self._loop is None:
             first = () if self._first is None else (self._first,)
             self._loop = self._new_loop(False, first, len(first))
         return self._loop
 
     def _new_loop(self, home: bool, tried: tuple[str, ...], n: int, bound: str | None = None) -> FailoverLoop:
-        """A loop over the policy's candidates, or (`home`) over the client's own credential only."""
+        """A loop over the policy's candidates, or (`home`) over the client's own credential only.
+        Within a turn (one has started) it waits as on HTTP: the only credential's backoff, its
+        probe through an overload rest, the hold for one back within `cooldown_wait`."""
         # Closures over plain values, not bound methods: the Dialer keeps its loop, and a cycle
         # through it would keep a finished session's Dialer until the collector runs.
         client_auth, shared, session, sid, movable = self.client_auth, self.shared, self.session, self.sid, not self.pinned
@@ -146,7 +154,8 @@ class Dialer:
         def tell(level: int, text: str) -> None:
             log.log(level, "[%s] %s", sid, text)
 
-        return FailoverLoop(plan, shared.health, shared.route_health, shared.pool, handshake=True, tried=tried, n=n, tell=tell)
+        return FailoverLoop(plan, shared.health, shared.route_health, shared.pool, handshake=True,
+                            waits=self._first is not None, tried=tried, n=n, tell=tell)
 
     async def _dial(self, loop: FailoverLoop) -> Upstream | None:
         """Upgrades in the loop's order until one is accepted; None when the loop gives up (nothing
@@ -164,6 +173,10 @@ class Dialer:
                             self._rejected(cand, label, outcome)
                     case RouteDown(cand, rejection):
                         self._rejected(cand, cand.route, rejection)
+                    case Wait(seconds, why):
+                        self.history.append(f"{why}: {seconds:.1f}s")
+                        log.info("[%s] %s: holding the turn %.1fs", self.sid, why, seconds)
+                        await asyncio.sleep(seconds)  # the session's abort closes its sockets meanwhile
                     case _:
                         return None
         except BaseException:

@@ -26,15 +26,16 @@ from dataclasses import dataclass, field
 from mitmproxy import http
 
 from ..core.attempt_events import Scope
-from ..core.classifier import Decision
-from ..core.codex_request import model_of
-from ..core.outcomes import Rejection
-from ..core.pool_reach import kind_gap
 from ..core.provenance import artifacts_of_message
-from ..core.request_machine import MOVE, RECONNECT, exhausted_answer, goes_home, settle_turn
-from ..core.usage import from_event, from_headers
-from ..core.vocabulary import NO_USABLE_CREDENTIAL, STATE_LOST, Verdict
-from ..core.ws_turns import Step, Turn, TurnGate
+from ..core.turn_machine import (
+    TurnMachine,
+    client_close_after_upstream,
+    client_close_at_end,
+    goes_home,
+    upstream_close_after_client,
+)
+from ..core.usage import from_event
+from ..core.ws_turns import TurnGate
 from ..mitm import client_answers
 from ..mitm.attempt import hide_secrets
 from ..mitm.client_hop import ClientHop
@@ -42,15 +43,13 @@ from ..mitm.held_client import point_at_relay
 from ..net.relay import Relay
 from ..shared import Shared
 from .client_pipe import serve_in_process
-from .conn import ABNORMAL, HANDSHAKE_HEADERS, Message, WsConn
-from .dial import Dialer, Upstream, as_frames
+from .conn import HANDSHAKE_HEADERS, Message, WsConn
+from .dial import Dialer, Upstream
 from .socket_story import SocketStory
+from .turn_ends import TurnEnds
 
 log = logging.getLogger("codex_failover")
 
-# Codex treats a socket that closes during a turn as a transport error: it reconnects and sends
-# the full request on a new socket, silently (verified with Codex 0.169, tests/test_codex_cli.py).
-RECONNECT_CLOSE = 1012  # "service restart"
 HISTORY_LINES = 50  # per socket, for its flow comment and log context
 TICK = object()  # the hold's time budget ran out while waiting for the upstream
 
@@ -95,7 +94,7 @@ class WebsocketGate:
 
 
 @dataclass(eq=False)
-class GateSession:
+class GateSession(TurnEnds):
     sid: str
     flow: http.HTTPFlow
     shared: Shared
@@ -115,7 +114,8 @@ class GateSession:
         self.story = SocketStory(self.sid, self.flow, self.history, self.shared.activity, self.dialer.session)
         policy = self.shared.pool.policy
         self.gate = TurnGate(self.shared.rules, policy.bootstrap_timeout, time.monotonic, policy.encrypted_reasoning,
-                             self.shared.provenance.owner)
+                             self.shared.provenance.owner, stall=policy.first_event_timeout, max_hold=policy.max_hold)
+        self.turns = TurnMachine(policy.cooldown_wait, self.shared.health.now)
         self.started = time.monotonic()
         shared = self.shared
         self.scope = Scope(shared.rules, shared.pool, shared.feedback, shared.provenance, shared.recovery_slots,
@@ -168,10 +168,9 @@ class GateSession:
             return
         self.ended = True
         if self.up is not None:
-            code = self.down.close_code if self.down is not None and self.down.close_code not in (None, ABNORMAL) else 1000
-            self.up.conn.close(code)
+            self.up.conn.close(upstream_close_after_client(self.down.close_code if self.down is not None else None))
         if self.down is not None:
-            self.down.close(1011 if self.down.open else 1000)
+            self.down.close(client_close_at_end(self.down.open))
         self.owner.sessions.pop(self.sid, None)
         self.story.ended(time.monotonic() - self.started, self.gate.turns, self.moves)
 
@@ -184,6 +183,7 @@ class GateSession:
             if turn is not None:
                 self.story.turn(turn, self.up.cand.name)  # (its log line is its verdict: SocketStory.attempt)
                 self.dialer.new_turn(self.up.cand.key)
+                self.turns.new_turn()
                 if goes_home(turn.stays_home, self.dialer.home_of(turn.bound_to), self.up.cand.key):
                     await self._go_home(turn)
                     continue
@@ -230,111 +230,7 @@ class GateSession:
             return TICK
 
     def _upstream_ended(self, up: Upstream) -> None:
-        code = up.conn.close_code
-        # A vanished upstream (1006) would reach the client as a clean 1000: say 1011 instead.
-        self.down.close(1011 if code in (None, ABNORMAL) else code, up.conn.close_reason)
-
-    # -- a turn's window closed ------------------------------------------------------------
-
-    async def _decided(self, up: Upstream, step: Step) -> None:
-        """The request machine's rules settle the turn (core/request_machine.settle_turn); the gate
-        carries it out."""
-        decision, turn = step.decision, self.gate.turn
-        failed = decision.verdict is Verdict.FAILOVER
-        rejection = _rejection(decision, step) if failed else None
-        windows = from_headers(_wrapped_headers(step), self.shared.health.now()) if failed else []
-        self.scope.model = model_of(turn.body) if turn else None  # (a credential may lack the turn's model)
-        outcome = settle_turn(self.scope, up.cand, rejection, windows, turn.movable if turn else None,
-                              lambda: self.dialer.others_ready(up.cand.key))
-        if rejection is None:
-            self.story.attempt(up, turn, decision.verdict.value, decision.reason)
-            return
-        self.dialer.last = rejection
-        self.story.attempt(up, turn, Verdict.FAILOVER, rejection.reason)
-        if outcome == MOVE and turn is not None:
-            await self._move(up, turn, rejection)
-        elif outcome == RECONNECT and turn is not None:
-            why = "its socket does not hold the response it continues" if rejection.reason == STATE_LOST else \
-                f"cannot move ({turn.why_pinned})"
-            self.story.note(f"turn {turn.n} rejected ({rejection.reason}) and {why}; "
-                       f"closing the client socket with {RECONNECT_CLOSE} so Codex reconnects with the full request")
-            up.conn.close(1000)
-            self.down.close(RECONNECT_CLOSE, "codex-failover: reconnect")
-        else:
-            await self._exhausted(up, rejection)
-
-    async def _move(self, old: Upstream, turn: Turn, rejection: Rejection) -> None:
-        """A self-contained turn was rejected: the same create on the next credential's socket."""
-        await self._relocate(turn, self.dialer.open_next, lambda: self._exhausted(old, rejection),
-                             lambda new: f"turn {turn.n} moved to {new.cand.name} via {new.route}; "
-                                         f"the socket is pinned there")
-
-    async def _go_home(self, turn: Turn) -> None:
-        """A self-contained turn bound to one account (a compaction item, the pin) arrived on another
-        account's socket: it goes to a new socket on the credential holding its state (the one that
-        made it, else the client's own), or fails as it would on HTTP when that one cannot serve."""
-        await self._relocate(turn, lambda: self.dialer.open_home(turn.bound_to), lambda: self._cannot_go_home(turn),
-                             lambda new: f"turn {turn.n} goes to the credential holding its state ({turn.why_pinned}): "
-                                         f"socket moved to {new.cand.name}")
-
-    async def _relocate(self, turn: Turn, dial, fallback, note) -> None:
-        """Send `turn` on the socket `dial()` opens, pinning the session there, or run `fallback()`.
-        Client messages meanwhile wait in the backlog."""
-        self.moving = True
-        try:
-            old = self.up
-            new = await dial()
-            if self.ended:  # the client left while we dialled
-                if new is not None:
-                    new.conn.close(1001)
-                return
-            if new is None:
-                await fallback()
-            else:
-                await self._switch(old, new, turn, note(new))
-            await self._flush_backlog()
-        finally:
-            self.moving = False
-
-    async def _cannot_go_home(self, turn: Turn) -> None:
-        for message in self.gate.abandon():
-            await self.down.send(message)
-        why = f"codex-failover: this request cannot leave the credential holding its state ({turn.why_pinned}), which cannot serve it now"
-        busy = Rejection(NO_USABLE_CREDENTIAL, 503, {"type": "service_unavailable_error",
-                                                      "code": NO_USABLE_CREDENTIAL, "message": why})
-        self.story.note(f"turn {turn.n} must stay on the credential holding its state ({turn.why_pinned}); it cannot serve: 503")
-        for frame in as_frames(busy):
-            await self.down.send(frame)
-
-    async def _switch(self, old: Upstream, new: Upstream, turn: Turn, note: str) -> None:
-        old.conn.close(1000, "codex-failover: moved")
-        self.up = new
-        self.moves += 1
-        self.gate.reopen()
-        self.story.note(note)
-        await new.send(turn.message_for(new_socket=True, foreign=not new.cand.is_client))
-
-    async def _flush_backlog(self) -> None:
-        """What the client sent while a turn moved, in order (it may grow while we send), to the
-        socket in use; dropped if there is none."""
-        while self.backlog:
-            message = self.backlog.popleft()
-            if self.up.conn.open:
-                await self.up.send(message)
-
-    async def _exhausted(self, up: Upstream, rejection: Rejection) -> None:
-        """Nothing else can serve the turn. If its socket is still open, the client gets the turn's
-        rejection as upstream sent it (the rest of that response follows from there); if it closed,
-        the last rejection seen (a status-bearing `error` frame for a failed upgrade), then a close."""
-        last = exhausted_answer(rejection, up.conn.open, self.dialer.last)
-        turn = self.gate.turn
-        pinned = f", and it cannot move ({turn.why_pinned})" if turn is not None and not turn.movable else ""
-        self.story.note(f"no other credential can serve turn {turn.n if turn else 0}{pinned}: "
-                        f"delivering the rejection ({last.reason}){'' if pinned else _kind_gap(self)}")
-        for frame in as_frames(last, self.dialer.soonest()):
-            await self.down.send(frame)
-        if not up.conn.open:
-            self.down.close(1011, "codex-failover: upstream closed")
+        self.down.close(client_close_after_upstream(up.conn.close_code), up.conn.close_reason)
 
     # -- visibility ------------------------------------------------------------------------
 
@@ -343,26 +239,6 @@ class GateSession:
         return {"id": self.sid, "credential": up.cand.name if up else None, "route": up.route if up else None,
                 "turns": self.gate.turns, "moves": self.moves, "holding": self.gate.holding,
                 "open_s": round(time.monotonic() - self.started, 1)}
-
-
-def _rejection(decision: Decision, step: Step) -> Rejection:
-    """An in-stream rejection: its error, status, upstream's own messages, and Retry-After from the
-    wrapped error's `headers`."""
-    error = dict(decision.error or {})
-    status = error.get("status") if isinstance(error.get("status"), int) else None
-    return Rejection(decision.reason, status, error, step.held, _wrapped_headers(step).get("retry-after"))
-
-
-def _wrapped_headers(step: Step) -> dict[str, str]:
-    """The `headers` a wrapped error carries (`{"type":"error","status":429,…,"headers":{…}}`),
-    lower-cased; empty when the deciding message has none."""
-    if not step.held:
-        return {}
-    try:
-        headers = json.loads(step.held[-1][0]).get("headers")
-    except (ValueError, AttributeError):
-        return {}
-    return {str(k).lower(): str(v) for k, v in headers.items()} if isinstance(headers, dict) else {}
 
 
 def watch_usage(shared: Shared, sid: str, up: Upstream, message: Message) -> None:
@@ -374,9 +250,3 @@ def watch_usage(shared: Shared, sid: str, up: Upstream, message: Message) -> Non
             return
         shared.feedback.usage_seen(up.cand.key, up.cand.name, from_event(payload), shared.pool.policy,
                                    f"[{sid}] ", up.cand.full_at)
-
-
-def _kind_gap(session) -> str:
-    """Why nothing of the pool was offered, when it is the kind: `; ...cross_kind...` (or "")."""
-    gap = kind_gap(session.dialer.client_auth, session.shared.pool)
-    return f"; {gap}" if gap else ""
