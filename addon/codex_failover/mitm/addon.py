@@ -50,6 +50,7 @@ from .parts import PartHooks
 from .passthrough_redact import PassThroughRedaction
 from .proxyauth_notice import ProxyAuthNotice
 from .request_run import RequestRun, start_run
+from .self_guard import SelfGuard
 from .tls_scope import TlsScope
 from .token_refresher import TokenRefresher
 from .usage_answer import UsageAnswer
@@ -110,20 +111,22 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.quiet = quiet_log.QuietLog()
         self.tls = TlsScope()  # a part (parts.py): which TLS connections are decrypted, and upstream trust
         self.hops = RelayHops()  # parts, each for the flows of one kind (parts.py)
-        self.boundary = ClientBoundary()  # whose requests are the user's own programs' (docs/machine-proxy.md)
+        self.listener = MetricsListener()
+        self.guard = SelfGuard(self._metrics_address)  # never a dial to its own listeners, never its own socket a client
+        self.boundary = ClientBoundary(is_self=self.guard.is_own_socket)  # whose requests are the user's own programs'
         self.back = AccountBack(self)  # cooldowns that end early; failover.reset
         self.refresher = TokenRefresher(self)  # pooled ChatGPT logins' tokens (token_refresher.py)
         self.activity, self.usage_poller, self.view = Activity(), UsagePoller(self), ModelView()  # dashboard, failover_view
-        self._wire([self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, ProxyAuthNotice(),
-                    UsageAnswer(self), PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host)),
-                    ConnTrouble()])
+        self.usage_answer = UsageAnswer(self)
+        self._wire([self.guard, self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back,
+                    ProxyAuthNotice(), self.usage_answer,
+                    PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host)), ConnTrouble()])
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
         self.seen_clients = SeenClients()
         self.max_body = 32 * 1024 * 1024  # failover_max_body
         self.keeper: StateKeeper | None = None  # opened when running (unit tests never touch a store)
         self.metrics: Metrics | None = None  # counters exist once failover_metrics was set
-        self.listener = MetricsListener()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -216,7 +219,11 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
             self.metrics = Metrics(snapshot_on_loop(asyncio.get_running_loop(), self.status_report))
         # The same rule as the pool and the status page (read at each scrape: options may change).
         self.listener.serve(self.metrics, ctx.options.failover_metrics, lambda peer: self.clients.allows(peer),
-                            self.boundary.owns)
+                            lambda peer, local: not self.guard.is_own_socket(peer) and self.boundary.owns(peer, local))
+
+    def _metrics_address(self) -> list[tuple[str, int]]:
+        server = self.listener.server
+        return [(server.host, server.port)] if server is not None else []
 
     def _open_state(self) -> None:
         """Open the pool's state store (or keep the open one) and restore what is still in force."""

@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 from mitmproxy import ctx, http
 
@@ -44,8 +45,10 @@ def can_map_sockets() -> bool:
 class ClientBoundary:
     """Which clients are this user's programs (the rule in force), and which credentials were refused."""
 
-    def __init__(self, listings=read_listings, proxy_uid: int | None = None) -> None:
+    def __init__(self, listings=read_listings, proxy_uid: int | None = None,
+                 is_self: Callable[[tuple | None], bool] = lambda peer: False) -> None:
         self._listings = listings
+        self._is_self = is_self  # a client socket that is the proxy's own connection (self_guard.py): never a client
         self.proxy_uid = os.geteuid() if proxy_uid is None else proxy_uid
         self.rule = rules.ANYONE
         self.rejected = rules.RejectedKeys()
@@ -83,7 +86,7 @@ class ClientBoundary:
         """Is this client connection the user's own program (rule in force)? Looked up once per connection."""
         known = self._own.get(client.id)
         if known is None:
-            known = self.owns(client.peername, client.sockname)
+            known = not self._is_self(client.peername) and self.owns(client.peername, client.sockname)
             if len(self._own) >= MAX_CONNECTIONS:
                 self._own.pop(next(iter(self._own)))
             self._own[client.id] = known

@@ -20,7 +20,7 @@ import inspect
 # The hooks the parts implement (tests/test_parts.py checks that no part has a hook missing here).
 HOOKS = ("requestheaders", "responseheaders", "response", "error", "websocket_start", "client_disconnected",
          "tls_clienthello", "tls_start_server", "http_connect", "tls_established_client", "tls_failed_client",
-         "server_connect_error")
+         "server_connect_error", "server_connect", "server_connected", "server_disconnected")
 OWN = ("configure", "running")  # the parts' hooks the addon's own handlers call (addon.py)
 
 
@@ -88,3 +88,12 @@ class PartHooks:
 
     def server_connect_error(self, data):
         return each(self._on["server_connect_error"], data)
+
+    def server_connect(self, data):
+        return each(self._on["server_connect"], data)
+
+    def server_connected(self, data):
+        return each(self._on["server_connected"], data)
+
+    def server_disconnected(self, data):
+        return each(self._on["server_disconnected"], data)
