@@ -133,3 +133,126 @@ def test_another_uid_cannot_tunnel_back_into_the_proxy_by_another_spelling(tmp_p
         assert ok["status"] == "200" and "spare" in ok["body"], ok
     finally:
         proxy.stop()
+
+
+# -- passed-through traffic streamed ------------------------------------------------------------
+
+MIB = 1024 * 1024
+BULK = 128 * MIB  # the test's body; docs/measurements.md has 300 MiB against plain mitmdump
+
+
+def peak_kib(pid: int) -> int:
+    """The process's peak resident memory so far (VmHWM), KiB."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def post_bulk(port: int, url: str, size: int) -> bytes:
+    import socket
+
+    host = url.split("/")[2]
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(f"POST {url} HTTP/1.1\r\nHost: {host}\r\ncontent-type: application/octet-stream\r\n"
+                  f"content-length: {size}\r\nconnection: close\r\n\r\n".encode())
+        block, sent = bytes(MIB), 0
+        while sent < size:
+            s.sendall(block[:min(MIB, size - sent)])
+            sent += min(MIB, size - sent)
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    return got
+
+
+def post_bulk_model(port: int, url: str, size: int) -> bytes:
+    import socket
+
+    host = url.split("/")[2]
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(f"POST {url} HTTP/1.1\r\nHost: {host}\r\nauthorization: Bearer {SPARE}-own\r\n"
+                  f"content-type: application/json\r\ncontent-length: {size}\r\nconnection: close\r\n\r\n".encode())
+        block, sent = b" " * MIB, 0
+        while sent < size:
+            s.sendall(block[:min(MIB, size - sent)])
+            sent += min(MIB, size - sent)
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    return got
+
+
+def get_bulk(port: int, url: str) -> int:
+    import socket
+
+    host = url.split("/")[2]
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(f"GET {url} HTTP/1.1\r\nHost: {host}\r\nconnection: close\r\n\r\n".encode())
+        n = 0
+        while chunk := s.recv(1 << 20):
+            n += len(chunk)
+    return n
+
+
+DRIP = r"""
+import json, socket, sys, time
+port, url, key = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+host = url.split("/")[2]
+body = json.dumps({"model": "gpt-fake", "stream": True, "input": []})
+s = socket.create_connection(("127.0.0.1", port), timeout=10)
+start = time.monotonic()
+s.sendall((f"POST {url} HTTP/1.1\r\nHost: {host}\r\nauthorization: Bearer {key}\r\ncontent-type: application/json\r\n"
+           f"accept: text/event-stream\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n{body}").encode())
+seen, got = [], b""
+while chunk := s.recv(65536):
+    got += chunk
+    for i in range(5):
+        if f"part {i}".encode() in got and len(seen) == i:
+            seen.append(time.monotonic() - start)
+print(json.dumps({"seen": seen, "status": got.split(b" ", 2)[1].decode() if got.startswith(b"HTTP/") else ""}))
+"""
+
+
+def test_passed_through_bodies_are_streamed_not_buffered(tmp_path):
+    from bulk_upstream import BulkUpstream
+
+    bulk = BulkUpstream()
+    text, env = pool_yaml(f"http://127.0.0.1:{bulk.port}", [("spare", SPARE)])
+    proxy = ProxyProcess(tmp_path, text, env)
+    try:
+        other = f"http://127.0.0.1:{bulk.port}/upload"
+        assert b'"received": 16' in post_bulk(proxy.port, other, 16)  # warm: the proxy's code paths loaded
+        assert get_bulk(proxy.port, f"http://127.0.0.1:{bulk.port}/big?n=16") > 16
+        before = peak_kib(proxy.proc.pid)
+        answer = post_bulk(proxy.port, other, BULK)
+        assert f'"received": {BULK}'.encode() in answer, answer[-300:]
+        assert get_bulk(proxy.port, f"http://127.0.0.1:{bulk.port}/big?n={BULK}") > BULK
+        grown = (peak_kib(proxy.proc.pid) - before) / 1024
+        assert grown < 24, f"the proxy grew {grown:.0f} MiB passing {BULK // MIB} MiB each way"
+        # The user's own model request over failover_max_body (32 MiB): never read whole, streamed on.
+        model = post_bulk_model(proxy.port, f"http://127.0.0.1:{bulk.port}/v1/responses", BULK)
+        assert b"part 4" in model, model[-300:]
+        grown = (peak_kib(proxy.proc.pid) - before) / 1024
+        assert grown < 24, f"the proxy grew {grown:.0f} MiB for an own model request over failover_max_body"
+        assert "passed through untouched, without failover" in proxy.log()
+    finally:
+        proxy.stop()
+        bulk.stop()
+
+
+def test_another_uids_model_stream_arrives_as_it_comes(tmp_path):
+    from bulk_upstream import GAP, BulkUpstream
+
+    other = nobody()
+    bulk = BulkUpstream()
+    text, env = pool_yaml(f"http://127.0.0.1:{bulk.port}", [("spare", SPARE)])
+    proxy = ProxyProcess(tmp_path, text, env)
+    try:
+        got = run_client(other, DRIP, proxy.port, f"http://127.0.0.1:{bulk.port}/v1/responses", JUNK_503)
+        assert got["status"] == "200" and len(got["seen"]) == 5, got
+        first, last = got["seen"][0], got["seen"][-1]
+        assert last - first > 3 * GAP, got  # each delta when it was sent, not all at the end
+    finally:
+        proxy.stop()
+        bulk.stop()

@@ -47,6 +47,7 @@ from .file_watch import FileWatch
 from .held_client import RelayHops
 from .model_view import ModelView
 from .parts import PartHooks
+from .pass_stream import PassStream
 from .passthrough_redact import PassThroughRedaction
 from .proxyauth_notice import ProxyAuthNotice
 from .request_run import RequestRun, start_run
@@ -120,7 +121,8 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.usage_answer = UsageAnswer(self)
         self._wire([self.guard, self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back,
                     ProxyAuthNotice(), self.usage_answer,
-                    PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host)), ConnTrouble()])
+                    PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host)), ConnTrouble(),
+                    PassStream(self.may_hold, self._reads_answer)])
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
         self.seen_clients = SeenClients()
@@ -280,6 +282,39 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
             return
         self._refresh_auth_files()
         await self._hold(flow, body, client_auth)
+
+    def may_hold(self, flow: http.HTTPFlow) -> bool:
+        """Can this request, by its head, be one the addon answers or holds? Everything else is
+        streamed both ways as a plain proxy would (pass_stream.py): a held request's body is read
+        whole, so it must say its size (Content-Length) and be within failover_max_body."""
+        req = flow.request
+        if req.host == STATUS_HOST:
+            return True
+        if not self.matcher.matches(req.host, req.port, req.path):
+            return False
+        if not self.clients.allows(flow.client_conn.peername[0] if flow.client_conn.peername else None):
+            return True  # answered 403 by the request hook
+        auth = auth_from_headers(req.headers)
+        if auth is None or self.boundary.passed_by(flow, auth):
+            return False
+        if is_websocket_upgrade(req.method, req.headers):
+            return True
+        if req.method != "POST":
+            return False
+        size = req.headers.get("content-length", "")
+        if not size.strip().isdigit():
+            log.warning("codex-failover: a model request body without a Content-Length (it could be over "
+                        "failover_max_body): passed through untouched, without failover")
+            return False
+        if int(size) > self.max_body:
+            log.warning("codex-failover: a %s-byte request body is over failover_max_body (%d): passed through "
+                        "untouched, without failover", size.strip(), self.max_body)
+            return False
+        return True
+
+    def _reads_answer(self, flow: http.HTTPFlow) -> bool:
+        """A passed-through flow whose answer a part reads whole (a usage question, a credit's redemption)."""
+        return flow.id in self.usage_answer._asking or flow.id in self.back._sent
 
     def shared(self) -> Shared:
         """What a request or a gated socket shares with everything else (shared.py)."""
