@@ -256,3 +256,84 @@ def test_another_uids_model_stream_arrives_as_it_comes(tmp_path):
     finally:
         proxy.stop()
         bulk.stop()
+
+
+# -- what a web page can do ----------------------------------------------------------------------
+
+CHROMIUM = os.environ.get("CODEX_FAILOVER_CHROMIUM", "/usr/bin/chromium")
+
+
+@pytest.fixture
+def page_origin():
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = b"<!doctype html><title>a page</title><p>another origin"
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
+def browse(proxy_port: int, url: str, script: str, arg=None):
+    try:
+        from playwright import sync_api
+    except ImportError:
+        pytest.skip("playwright is not installed (scripts/setup test installs pyproject's test extra)")
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, timeout=15_000,
+                                     args=[f"--proxy-server=http://127.0.0.1:{proxy_port}",
+                                           "--proxy-bypass-list=<-loopback>"])
+        try:
+            page = browser.new_page()
+            page.goto(url, timeout=15_000)
+            return page.evaluate(script, arg)
+        finally:
+            browser.close()
+
+
+RESETS = """async () => {
+  const out = [];
+  for (const mode of ["no-cors", "cors"]) {
+    try {
+      const r = await fetch("http://codex-failover.status/reset/spare", {method: "POST", mode,
+                             headers: mode === "cors" ? {"X-Codex-Failover": "1"} : {}});
+      out.push(mode + ":" + r.status);
+    } catch (e) { out.push(mode + ":failed"); }
+  }
+  const form = document.createElement("form");  // a plain form post, as a CSRF page makes one
+  form.method = "POST"; form.action = "http://codex-failover.status/reset/spare"; form.target = "sink";
+  const sink = document.createElement("iframe"); sink.name = "sink"; document.body.append(sink, form);
+  form.submit();
+  await new Promise(r => setTimeout(r, 1500));
+  return out;
+}"""
+
+
+def test_a_web_page_cannot_end_a_cooldown(tmp_path, fake, page_origin):
+    text, env = pool_yaml(f"http://localhost:{fake.port}", [("spare", SPARE)])
+    proxy = ProxyProcess(tmp_path, text, env)
+    try:
+        got = browse(proxy.port, page_origin + "/", RESETS)
+        assert "cors:200" not in got, got  # the preflight finds no CORS answer: the request never goes
+        log = proxy.log()
+        assert "nothing to end" not in log and "cooldown ended" not in log, log[-2000:]
+        assert "a reset from the status page refused" in log
+    finally:
+        proxy.stop()
