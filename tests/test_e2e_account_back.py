@@ -214,6 +214,7 @@ def test_a_limited_own_account_is_told_the_usage_of_the_pooled_account_its_next_
         assert doc["rate_limit"]["primary_window"]["used_percent"] == 20  # a's window, not the own 100 %
         assert doc["codex_failover"]["served_by"] == "a" and answer.headers["x-codex-failover-usage"] == "a"
         assert doc["additional_rate_limits"][0]["limit_name"] == "pool: a"
+        assert not {"email", "user_id", "account_id"} & set(doc), doc  # a's identity is not Codex's business
         asked = [r["credential"] for r in fake.requests() if r.get("scenario") == "usage"]
         assert asked == ["acct-client", "acct-a"]  # the own account (passed through), then a with its own token
         ask_usage(proxy, fake, jwt({"exp": time.time() + 60, "sub": "client"}), "acct-client")

@@ -263,16 +263,42 @@ def test_another_uids_model_stream_arrives_as_it_comes(tmp_path):
 CHROMIUM = os.environ.get("CODEX_FAILOVER_CHROMIUM", "/usr/bin/chromium")
 
 
+def global_address() -> str | None:
+    """An IPv4 address of this host that is not loopback: a page served there is an insecure origin,
+    whose same-origin requests carry neither Origin nor Sec-Fetch-* (a loopback one gets Sec-Fetch-*)."""
+    try:
+        out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True,
+                             timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return next((line.split()[3].split("/")[0] for line in out.splitlines() if len(line.split()) > 3), None)
+
+
+@pytest.fixture
+def insecure_page():
+    host = global_address()
+    if host is None:
+        pytest.skip("no non-loopback address on this host for an insecure page origin")
+    yield from _page_server(host)
+
+
 @pytest.fixture
 def page_origin():
+    yield from _page_server("127.0.0.1")
+
+
+def _page_server(host: str):
     import http.server
     import threading
 
     class Page(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
             body = b"<!doctype html><title>a page</title><p>another origin"
+            kind = "text/html"
+            if self.path.endswith("/wham/usage"):  # the page's own server says the account is at its limit
+                body, kind = json.dumps({"rate_limit": {"allowed": False, "limit_reached": True}}).encode(), "application/json"
             self.send_response(200)
-            self.send_header("content-type", "text/html")
+            self.send_header("content-type", kind)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -280,10 +306,10 @@ def page_origin():
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    server = http.server.ThreadingHTTPServer((host, 0), Page)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    yield f"http://{host}:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
     thread.join(timeout=5)
@@ -335,5 +361,36 @@ def test_a_web_page_cannot_end_a_cooldown(tmp_path, fake, page_origin):
         log = proxy.log()
         assert "nothing to end" not in log and "cooldown ended" not in log, log[-2000:]
         assert "a reset from the status page refused" in log
+    finally:
+        proxy.stop()
+
+
+USAGE = """async ([token]) => {
+  const r = await fetch("/backend-api/wham/usage", {headers: {"Authorization": "Bearer " + token,
+                                                              "ChatGPT-Account-ID": "acct-page"}});
+  return {status: r.status, header: r.headers.get("x-codex-failover-usage"), text: await r.text()};
+}"""
+
+
+def test_a_web_page_never_reads_a_pooled_accounts_usage(tmp_path, fake, insecure_page):
+    import base64
+    import time
+
+    def jwt(claims):
+        enc = lambda d: base64.urlsafe_b64encode(json.dumps(d).encode()).rstrip(b"=").decode()  # noqa: E731
+        return f"{enc({'alg': 'none'})}.{enc(claims)}.sig"
+
+    lines = ["credentials:"]
+    for name in ("a", "b"):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"tokens": {"access_token": jwt({"exp": time.time() + 3600, "sub": name}),
+                                               "account_id": f"acct-{name}"}}))
+        lines += [f"  - name: {name}", f"    auth_file: {path}", f"    base_url: {fake.base}/backend-api/codex"]
+    proxy = ProxyProcess(tmp_path, "\n".join(lines) + "\n")
+    try:
+        got = browse(proxy.port, insecure_page + "/", USAGE, [jwt({"exp": time.time() + 60, "sub": "page"})])
+        assert got["status"] == 200 and got["header"] is None, got
+        assert "codex_failover" not in got["text"] and "acct-a" not in got["text"], got
+        assert [r for r in fake.requests() if r.get("scenario") == "usage"] == []  # no pooled account was asked
     finally:
         proxy.stop()

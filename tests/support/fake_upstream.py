@@ -285,7 +285,9 @@ def usage_body(used: float) -> dict:
     return {"plan_type": "plus", "rate_limit": {"allowed": not limited, "limit_reached": limited,
                                                 "primary_window": window(18000, used),
                                                 "secondary_window": window(604800, min(used, 50))},
-            "credits": {"has_credits": False, "unlimited": False, "balance": "0"}}
+            "credits": {"has_credits": False, "unlimited": False, "balance": "0"},
+            # what the real answer also carries, and Codex does not read: the account's identity
+            "user_id": "user-fake", "account_id": "account-fake", "email": "someone@example.com"}
 
 
 BOMB_MIB = 1024
