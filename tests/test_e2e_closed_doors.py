@@ -394,3 +394,58 @@ def test_a_web_page_never_reads_a_pooled_accounts_usage(tmp_path, fake, insecure
         assert [r for r in fake.requests() if r.get("scenario") == "usage"] == []  # no pooled account was asked
     finally:
         proxy.stop()
+
+
+# -- files that could hang or swell the proxy -----------------------------------------------------
+
+def test_a_fifo_dev_zero_or_huge_file_in_place_of_the_pool_or_auth_file_costs_one_line(tmp_path, fake):
+    import base64
+    import time
+
+    from harness import post_responses, served_by
+
+    enc = lambda d: base64.urlsafe_b64encode(json.dumps(d).encode()).rstrip(b"=").decode()  # noqa: E731
+    auth = tmp_path / "work.json"
+    auth.write_text(json.dumps({"tokens": {"access_token": f"{enc({'alg': 'none'})}.{enc({'exp': time.time() + 3600})}.s",
+                                           "account_id": "acct-work"}}))
+    text, env = pool_yaml(f"http://localhost:{fake.port}", [("spare", SPARE)])
+    text = text.replace("credentials:\n", f"credentials:\n  - name: work\n    auth_file: {auth}\n"
+                                          f"    base_url: http://localhost:{fake.port}/backend-api/codex\n", 1)
+    proxy = ProxyProcess(tmp_path, text, env)
+    pool = tmp_path / "pool.yaml"
+    url = f"http://localhost:{fake.port}/v1/responses"
+
+    def canary(mark: str) -> None:
+        reply = post_responses(proxy.port, url, "sk-test-mine-overload-503", BODY, timeout=10)
+        assert reply.status == 200 and served_by(reply) == SPARE, (mark, reply.status, reply.body[-300:])
+
+    def swap(path, make) -> None:
+        new = path.with_name(path.name + ".new")
+        make(new)
+        os.replace(new, path)
+        time.sleep(1.1)  # the files are looked at, at most once a second
+
+    try:
+        canary("before")
+        swap(pool, os.mkfifo)
+        canary("a FIFO")
+        swap(pool, lambda p: os.symlink("/dev/zero", p))
+        canary("/dev/zero")
+
+        def huge(p):
+            with open(p, "wb") as f:
+                f.truncate(150 * 1024 * 1024)  # sparse: 150 MiB to read, none on disk
+        swap(pool, huge)
+        canary("150 MiB")
+        swap(auth, os.mkfifo)
+        canary("an auth FIFO")
+        swap(auth, lambda p: os.symlink("/dev/zero", p))
+        canary("an auth /dev/zero")
+        log = proxy.log()
+        for line in ("it is a FIFO, not a regular file", "it is a character device, not a regular file",
+                     "150 MiB, over the 4 MiB this file may be"):
+            assert line in log, (line, log[-3000:])
+        assert log.count("Traceback") == 0, log[-3000:]
+        assert "acct-work" not in log
+    finally:
+        proxy.stop()

@@ -86,6 +86,14 @@ def _say_start(clients: ClientAccess) -> None:
         log.warning("codex-failover: %s", line)
 
 
+def _parts(addon: "FailoverAddon", usage: UsageAnswer) -> list:
+    """The addon's parts, in the order their hooks run (parts.py)."""
+    addon.usage_answer = usage
+    return [addon.guard, addon.tls, AttemptHooks(addon.attempts), addon.hops, addon.boundary, addon.back,
+            ProxyAuthNotice(), usage, PassThroughRedaction(lambda host: addon.tls.scope.intercepts(host, host)),
+            ConnTrouble(), PassStream(addon)]
+
+
 class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks from it (parts.py)
     def __init__(self) -> None:
         self.pool = PoolConfig()
@@ -113,16 +121,12 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.tls = TlsScope()  # a part (parts.py): which TLS connections are decrypted, and upstream trust
         self.hops = RelayHops()  # parts, each for the flows of one kind (parts.py)
         self.listener = MetricsListener()
-        self.guard = SelfGuard(self._metrics_address)  # never a dial to its own listeners, never its own socket a client
+        self.guard = SelfGuard(self.listener.addresses)  # never a dial to its own listeners, never its own socket a client
         self.boundary = ClientBoundary(is_self=self.guard.is_own_socket)  # whose requests are the user's own programs'
         self.back = AccountBack(self)  # cooldowns that end early; failover.reset
         self.refresher = TokenRefresher(self)  # pooled ChatGPT logins' tokens (token_refresher.py)
         self.activity, self.usage_poller, self.view = Activity(), UsagePoller(self), ModelView()  # dashboard, failover_view
-        self.usage_answer = UsageAnswer(self)
-        self._wire([self.guard, self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back,
-                    ProxyAuthNotice(), self.usage_answer,
-                    PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host)), ConnTrouble(),
-                    PassStream(self.may_hold, self._reads_answer)])
+        self._wire(_parts(self, UsageAnswer(self)))
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
         self.seen_clients = SeenClients()
@@ -221,11 +225,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
             self.metrics = Metrics(snapshot_on_loop(asyncio.get_running_loop(), self.status_report))
         # The same rule as the pool and the status page (read at each scrape: options may change).
         self.listener.serve(self.metrics, ctx.options.failover_metrics, lambda peer: self.clients.allows(peer),
-                            lambda peer, local: not self.guard.is_own_socket(peer) and self.boundary.owns(peer, local))
-
-    def _metrics_address(self) -> list[tuple[str, int]]:
-        server = self.listener.server
-        return [(server.host, server.port)] if server is not None else []
+                            self.guard.owns(self.boundary.owns))
 
     def _open_state(self) -> None:
         """Open the pool's state store (or keep the open one) and restore what is still in force."""
@@ -282,39 +282,6 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
             return
         self._refresh_auth_files()
         await self._hold(flow, body, client_auth)
-
-    def may_hold(self, flow: http.HTTPFlow) -> bool:
-        """Can this request, by its head, be one the addon answers or holds? Everything else is
-        streamed both ways as a plain proxy would (pass_stream.py): a held request's body is read
-        whole, so it must say its size (Content-Length) and be within failover_max_body."""
-        req = flow.request
-        if req.host == STATUS_HOST:
-            return True
-        if not self.matcher.matches(req.host, req.port, req.path):
-            return False
-        if not self.clients.allows(flow.client_conn.peername[0] if flow.client_conn.peername else None):
-            return True  # answered 403 by the request hook
-        auth = auth_from_headers(req.headers)
-        if auth is None or self.boundary.passed_by(flow, auth):
-            return False
-        if is_websocket_upgrade(req.method, req.headers):
-            return True
-        if req.method != "POST":
-            return False
-        size = req.headers.get("content-length", "")
-        if not size.strip().isdigit():
-            log.warning("codex-failover: a model request body without a Content-Length (it could be over "
-                        "failover_max_body): passed through untouched, without failover")
-            return False
-        if int(size) > self.max_body:
-            log.warning("codex-failover: a %s-byte request body is over failover_max_body (%d): passed through "
-                        "untouched, without failover", size.strip(), self.max_body)
-            return False
-        return True
-
-    def _reads_answer(self, flow: http.HTTPFlow) -> bool:
-        """A passed-through flow whose answer a part reads whole (a usage question, a credit's redemption)."""
-        return flow.id in self.usage_answer._asking or flow.id in self.back._sent
 
     def shared(self) -> Shared:
         """What a request or a gated socket shares with everything else (shared.py)."""

@@ -15,10 +15,11 @@ docs/machine-proxy.md, "What passes through".
 from __future__ import annotations
 
 import logging
-from typing import Callable
 
 from mitmproxy import http
 
+from ..core.auth import auth_from_headers
+from ..core.codex_request import is_websocket_upgrade
 from .attempt import ATTEMPT_TAG
 from .client_hop import HOP_TAG
 from .held_client import RELAY_TAG
@@ -26,10 +27,44 @@ from .held_client import RELAY_TAG
 log = logging.getLogger("codex_failover")
 
 
+STATUS_HOST = "codex-failover.status"
+
+
 class PassStream:
-    def __init__(self, may_hold: Callable[[http.HTTPFlow], bool], reads_answer: Callable[[http.HTTPFlow], bool]):
-        self.may_hold = may_hold
-        self.reads_answer = reads_answer
+    def __init__(self, owner):
+        self.owner = owner  # the FailoverAddon: its matcher, clients, boundary, max_body, parts
+
+    def may_hold(self, flow: http.HTTPFlow) -> bool:
+        """Can this request, by its head, be one the addon answers or holds? A held request's body is
+        read whole, so it must say its size (Content-Length) and be within failover_max_body."""
+        req, owner = flow.request, self.owner
+        if req.host == STATUS_HOST:
+            return True
+        if not owner.matcher.matches(req.host, req.port, req.path):
+            return False
+        if not owner.clients.allows(flow.client_conn.peername[0] if flow.client_conn.peername else None):
+            return True  # answered 403 by the request hook
+        auth = auth_from_headers(req.headers)
+        if auth is None or owner.boundary.passed_by(flow, auth):
+            return False
+        if is_websocket_upgrade(req.method, req.headers):
+            return True
+        if req.method != "POST":
+            return False
+        size = req.headers.get("content-length", "").strip()
+        if not size.isdigit():
+            log.warning("codex-failover: a model request body without a Content-Length (it could be over "
+                        "failover_max_body): passed through untouched, without failover")
+            return False
+        if int(size) > owner.max_body:
+            log.warning("codex-failover: a %s-byte request body is over failover_max_body (%d): passed through "
+                        "untouched, without failover", size, owner.max_body)
+            return False
+        return True
+
+    def reads_answer(self, flow: http.HTTPFlow) -> bool:
+        """A passed-through flow whose answer a part reads whole (a usage question, a credit's redemption)."""
+        return flow.id in self.owner.usage_answer._asking or flow.id in self.owner.back._sent
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.is_replay or ATTEMPT_TAG in flow.metadata or flow.request.stream or flow.response is not None:

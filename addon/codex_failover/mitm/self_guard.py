@@ -101,3 +101,7 @@ class SelfGuard:
 
     def is_own_socket(self, peer) -> bool:
         return own_sockets.is_own_socket(peer, self.own_ends)
+
+    def owns(self, rule: Callable[[tuple, tuple], bool]) -> Callable[[tuple, tuple], bool]:
+        """`rule` (peer, local) -> the user's own program?, never for the proxy's own socket (the /metrics listener's)."""
+        return lambda peer, local: not self.is_own_socket(peer) and rule(peer, local)
