@@ -449,3 +449,59 @@ def test_a_fifo_dev_zero_or_huge_file_in_place_of_the_pool_or_auth_file_costs_on
         assert "acct-work" not in log
     finally:
         proxy.stop()
+
+
+# -- the proxy token out of argv -----------------------------------------------------------------
+
+TOKEN = "me:s3cr3t-t0ken-44"
+
+
+def status_with(port: int, token: str | None) -> int:
+    import base64
+    import socket
+
+    auth = f"Proxy-Authorization: Basic {base64.b64encode(token.encode()).decode()}\r\n" if token else ""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(f"GET http://codex-failover.status/ HTTP/1.1\r\nHost: codex-failover.status\r\n{auth}"
+                  "Connection: close\r\n\r\n".encode())
+        head = s.recv(200)
+    return int(head.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize("how", ["env", "file"])
+def test_the_proxy_token_from_the_environment_or_a_private_file_never_in_argv(tmp_path, fake, how):
+    text, env = pool_yaml(f"http://localhost:{fake.port}", [("spare", SPARE)])
+    extra = []
+    if how == "env":
+        env["CODEX_FAILOVER_PROXYAUTH"] = TOKEN
+    else:
+        path = tmp_path / "proxyauth"
+        path.write_text(TOKEN + "\n")
+        path.chmod(0o600)
+        extra = ["--set", f"failover_proxyauth_file={path}"]
+    proxy = ProxyProcess(tmp_path, text, env, extra=extra)
+    try:
+        assert status_with(proxy.port, None) == 407
+        assert status_with(proxy.port, "me:wrong") == 407
+        assert status_with(proxy.port, TOKEN) == 200
+        cmdline = open(f"/proc/{proxy.proc.pid}/cmdline", "rb").read()
+        assert b"s3cr3t" not in cmdline
+        assert "holders of the proxy token" in proxy.log() and "s3cr3t" not in proxy.log()
+    finally:
+        proxy.stop()
+
+
+def test_a_proxy_token_file_others_may_read_stops_the_start_with_one_line(tmp_path):
+    from harness import MITMDUMP, ROOT
+
+    path = tmp_path / "proxyauth"
+    path.write_text(TOKEN)
+    path.chmod(0o644)
+    (tmp_path / "home").mkdir()
+    done = subprocess.run([MITMDUMP, "--listen-host", "127.0.0.1", "-p", str(free_port()), "--set",
+                           f"confdir={tmp_path / 'conf'}", "-s", str(ROOT / "addon" / "failover.py"),
+                           "--set", f"failover_proxyauth_file={path}"], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "HOME": str(tmp_path / "home"), "XDG_STATE_HOME": str(tmp_path / "state")})
+    assert done.returncode != 0
+    assert "failover_proxyauth_file" in done.stderr + done.stdout and "chmod 600" in done.stderr + done.stdout
+    assert "s3cr3t" not in done.stderr + done.stdout

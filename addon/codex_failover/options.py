@@ -46,6 +46,9 @@ def add_options(loader) -> None:
     loader.add_option("failover_view", str, "all",
                       "What mitmweb (or mitmproxy's console) lists: all (every flow) or models (only the model "
                       "requests and the failover's attempts: sets view_filter to the model endpoints).")
+    loader.add_option("failover_proxyauth_file", str, "",
+                      "A private file (mode 0600) holding the proxy token USER:TOKEN, for mitmproxy's proxyauth "
+                      "without the token in the command line (also: the variable CODEX_FAILOVER_PROXYAUTH).")
     loader.add_option("failover_verbose", bool, False,
                       "Also log mitmproxy's per-connection lines (every client's, the attempts' and relay "
                       "hops') and mitmdump's flow echo; off: the addon's lines, warnings and errors only.")

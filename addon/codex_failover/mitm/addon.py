@@ -144,13 +144,13 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
     def configure(self, updated: set[str]) -> None:
         try:
             self._configure(updated)
+            self.boundary.configure(updated)  # (a part: parts.py); the proxy token (proxy_token.py) too
         except exceptions.OptionsError as exc:
             if self._running:
                 raise  # a runtime change: rejected, the proxy goes on with what it had
             # At start-up: one clear line and a non-zero exit, before mitmproxy says it is listening.
             print(f"codex-failover: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
-        self.boundary.configure(updated)  # (a part: parts.py)
 
     def _configure(self, updated: set[str]) -> None:
         try:

@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from mitmproxy import ctx, http
+from mitmproxy import ctx, exceptions, http
 
+from .. import proxy_token
 from ..core import client_boundary as rules
 from ..core.auth import AuthMaterial, auth_from_headers
 from ..core.client_access import _ip
-from . import client_answers
+from . import client_answers, secret_guard
 
 log = logging.getLogger("codex_failover")
 
@@ -57,6 +58,14 @@ class ClientBoundary:
     # -- hooks -------------------------------------------------------------------------------
 
     def configure(self, updated: set[str]) -> None:
+        if proxy_token.OPTION in updated or not updated:
+            try:
+                value = proxy_token.token(getattr(ctx.options, proxy_token.OPTION, ""), os.environ)
+            except ValueError as exc:
+                raise exceptions.OptionsError(str(exc)) from None
+            if value and not getattr(ctx.options, "proxyauth", None):
+                secret_guard.SECRETS.add([value, value.partition(":")[2]])  # masked in any log
+                ctx.options.proxyauth = value  # mitmproxy's own check of every client, as --proxyauth
         if "proxyauth" in updated or not updated:
             self.rule = rules.rule_for(getattr(ctx.options, "proxyauth", None), can_map_sockets())
             self._own.clear()
