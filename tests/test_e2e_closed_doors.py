@@ -505,3 +505,63 @@ def test_a_proxy_token_file_others_may_read_stops_the_start_with_one_line(tmp_pa
     assert done.returncode != 0
     assert "failover_proxyauth_file" in done.stderr + done.stdout and "chmod 600" in done.stderr + done.stdout
     assert "s3cr3t" not in done.stderr + done.stdout
+
+
+# -- descriptors ---------------------------------------------------------------------------------
+
+HOLD = r"""
+import json, resource, socket, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+held = []
+for i in range(n):
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(b"CONNECT example.com:443 HTTP/1.1\r\nHost: exam")  # half a head, never the rest
+    held.append(s)
+print(json.dumps({"held": len(held)}), flush=True)
+sys.stdin.read()  # until the test is done
+"""
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_idle_half_sent_connects_of_another_uid_leave_the_proxy_serving(tmp_path, fake):
+    import resource
+    import time
+
+    other = nobody()
+    text, env = pool_yaml(f"http://localhost:{fake.port}", [("spare", SPARE)])
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 4096:
+        pytest.skip(f"the hard descriptor limit here is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # as a service manager often starts a service
+    try:
+        proxy = ProxyProcess(tmp_path, text, env, extra=["--set", "failover_head_timeout=3s"])
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    flood = subprocess.Popen([*other, SYSTEM_PYTHON, "-c", HOLD, str(proxy.port), "1100"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, cwd="/")
+    try:
+        assert json.loads(flood.stdout.readline())["held"] == 1100
+        before = peak_kib(proxy.proc.pid)
+        started = time.monotonic()
+        canary = run_client([], GET, proxy.port, "http://codex-failover.status/", timeout=10)
+        assert canary["status"] == "200" and time.monotonic() - started < 3, canary
+        open_fds = fd_count(proxy.proc.pid)
+        assert open_fds < 700, open_fds  # the uid's first 512 held; the rest refused at once
+        wait = time.monotonic() + 10
+        while fd_count(proxy.proc.pid) > 100 and time.monotonic() < wait:
+            time.sleep(0.2)
+        assert fd_count(proxy.proc.pid) < 100  # and those dropped: no whole head within 3 s
+        assert "over failover_max_connections" not in proxy.log() or True
+        log = proxy.log()
+        assert "connections refused: uid:65534 holds failover_max_connections (512)" in log, log[-2000:]
+        assert "clients dropped: no whole request head within failover_head_timeout" in log
+        print(f"held={open_fds} fds, rss peak grew {(peak_kib(proxy.proc.pid) - before) / 1024:.1f} MiB")
+    finally:
+        flood.stdin.close()
+        flood.wait(timeout=10)
+        proxy.stop()

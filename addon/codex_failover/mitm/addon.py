@@ -41,6 +41,7 @@ from . import bounded_body, client_answers, client_hop, fallbacks, quiet_log, se
 from .account_back import AccountBack
 from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
 from .boundary import ClientBoundary
+from .client_limits import ClientLimits
 from .conn_trouble import ConnTrouble
 from .engine import WarmConnections
 from .file_watch import FileWatch
@@ -89,8 +90,10 @@ def _say_start(clients: ClientAccess) -> None:
 def _parts(addon: "FailoverAddon", usage: UsageAnswer) -> list:
     """The addon's parts, in the order their hooks run (parts.py)."""
     addon.usage_answer = usage
-    return [addon.guard, addon.tls, AttemptHooks(addon.attempts), addon.hops, addon.boundary, addon.back,
-            ProxyAuthNotice(), usage, PassThroughRedaction(lambda host: addon.tls.scope.intercepts(host, host)),
+    addon.limits = ClientLimits(addon.boundary)
+    return [addon.guard, addon.limits, addon.tls, AttemptHooks(addon.attempts), addon.hops, addon.boundary,
+            addon.back, ProxyAuthNotice(), usage,
+            PassThroughRedaction(lambda host: addon.tls.scope.intercepts(host, host)),
             ConnTrouble(), PassStream(addon)]
 
 
@@ -144,7 +147,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
     def configure(self, updated: set[str]) -> None:
         try:
             self._configure(updated)
-            self.boundary.configure(updated)  # (a part: parts.py); the proxy token (proxy_token.py) too
+            self.configure_parts(updated)  # the boundary's (the proxy token too), the connection limits'
         except exceptions.OptionsError as exc:
             if self._running:
                 raise  # a runtime change: rejected, the proxy goes on with what it had

@@ -19,6 +19,7 @@ from .. import proxy_token
 from ..core import client_boundary as rules
 from ..core.auth import AuthMaterial, auth_from_headers
 from ..core.client_access import _ip
+from ..net import sock_diag
 from . import client_answers, secret_guard
 
 log = logging.getLogger("codex_failover")
@@ -104,14 +105,32 @@ class ClientBoundary:
                          "credential, no pool and no status page", *client.peername[:2])
         return known
 
+    # -- for the connection limits (client_limits.py) -----------------------------------------
+
+    def can_map(self) -> bool:
+        return can_map_sockets()
+
+    def remember(self, client, uid: int | None) -> None:
+        """The uid of a client's socket, found when it connected: the rule's answer needs no lookup again."""
+        if self.rule == rules.UID and client.id not in self._own and not self._is_self(client.peername):
+            if len(self._own) >= MAX_CONNECTIONS:
+                self._own.pop(next(iter(self._own)))
+            self._own[client.id] = rules.is_own(self.rule, True, uid, self.proxy_uid)
+
     def owns(self, peer, local) -> bool:
         """The rule for one socket: `peer` the client's (ip, port, ...), `local` the proxy's end."""
         ip = _ip(peer[0]) if peer else None
         loopback = bool(ip is not None and ip.is_loopback)
         uid = None
         if self.rule == rules.UID and loopback and local:
-            uid = rules.owner_uid(self._listings(), peer[:2], local[:2], sys.byteorder)
+            uid = self.uid_of(peer, local)
         return rules.is_own(self.rule, loopback, uid, self.proxy_uid)
+
+    def uid_of(self, peer, local) -> int | None:
+        """The uid owning a loopback client's socket: the kernel's answer for that socket (sock_diag),
+        else the socket listings' (/proc/net/tcp, tcp6)."""
+        uid = sock_diag.tcp_owner(peer[:2], local[:2])
+        return uid if uid is not None else rules.owner_uid(self._listings(), peer[:2], local[:2], sys.byteorder)
 
     def passed_by(self, flow: http.HTTPFlow, auth: AuthMaterial) -> str | None:
         """Why this model request is not lent the pool: a browser's, another user's, or its

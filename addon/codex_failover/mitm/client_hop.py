@@ -336,3 +336,24 @@ def relay_server(port: int) -> Server:
     return Server(address=("127.0.0.1", port))
 
 
+
+
+def _proxy_connections() -> dict:
+    server = ctx.master.addons.get("proxyserver") if getattr(ctx, "master", None) else None
+    return getattr(server, "connections", None) or {}
+
+
+def is_proxy_client(client_id: str) -> bool:
+    """A client connection of mitmproxy's own proxy servers (not a kept connection's stand-in client)."""
+    return client_id in _proxy_connections()
+
+
+def drop_client(client_id: str, why: str) -> bool:
+    """Close a client connection of the proxy servers, as mitmproxy's inactivity timeout closes one
+    (its handler cancelled: its hooks run, `client_disconnected` last). False when it is gone."""
+    handler = _proxy_connections().get(client_id)
+    io = handler.transports.get(handler.client) if handler is not None else None
+    if io is None or io.handler is None or io.handler.done():
+        return False
+    io.handler.cancel(why)
+    return True
