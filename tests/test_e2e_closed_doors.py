@@ -565,3 +565,50 @@ def test_idle_half_sent_connects_of_another_uid_leave_the_proxy_serving(tmp_path
         flood.stdin.close()
         flood.wait(timeout=10)
         proxy.stop()
+
+
+# -- numbers from outside ------------------------------------------------------------------------
+
+def test_absurd_numbers_in_usage_headers_and_state_rows_break_nothing(tmp_path, fake):
+    import sqlite3
+
+    from harness import post_responses, proxy_status, served_by
+
+    text, env = pool_yaml(f"http://localhost:{fake.port}", [("spare", SPARE)])
+    url = f"http://localhost:{fake.port}/v1/responses"
+    mine = "sk-test-mine-good"
+    proxy = ProxyProcess(tmp_path, text, env)
+    try:
+        fake.overload_next(SPARE, scenario="window-absurd")
+        fake.overload_next(mine, scenario="window-absurd")
+        first = post_responses(proxy.port, url, mine, BODY)
+        assert first.status == 200, first.body[-300:]
+        status = proxy_status(proxy.port)  # the page still renders: every time in it a sane one
+        assert status["credentials"], status
+        again = post_responses(proxy.port, url, mine, BODY)
+        assert again.status == 200, again.body[-300:]
+    finally:
+        proxy.stop()
+    # A state row from another version (or a teammate's proxy): a cooldown `until: Infinity`.
+    db = next((tmp_path / "state").rglob("state.sqlite"))
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT rowid, value FROM state").fetchall()
+        assert rows
+        for rowid, value in rows:
+            doc = json.loads(value)
+            for field in ("until", "seen"):
+                if field in doc:
+                    doc[field] = float("inf")
+            if "windows" in doc:
+                doc["windows"] = [[n, float("inf"), 1e20] for n, *_ in doc["windows"]]
+            conn.execute("UPDATE state SET value = ? WHERE rowid = ?", (json.dumps(doc), rowid))
+        conn.execute("INSERT OR REPLACE INTO state (namespace, kind, id, value, expires) SELECT namespace, 'cooling', id, "
+                     "'{\"until\": Infinity, \"reason\": \"overloaded\"}', expires FROM state LIMIT 1")
+    proxy = ProxyProcess(tmp_path, text, env)
+    try:
+        reply = post_responses(proxy.port, url, mine, BODY)
+        assert reply.status == 200 and served_by(reply) is not None, reply.body[-300:]
+        assert proxy_status(proxy.port)["credentials"]
+        assert "Traceback" not in proxy.log(), proxy.log()[-3000:]
+    finally:
+        proxy.stop()

@@ -44,6 +44,7 @@ SCENARIOS = {
     "overload": "response.created, in_progress, nested `error` (server_is_overloaded), response.failed",
     "slow-down": "response.failed with slow_down after response.created",
     "usage-limit": "HTTP 429 usage_limit_reached with resets_in_seconds",
+    "window-absurd": "a served stream whose usage headers say a window is full until 1e20 (and another: inf)",
     "capacity": "response.failed: Selected model is at capacity",
     "server-error": "`error` server_error with 'You can retry your request' advice",
     "websearch-overload": "a web_search_call item, then an overload",
@@ -626,9 +627,12 @@ class FakeUpstream:
             return False
         turn = Turn(label, self.deltas, sse_spaced if scenario == "spaced" else sse, compact=compact, encrypted=encrypted)
         used = b"100" if scenario == "window-full" else b"10"
+        window = (b"x-codex-primary-used-percent: " + used + b"\r\nx-codex-primary-reset-after-seconds: 120\r\n"
+                  if scenario != "window-absurd" else
+                  b"x-codex-primary-used-percent: 1e20\r\nx-codex-primary-reset-at: 1e20\r\n"
+                  b"x-codex-secondary-used-percent: 100\r\nx-codex-secondary-reset-after-seconds: inf\r\n")
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
-                     b"access-control-allow-origin: *\r\n"
-                     b"x-codex-primary-used-percent: " + used + b"\r\nx-codex-primary-reset-after-seconds: 120\r\n"
+                     b"access-control-allow-origin: *\r\n" + window +
                      b"x-codex-turn-state: ts-" + label.encode()[-8:] + b"\r\ntransfer-encoding: chunked\r\n\r\n")
         await writer.drain()
         if scenario == "stall-first" and not await self._stall(reader, label):
