@@ -612,3 +612,44 @@ def test_absurd_numbers_in_usage_headers_and_state_rows_break_nothing(tmp_path, 
         assert "Traceback" not in proxy.log(), proxy.log()[-3000:]
     finally:
         proxy.stop()
+
+
+# -- mitmweb ---------------------------------------------------------------------------------------
+
+def test_mitmweb_serves_the_content_of_every_flow(tmp_path, fake):
+    import urllib.error
+
+    from harness import MitmwebProcess, WsClient, post_responses, request
+
+    text, env = pool_yaml(fake.base, [("spare", SPARE)])
+    web = MitmwebProcess(tmp_path, text, env)
+    try:
+        for key in ("sk-test-mine-overload-503", "sk-test-mine-overload", "sk-test-good"):
+            assert post_responses(web.port, f"{fake.base}/v1/responses", key).status == 200
+        fake.overload_next("sk-test-mine-b", scenario="usage-limit")
+        post_responses(web.port, f"{fake.base}/v1/responses", "sk-test-mine-b", timeout=20)
+        assert request(web.port, "GET", f"{fake.base}/other").status == 200  # passed through, streamed
+        request(web.port, "POST", f"{fake.base}/v1/responses", {"authorization": "Bearer sk-x-other",
+                                                                "content-type": "application/json"}, b'{"stream": false}')
+        fake.overload_next("sk-test-mine-ws", scenario="overload")
+        ws = WsClient.connect(web.port, f"{fake.base}/v1/responses", {"authorization": "Bearer sk-test-mine-ws"})
+        assert isinstance(ws, WsClient)
+        ws.send_json({"type": "response.create", "model": "gpt-fake", "input": []})
+        assert ws.recv_turn()[-1]["type"] == "response.completed"
+        flows = web.api("/flows")
+        assert len(flows) >= 10
+        failed = []
+        for flow in flows:
+            for part in ("request", "response"):
+                if part == "response" and not flow.get("response"):
+                    continue
+                for view in ("content.data", "content/Auto.json"):
+                    try:
+                        web.api(f"/flows/{flow['id']}/{part}/{view}", raw=True)
+                    except urllib.error.HTTPError as exc:
+                        failed.append((flow["request"]["path"], part, view, exc.code))
+        assert failed == [], failed
+        other = next(f for f in flows if f["request"]["path"] == "/other")
+        assert web.api(f"/flows/{other['id']}/response/content.data", raw=True)  # its streamed start, kept
+    finally:
+        web.stop()

@@ -20,7 +20,7 @@ from mitmproxy import http
 
 from ..core.auth import auth_from_headers
 from ..core.codex_request import is_websocket_upgrade
-from .attempt import ATTEMPT_TAG
+from .attempt import ATTEMPT_TAG, Capture
 from .client_hop import HOP_TAG
 from .held_client import RELAY_TAG
 
@@ -70,7 +70,7 @@ class PassStream:
         if flow.is_replay or ATTEMPT_TAG in flow.metadata or flow.request.stream or flow.response is not None:
             return
         if not self.may_hold(flow):
-            flow.request.stream = True
+            flow.request.stream = Capture()  # streamed on, its first 64 KiB kept for mitmweb
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         response = flow.response
@@ -79,4 +79,17 @@ class PassStream:
         meta = flow.metadata
         if ATTEMPT_TAG in meta or HOP_TAG in meta or RELAY_TAG in meta or self.reads_answer(flow):
             return
-        response.stream = True
+        response.stream = Capture()
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        """A streamed message keeps what it captured; any other left without content (a record of the
+        addon's, a stream cut short) gets an empty one: mitmweb's content view cannot serve none."""
+        for message in (flow.request, flow.response):
+            if message is not None and message.raw_content is None:
+                stream = message.stream
+                if isinstance(stream, Capture):
+                    stream.keep_on(message)  # (sets the content of whichever message it is given)
+                else:
+                    message.raw_content = b""
+
+    error = response
