@@ -653,3 +653,61 @@ def test_mitmweb_serves_the_content_of_every_flow(tmp_path, fake):
         assert web.api(f"/flows/{other['id']}/response/content.data", raw=True)  # its streamed start, kept
     finally:
         web.stop()
+
+
+# -- HTTP/2 resets ---------------------------------------------------------------------------------
+
+def test_a_rapid_reset_costs_no_upstream_work(tmp_path, tls_fake):
+    import h2.errors
+    from h2_client import H2Client, H2Stream
+
+    text = f"base_urls: [{tls_fake.base}/v1]\npolicy: {{bootstrap_timeout: 5s}}\n"
+    proxy = ProxyProcess(tmp_path / "proxy", text, extra=["--set", "ssl_insecure=true"])
+    client = None
+    try:
+        client = H2Client(proxy.port, f"127.0.0.1:{tls_fake.port}", proxy.confdir / "mitmproxy-ca-cert.pem")
+        body = json.dumps({"model": "gpt-fake", "stream": True, "input": []}).encode()
+        with client.lock:  # each stream opened and reset at once, all in one write
+            for _ in range(200):
+                sid = client.conn.get_next_available_stream_id()
+                client.conn.send_headers(sid, [(":method", "POST"), (":scheme", "https"),
+                                               (":authority", client.authority), (":path", "/v1/responses"),
+                                               ("authorization", "Bearer sk-test-client-good"),
+                                               ("content-type", "application/json"), ("content-length", str(len(body)))])
+                client.conn.send_data(sid, body, end_stream=True)
+                client.conn.reset_stream(sid, h2.errors.ErrorCodes.CANCEL)
+            client._flush()
+        canary = client.wait(client.post_model("sk-test-client-good"), timeout=15)
+        assert canary.status == 200 and b"response.completed" in canary.data
+        import time
+        time.sleep(1.0)
+        sent = len(tls_fake.model_requests())
+        assert sent <= 1 + 5, f"{sent - 1} model requests sent upstream for streams reset at once"
+        assert isinstance(canary, H2Stream)
+    finally:
+        if client is not None:
+            client.close()
+        proxy.stop()
+
+
+def test_a_reset_before_the_first_verdict_moves_nothing_to_the_pool(tmp_path, tls_fake):
+    import time
+
+    from h2_client import H2Client
+
+    text, env = pool_yaml(tls_fake.base, [("spare", SPARE)])
+    proxy = ProxyProcess(tmp_path / "proxy", text, env, extra=["--set", "ssl_insecure=true"])
+    client = None
+    try:
+        client = H2Client(proxy.port, f"127.0.0.1:{tls_fake.port}", proxy.confdir / "mitmproxy-ca-cert.pem")
+        stream = client.post_model("sk-test-client-stall-headers")  # no head: the first verdict waits
+        time.sleep(0.8)
+        client.reset(stream)
+        time.sleep(2.0)
+        spare = [r for r in tls_fake.model_requests() if r["credential"] == SPARE]
+        assert spare == [], f"the pool was asked for a client that had reset its stream: {spare}"
+        assert "client went away" in proxy.log()
+    finally:
+        if client is not None:
+            client.close()
+        proxy.stop()
