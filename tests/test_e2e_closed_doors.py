@@ -711,3 +711,38 @@ def test_a_reset_before_the_first_verdict_moves_nothing_to_the_pool(tmp_path, tl
         if client is not None:
             client.close()
         proxy.stop()
+
+
+def test_a_passed_through_websocket_message_is_bounded(tmp_path, fake):
+    import socket
+
+    from harness import WsClient
+    from wsproto.events import BytesMessage
+
+    text, env = pool_yaml(fake.base, [("spare", SPARE)])
+    proxy = ProxyProcess(tmp_path, text, env, extra=["--set", "failover_max_body=4m"])
+    try:
+        # A web page's WebSocket (Origin): passed through on its own key, never gated.
+        ws = WsClient.connect(proxy.port, f"{fake.base}/v1/responses",
+                              {"authorization": "Bearer sk-test-page-good", "origin": "https://page.example"})
+        assert isinstance(ws, WsClient), ws
+        before = peak_kib(proxy.proc.pid)
+        block = bytes(1024 * 1024)
+        data = ws.ws.send(BytesMessage(data=block * 64))  # one 64 MiB message
+        ws.sock.settimeout(10)
+        closed = False
+        try:
+            for i in range(0, len(data), 1 << 20):
+                ws.sock.sendall(data[i:i + (1 << 20)])
+        except (BrokenPipeError, ConnectionResetError, socket.timeout):
+            closed = True
+        if not closed:
+            try:
+                closed = ws.sock.recv(65536) == b"" or True
+            except (ConnectionResetError, socket.timeout):
+                closed = True
+        grown = (peak_kib(proxy.proc.pid) - before) / 1024
+        assert grown < 24, f"the proxy grew {grown:.0f} MiB for one 64 MiB message passed through"
+        assert "passed-through WebSocket message grew past failover_max_body" in proxy.log()
+    finally:
+        proxy.stop()

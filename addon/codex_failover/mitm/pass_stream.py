@@ -20,6 +20,7 @@ from mitmproxy import http
 
 from ..core.auth import auth_from_headers
 from ..core.codex_request import is_websocket_upgrade
+from . import client_hop
 from .attempt import ATTEMPT_TAG, Capture
 from .client_hop import HOP_TAG
 from .held_client import RELAY_TAG
@@ -93,3 +94,17 @@ class PassStream:
                     message.raw_content = b""
 
     error = response
+
+    def websocket_start(self, flow: http.HTTPFlow) -> None:
+        """A WebSocket the addon does not gate: each message bounded by failover_max_body while
+        mitmproxy gathers it (it has no streaming for messages)."""
+        meta = flow.metadata
+        if ATTEMPT_TAG in meta or HOP_TAG in meta or RELAY_TAG in meta:
+            return
+        cap = self.owner.max_body
+
+        def over() -> None:
+            log.warning("codex-failover: a passed-through WebSocket message grew past failover_max_body (%d): "
+                        "its connection closed (%s)", cap, flow.request.pretty_url)
+
+        client_hop.bound_websocket(flow, cap, over)
