@@ -20,7 +20,7 @@ from mitmproxy import http
 
 from ..core.auth import auth_from_headers
 from ..core.codex_request import is_websocket_upgrade
-from . import client_hop
+from . import client_conns
 from .attempt import ATTEMPT_TAG, Capture
 from .client_hop import HOP_TAG
 from .held_client import RELAY_TAG
@@ -107,4 +107,4 @@ class PassStream:
             log.warning("codex-failover: a passed-through WebSocket message grew past failover_max_body (%d): "
                         "its connection closed (%s)", cap, flow.request.pretty_url)
 
-        client_hop.bound_websocket(flow, cap, over)
+        client_conns.bound_websocket(flow, cap, over)
