@@ -314,16 +314,17 @@ class RequestRun:
             self._check_client()
 
     def _check_client(self) -> None:
-        """ClientGone when the client left: it closed (or half-closed) its connection, reset its HTTP/2
-        stream (h2's state, or the stream's error once mitmproxy handed it on). Asked before every dial
-        and at every step, so a stream reset at once (rapid reset) costs no upstream work."""
-        flow = self.flow
-        if not flow.client_conn.connected:
+        if client_left(self.flow, self.client.hop, self.winner is not None):
             raise ClientGone()
-        if self.winner is None and (
-                (flow.error is not None and flow.error.msg.startswith(CLIENT_ERRORS))
-                or (isinstance(self.client.hop, ClientHop) and self.client.hop.stream_reset())):
-            raise ClientGone()
+
+def client_left(flow: http.HTTPFlow, hop, committed: bool) -> bool:
+    """Has the client left: closed (or half-closed) its connection, reset its HTTP/2 stream (h2's state,
+    or the stream's error once mitmproxy handed it on)? The run asks before every dial and at every
+    step, so a stream reset at once (rapid reset) costs no upstream work."""
+    if not flow.client_conn.connected:
+        return True
+    return not committed and ((flow.error is not None and flow.error.msg.startswith(CLIENT_ERRORS))
+                              or (isinstance(hop, ClientHop) and hop.stream_reset()))
 
 
 def _expired_once(notices: set, cand: Candidate) -> None:
