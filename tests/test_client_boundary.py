@@ -181,3 +181,20 @@ def test_a_request_kind_the_pool_has_nothing_for(kinds, policy, client, movable,
     pool = parse_pool({"credentials": creds, "policy": policy}, "pool.yaml", env, tmp_path)
     why = unreachable(client, pool, movable)
     assert (why is None) if says is None else (says in why), why
+
+
+@pytest.mark.parametrize("headers, refused", [
+    ({"x-codex-failover": "1"}, False),
+    ({"x-codex-failover": "1", "origin": "http://codex-failover.status", "sec-fetch-site": "same-origin"}, False),
+    ({"x-codex-failover": "1", "sec-fetch-site": "none"}, False),
+    ({}, True),  # a form or a no-cors fetch cannot add the header
+    ({"x-codex-failover": "0"}, True),
+    ({"x-codex-failover": "1", "origin": "http://evil.example"}, True),
+    ({"x-codex-failover": "1", "origin": "null"}, True),
+    ({"x-codex-failover": "1", "sec-fetch-site": "cross-site"}, True),
+    ({"x-codex-failover": "1", "sec-fetch-site": "same-site"}, True),
+])
+def test_status_write_refusal(headers, refused):
+    from codex_failover.core.client_boundary import status_write_refusal
+
+    assert (status_write_refusal(headers) is not None) is refused

@@ -11,6 +11,8 @@ import time
 import pytest
 from harness import ProxyProcess, post_responses, proxy_status, request, wait_until
 
+RESET = {"X-Codex-Failover": "1"}  # what the status page's reset needs (a page cannot send it without a preflight)
+
 pytestmark = pytest.mark.e2e
 
 
@@ -101,16 +103,22 @@ def test_a_cooldown_ended_by_hand_from_the_status_page(fake, tmp_path):
     proxy, _ = start(fake, tmp_path)
     try:
         cool_a(proxy, fake)
-        answer = request(proxy.port, "POST", "http://codex-failover.status/reset/a")
+        answer = request(proxy.port, "POST", "http://codex-failover.status/reset/a", headers=RESET)
         assert answer.status == 200
         assert "cooldown ended (ended by hand; was usage_limit)" in json.loads(answer.body)["result"]
         assert "credential a: cooldown ended (ended by hand; was usage_limit)" in proxy.log()
         assert turn(proxy, fake) == "acct-a"
-        unknown = request(proxy.port, "POST", "http://codex-failover.status/reset/nobody")
+        unknown = request(proxy.port, "POST", "http://codex-failover.status/reset/nobody", headers=RESET)
         assert unknown.status == 404
         doc = json.loads(unknown.body)
         assert "no credential named 'nobody'" in doc["error"] and doc["names"][:3] == ["a", "b", "client"]
-        assert request(proxy.port, "POST", "http://codex-failover.status/reset/").status == 404  # naming nothing
+        assert request(proxy.port, "POST", "http://codex-failover.status/reset/", headers=RESET).status == 404  # naming nothing
+        for refused in ({}, {**RESET, "Origin": "http://evil.example"}, {**RESET, "Sec-Fetch-Site": "cross-site"},
+                        {"X-Codex-Failover": "yes"}):
+            assert request(proxy.port, "POST", "http://codex-failover.status/reset/a", headers=refused).status == 403
+        for allowed in ({**RESET, "Origin": "http://codex-failover.status", "Sec-Fetch-Site": "same-origin"},
+                        {**RESET, "Sec-Fetch-Site": "none"}):
+            assert request(proxy.port, "POST", "http://codex-failover.status/reset/a", headers=allowed).status == 200
     finally:
         proxy.stop()
 
@@ -159,12 +167,12 @@ def test_the_own_accounts_usage_limit_ended_by_hand(fake, tmp_path, name):
     proxy = start_own(fake, tmp_path, use_client_credential="true")
     try:
         limit_own(proxy, fake)
-        answer = request(proxy.port, "POST", f"http://codex-failover.status/reset/{name}")
+        answer = request(proxy.port, "POST", f"http://codex-failover.status/reset/{name}", headers=RESET)
         assert answer.status == 200, answer.body
         assert "credential client account …-own: cooldown ended (ended by hand; was usage_limit)" in \
             json.loads(answer.body)["result"]
         assert own_turn(proxy, fake) == "acct-own"
-        again = request(proxy.port, "POST", f"http://codex-failover.status/reset/{name}")
+        again = request(proxy.port, "POST", f"http://codex-failover.status/reset/{name}", headers=RESET)
         assert again.status == 200 and "nothing to end" in json.loads(again.body)["result"]
     finally:
         proxy.stop()
@@ -176,7 +184,7 @@ def test_the_status_page_refuses_a_reset_from_another_machine_and_answers_404_fo
     class Flow:  # what reset_from_status_page reads
         def __init__(self, peer, path):
             self.client_conn = type("C", (), {"peername": (peer, 1)})()
-            self.request = type("R", (), {"path": path})()
+            self.request = type("R", (), {"path": path, "headers": {"x-codex-failover": "1"}})()
 
     back = AccountBack(type("Owner", (), {"pool": None})())
     assert back.reset_from_status_page(Flow("192.0.2.7", "/reset/a")).status_code == 403
@@ -206,6 +214,7 @@ def test_a_limited_own_account_is_told_the_usage_of_the_pooled_account_its_next_
         assert doc["rate_limit"]["primary_window"]["used_percent"] == 20  # a's window, not the own 100 %
         assert doc["codex_failover"]["served_by"] == "a" and answer.headers["x-codex-failover-usage"] == "a"
         assert doc["additional_rate_limits"][0]["limit_name"] == "pool: a"
+        assert not {"email", "user_id", "account_id"} & set(doc), doc  # a's identity is not Codex's business
         asked = [r["credential"] for r in fake.requests() if r.get("scenario") == "usage"]
         assert asked == ["acct-client", "acct-a"]  # the own account (passed through), then a with its own token
         ask_usage(proxy, fake, jwt({"exp": time.time() + 60, "sub": "client"}), "acct-client")

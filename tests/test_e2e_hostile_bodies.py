@@ -121,6 +121,7 @@ def test_no_planted_secret_in_a_proxy_debug_log_of_a_failover(tmp_path):
     secret_key = "sk-live-" + "Q7w9Zr4Kp2Lm8Xv3Tt6Rr"
     password = "pr0xyPassw0rd-Sekr1t"
     client_key = "sk-live-overload-" + "Hh5Jj6Kk7Ll8Mm9N"
+    account = "acct-" + "own-9f3e2d1c"  # the client's own ChatGPT account id
     port = proxies.http_proxy("authproxy")
     routes = {"authed": [f"http://user:{password}@127.0.0.1:{port}"]}
     text, env = pool_yaml(fake.base, [("spare", secret_key, "authed")], routes=routes)
@@ -130,10 +131,13 @@ def test_no_planted_secret_in_a_proxy_debug_log_of_a_failover(tmp_path):
         reply = post_responses(proxy.port, f"{fake.base}/v1/responses", client_key)
         assert reply.status == 200, reply.body[:500]
         assert [r["scenario"] for r in fake.model_requests()] == ["overload", "good"]
+        # A ChatGPT client's own account id, in a head mitmproxy logs as it arrives (whatever is made of it).
+        post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-live-good-" + "Aa1Bb2Cc3Dd4",
+                       headers={"ChatGPT-Account-ID": account})
         time.sleep(0.5)
         log = proxy.log()
         basic = base64.b64encode(f"user:{password}".encode()).decode()
-        found = [secret[:12] + "…" for secret in (secret_key, password, basic, client_key) if secret in log]
+        found = [secret[:12] + "…" for secret in (secret_key, password, basic, client_key, account) if secret in log]
         assert found == [], f"in the debug log: {found}"
         assert "verdict=failover" in log and "credential=spare" in log, log[-3000:]  # still a useful log
         assert "Bearer <redacted by codex-failover>" in log  # mitmproxy's head bytes were logged, masked

@@ -72,7 +72,7 @@ def test_module_and_class_sizes_stay_readable():
     assert too_big == [], too_big
 
 
-SEAM = {"mitm/warm_conn.py", "mitm/client_hop.py", "mitm/held_layer.py"}  # the attempts' kept connections; the held client's hop and its layer
+SEAM = {"mitm/warm_conn.py", "mitm/client_hop.py", "mitm/held_layer.py", "mitm/client_conns.py"}  # the attempts' kept connections; the held client's hop and its layer; the proxy servers' client connections
 
 
 def test_only_the_seam_touches_mitmproxys_proxy_core():

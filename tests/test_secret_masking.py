@@ -229,3 +229,13 @@ def test_the_secrets_follow_the_pool_object_in_force():
     assert secrets.mask("first-pool-secret") == MASK
     pools.append(["second-pool-secret"])  # a new pool object (a reload, a changed auth file)
     assert secrets.mask("first-pool-secret second-pool-secret") == f"first-pool-secret {MASK}"
+
+
+def test_a_chatgpt_account_id_header_is_masked_in_any_form():
+    from codex_failover.core.mask import MASK, Secrets
+
+    secrets = Secrets()
+    for text in ("b'chatgpt-account-id: acct-own-1\\r\\nx'", "{'ChatGPT-Account-ID': 'acct-own-1'}",
+                 '{"chatgpt-account-id":"acct-own-1"}', "CHATGPT-ACCOUNT-ID=acct-own-1"):
+        masked = secrets.mask(text)
+        assert "acct-own-1" not in masked and MASK in masked, masked

@@ -271,7 +271,7 @@ def test_install_writes_the_unit_and_enables_it_then_uninstall_removes_it(clone,
     unit_path = Path(fake_env["XDG_CONFIG_HOME"]) / "systemd" / "user" / UNIT
     proc = service("install", "--systemd", "--", *ARGS, env=fake_env, script=script)
     assert unit_path.read_text() == service("unit", "--systemd", "--", *ARGS, env=fake_env, script=script).stdout
-    assert stat.S_IMODE(unit_path.stat().st_mode) == 0o644
+    assert stat.S_IMODE(unit_path.stat().st_mode) == 0o600  # private: nobody else reads its arguments
     assert [c for c in calls(fake_env) if not c.startswith("loginctl")] == [
         "systemctl --user show-environment", "setup none", "systemctl --user daemon-reload",
         f"systemctl --user enable --now {UNIT}"]
@@ -526,3 +526,26 @@ def test_help_prints_usage_and_exits_0():
 def test_shellcheck_is_clean():
     proc = subprocess.run(["shellcheck", str(SERVICE), str(SERVICE_RUN)], capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.parametrize("given", [["--proxyauth", "me:t0ken-abc"], ["--proxyauth=me:t0ken-abc"],
+                                   ["--set", "proxyauth=me:t0ken-abc"]])
+def test_a_proxy_token_goes_to_the_private_environment_file_not_the_unit(clone, fake_env, given):
+    script = clone / "scripts" / "service"
+    unit_path = Path(fake_env["XDG_CONFIG_HOME"]) / "systemd" / "user" / UNIT
+    proc = service("install", "--systemd", "--", *given, "-p", "9090", env=fake_env, script=script)
+    unit = unit_path.read_text()
+    assert "t0ken-abc" not in unit and "proxyauth" not in unit_lines(unit)["ExecStart"][0], unit
+    assert "-p 9090" in unit
+    assert stat.S_IMODE(unit_path.stat().st_mode) == 0o600
+    assert read_env_file(env_file(fake_env)) == {"CODEX_FAILOVER_PROXYAUTH": "me:t0ken-abc"}
+    assert stat.S_IMODE(env_file(fake_env).stat().st_mode) == 0o600
+    assert "t0ken-abc" not in proc.stdout + proc.stderr
+    shown = service("unit", "--systemd", "--", *given, env=fake_env, script=script)
+    assert "t0ken-abc" not in shown.stdout and "CODEX_FAILOVER_PROXYAUTH" in shown.stderr
+
+
+def test_an_htpasswd_proxyauth_stays_an_argument(clone, fake_env):
+    shown = service("unit", "--systemd", "--", "--proxyauth", "@/home/me/htpasswd", env=fake_env,
+                    script=clone / "scripts" / "service")
+    assert "--proxyauth @/home/me/htpasswd" in unit_lines(shown.stdout)["ExecStart"][0]

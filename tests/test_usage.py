@@ -65,3 +65,18 @@ def test_a_messages_own_fields_are_read_in_one_pass_as_a_mapping_reads_them():
         Window("primary", 12.5, 1704069000), Window("secondary", 40.0, 1060.0)]
     assert codex_headers(headers)["x-codex-other"] == Headers(raw)["x-codex-other"] == "a, b"
     assert codex_headers(FieldsOnly([(b"content-type", b"x")])) == {}
+
+
+def test_absurd_numbers_from_outside_are_clamped():
+    from codex_failover.core.units import MAX_AHEAD, sane_epoch, sane_until
+    from codex_failover.core.usage import from_event, from_headers
+
+    got = from_headers({"x-codex-primary-used-percent": "1e20", "x-codex-primary-reset-at": "1e20",
+                        "x-codex-secondary-used-percent": "-5", "x-codex-secondary-reset-after-seconds": "1e20"}, 1000.0)
+    assert got == [Window("primary", 100.0, None), Window("secondary", 0.0, 1000.0 + MAX_AHEAD)]
+    assert from_headers({"x-codex-primary-used-percent": "nan"}, 0.0) == []
+    assert from_headers({"x-codex-primary-used-percent": "5", "x-codex-primary-reset-after-seconds": "inf"}, 0.0) == \
+        [Window("primary", 5.0, None)]
+    assert from_event({"rate_limits": {"primary": {"used_percent": float("inf"), "reset_at": 1e20}}}) == []
+    assert sane_until(float("inf"), 10.0) == 10.0 + MAX_AHEAD and sane_until("x", 0.0) is None
+    assert sane_epoch(1_704_069_000_000) == 1_704_069_000.0 and sane_epoch(-1) is None and sane_epoch(True) is None

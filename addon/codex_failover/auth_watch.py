@@ -15,8 +15,9 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from .bounded_file import read_auth_file
 from .config import Credential
-from .core.auth import AuthError, AuthGone, AuthMaterial, read_auth_file
+from .core.auth import AuthError, AuthGone, AuthMaterial
 from .core.policy import Skipped
 from .core.token_expiry import login_command
 

@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from .core.auth import APIKEY, CHATGPT, AuthError, AuthMaterial, auth_from_document, read_auth_file
+from .bounded_file import read_auth_file, read_text
+from .core.auth import APIKEY, CHATGPT, AuthError, AuthMaterial, auth_from_document
 from .core.cooldown_policy import OverloadConfigError, parse_overload
 from .core.policy import Credential, Policy, PoolConfig, Skipped, StateConfig
 from .core.recovery import RecoveryConfigError, parse_recovery
@@ -102,7 +103,7 @@ def _with_position(message: str, prefix: str, source: Path) -> str:
     if m is None:
         return message
     try:
-        node = yaml.compose(source.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+        node = yaml.compose(read_text(source), Loader=yaml.SafeLoader)
     except (OSError, ValueError, yaml.YAMLError):
         return message
     found = None

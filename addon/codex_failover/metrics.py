@@ -325,6 +325,11 @@ class MetricsListener:
             return
         log.info("codex-failover: Prometheus metrics at %s", self.server.url)
 
+    def addresses(self) -> list[tuple[str, int]]:
+        """Where it listens now (none when it does not)."""
+        server = self.server
+        return [(server.host, server.port)] if server is not None else []
+
     def stop(self) -> None:
         server, self.server = self.server, None
         if server is not None:

@@ -46,6 +46,15 @@ def add_options(loader) -> None:
     loader.add_option("failover_view", str, "all",
                       "What mitmweb (or mitmproxy's console) lists: all (every flow) or models (only the model "
                       "requests and the failover's attempts: sets view_filter to the model endpoints).")
+    loader.add_option("failover_proxyauth_file", str, "",
+                      "A private file (mode 0600) holding the proxy token USER:TOKEN, for mitmproxy's proxyauth "
+                      "without the token in the command line (also: the variable CODEX_FAILOVER_PROXYAUTH).")
+    loader.add_option("failover_head_timeout", str, "5s",
+                      "A client connection that has not sent a whole request head (a CONNECT, a request) this "
+                      "long after it opened is closed; 0: never.")
+    loader.add_option("failover_max_connections", int, 512,
+                      "Connections one peer (a local user other than the proxy's, or a remote address) may hold "
+                      "open at once; more are refused. 0: no cap.")
     loader.add_option("failover_verbose", bool, False,
                       "Also log mitmproxy's per-connection lines (every client's, the attempts' and relay "
                       "hops') and mitmdump's flow echo; off: the addon's lines, warnings and errors only.")

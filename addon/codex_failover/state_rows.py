@@ -35,7 +35,8 @@ from .core.health import COOLING, OUT, Health
 from .core.provenance import Provenance
 from .core.routes import Endpoint, RouteHealth
 from .core.tracked import Tracked
-from .core.usage import UsageBook, Window
+from .core.units import sane_epoch, sane_until
+from .core.usage import UsageBook, Window, percent
 from .state_store import Row
 
 USAGE_TTL = 7 * 24 * 3600.0  # a usage window with no reset time is kept this long
@@ -205,27 +206,38 @@ class StateRows:
             if key is None:
                 return 0
             if row.kind == COOLING:
-                if value["until"] <= wall:
+                until = sane_until(value["until"], wall)  # `Infinity` from another version: a month at most
+                if until is None or until <= wall:
                     return 0
-                self.health.cool_until(key, float(value["until"]), value["reason"])  # Health runs on wall time
+                self.health.cool_until(key, until, str(value["reason"]))  # Health runs on wall time
             elif row.kind == OUT:
                 if value.get("fingerprint") != self._fingerprint(key):
                     return 0  # its key or auth file changed since: back in rotation
                 self.health.take_out(key, value["reason"])
             else:
-                self.usage.record(key, [Window(n, float(u), r) for n, u, r in value["windows"]])
+                self.usage.record(key, [Window(str(n), p, sane_epoch(r)) for n, u, r in value["windows"]
+                                        if (p := percent(u)) is not None])
             return 1
         if row.kind == "route" and (ep := by_endpoint.get(row.id)) is not None:
-            until = mono + (value["until"] - wall)
+            until = sane_until(value["until"], wall)
+            if until is None:
+                return 0
+            until = mono + (until - wall)
             if self.routes.backing_off_until(ep) >= until:
                 return 0  # this proxy knows a later backoff for it
             self.routes.restore(ep, int(value["failures"]), until, str(value["reason"]))
             return 1
         if row.kind == "session" and sessions and (key := self._key(value["credential"])) is not None:
-            self.affinity.restore(row.id, key, mono + (value["seen"] - wall))
+            seen = sane_until(value["seen"], wall, 0.0)
+            if seen is None:
+                return 0
+            self.affinity.restore(row.id, key, mono + (seen - wall))
             return 1
         if row.kind == ARTIFACT and (key := self._key(value["credential"])) is not None:
-            self.provenance.restore(row.id, key, mono + (value["seen"] - wall))
+            seen = sane_until(value["seen"], wall, 0.0)
+            if seen is None:
+                return 0
+            self.provenance.restore(row.id, key, mono + (seen - wall))
             return 1
         return 0
 

@@ -7,13 +7,15 @@ from pathlib import Path
 
 import yaml
 
+from .bounded_file import read_text
+
 _QUOTED = re.compile(r"'[^']{5,}'|\"[^\"]{5,}\"")
 
 
 def read_yaml(source: Path, label: str, error: type[Exception]) -> object:
     """The parsed document of `source`; `error("<label> <path>: …")` when unreadable or not YAML."""
     try:
-        text = source.read_text(encoding="utf-8")
+        text = read_text(source)  # regular files only, size-capped, never blocking (bounded_file.py)
     except OSError as exc:
         raise error(f"{label} {source}: cannot read it ({exc.strerror or exc})") from None
     try:

@@ -44,6 +44,7 @@ SCENARIOS = {
     "overload": "response.created, in_progress, nested `error` (server_is_overloaded), response.failed",
     "slow-down": "response.failed with slow_down after response.created",
     "usage-limit": "HTTP 429 usage_limit_reached with resets_in_seconds",
+    "window-absurd": "a served stream whose usage headers say a window is full until 1e20 (and another: inf)",
     "capacity": "response.failed: Selected model is at capacity",
     "server-error": "`error` server_error with 'You can retry your request' advice",
     "websearch-overload": "a web_search_call item, then an overload",
@@ -293,7 +294,9 @@ def usage_body(used: float) -> dict:
     return {"plan_type": "plus", "rate_limit": {"allowed": not limited, "limit_reached": limited,
                                                 "primary_window": window(18000, used),
                                                 "secondary_window": window(604800, min(used, 50))},
-            "credits": {"has_credits": False, "unlimited": False, "balance": "0"}}
+            "credits": {"has_credits": False, "unlimited": False, "balance": "0"},
+            # what the real answer also carries, and Codex does not read: the account's identity
+            "user_id": "user-fake", "account_id": "account-fake", "email": "someone@example.com"}
 
 
 BOMB_MIB = 1024
@@ -633,9 +636,12 @@ class FakeUpstream:
         scenario, ctype = UNLABELLED.get(scenario, (scenario, b"content-type: text/event-stream\r\n"))
         turn = Turn(label, self.deltas, sse_spaced if scenario == "spaced" else sse, compact=compact, encrypted=encrypted)
         used = b"100" if scenario == "window-full" else b"10"
+        window = (b"x-codex-primary-used-percent: " + used + b"\r\nx-codex-primary-reset-after-seconds: 120\r\n"
+                  if scenario != "window-absurd" else
+                  b"x-codex-primary-used-percent: 1e20\r\nx-codex-primary-reset-at: 1e20\r\n"
+                  b"x-codex-secondary-used-percent: 100\r\nx-codex-secondary-reset-after-seconds: inf\r\n")
         writer.write(b"HTTP/1.1 200 OK\r\n" + ctype + b"cache-control: no-cache\r\n"
-                     b"access-control-allow-origin: *\r\n"
-                     b"x-codex-primary-used-percent: " + used + b"\r\nx-codex-primary-reset-after-seconds: 120\r\n"
+                     b"access-control-allow-origin: *\r\n" + window +
                      b"x-codex-turn-state: ts-" + label.encode()[-8:] + b"\r\ntransfer-encoding: chunked\r\n\r\n")
         await writer.drain()
         if scenario == "stall-first" and not await self._stall(reader, label):

@@ -36,6 +36,28 @@ def browser_sign(headers: Mapping[str, str]) -> str | None:
     return next((name for name in names if name.startswith("sec-fetch-")), None)
 
 
+# -- the status page's writes -----------------------------------------------------------------
+
+STATUS_ORIGIN = "http://codex-failover.status"
+STATUS_HEADER = "X-Codex-Failover"  # `X-Codex-Failover: 1`: a page can send it only after a CORS preflight
+
+
+def status_write_refusal(headers: Mapping[str, str]) -> str | None:
+    """Why a POST to the status page (a reset) is refused, or None. A web page can make a browser send
+    a simple cross-origin POST without asking (a form, a `no-cors` fetch), but not one with a custom
+    header: that needs a preflight, which nothing here answers. A request that says it comes from
+    another page (`Origin`, `Sec-Fetch-Site`) is refused even with the header."""
+    origin = headers.get("origin")
+    if origin is not None and origin.strip().lower() != STATUS_ORIGIN:
+        return f"it comes from another page (Origin: {origin.strip()[:100]})"
+    site = headers.get("sec-fetch-site")
+    if site is not None and site.strip().lower() not in ("same-origin", "none"):
+        return f"it comes from another site (Sec-Fetch-Site: {site.strip()[:40]})"
+    if (headers.get(STATUS_HEADER.lower()) or "").strip() != "1":
+        return f"it lacks the header `{STATUS_HEADER}: 1`"
+    return None
+
+
 # -- /proc/net/tcp ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -47,6 +47,11 @@ class EndpointMatcher:
         endpoints = {ModelEndpoint.from_base_url(u) for u in (*KNOWN_BASE_URLS, *base_urls)}
         self._keys = {(e.host, e.port, e.path) for e in endpoints}
         self._keys |= {(host, port, path + COMPACT.removeprefix(RESPONSES)) for host, port, path in self._keys}
+        self._hosts = {(host, port) for host, port, _ in self._keys}
+
+    def is_model_host(self, host: str, port: int) -> bool:
+        """A known model host, or the host of one of the pool's base URLs (its port too)."""
+        return (host.lower(), port) in self._hosts
 
     def matches(self, host: str, port: int, path: str) -> bool:
         if not path.endswith((RESPONSES, COMPACT)) and "?" not in path:

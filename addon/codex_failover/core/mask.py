@@ -6,8 +6,9 @@ credentials included), and upstream error text the addon forwards to a client (a
 echoes the key it was given would otherwise hand a pooled key to whoever asked).
 
 Known values are matched literally; besides them, OpenAI-style keys (`sk-…`, `sess-…`), JWTs
-(`eyJ….….…`) and whatever follows `Bearer ` are masked whatever they are, so a client's
-own key (never armed by the addon, logged by mitmproxy as it arrives) is masked too.
+(`eyJ….….…`), whatever follows `Bearer ` and a `ChatGPT-Account-ID` header's value are masked
+whatever they are, so a client's own key and account (never armed by the addon, logged by mitmproxy
+as they arrive) are masked too.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ _SHAPES = (
     (("sk-", "sess-"), re.compile(r"(?<![A-Za-z0-9])(?:sk|sess)-[A-Za-z0-9_-]{8,}"), MASK),  # OpenAI keys
     (("eyJ",), re.compile(r"eyJ[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}(?:\.[A-Za-z0-9_-]*)?"), MASK),  # a JWT
     (("earer ",), re.compile(r"([Bb]earer )" + _TOKEN + "{6,}"), r"\1" + MASK),  # whatever a Bearer carries
+    # a client's own ChatGPT account id, as a header in a logged head (bytes, a dict, JSON) at any verbosity
+    (("ccount-id", "ccount-Id", "ccount-ID", "CCOUNT-ID"),
+     re.compile(r"((?i:chatgpt-account-id)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;\\]{4,}"), r"\1" + MASK),
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(ms|h|m|s)")
@@ -70,3 +71,39 @@ def parse_size(value: object) -> int:
     if size < 0:
         raise ValueError(f"size must be >= 0: {value!r}")
     return size
+
+
+# -- times from outside ---------------------------------------------------------------------------
+# An upstream's headers, a state row another version (or a teammate's proxy) wrote: a number there
+# can be anything, `1e20` or `Infinity`. Nothing the proxy keeps is meant to last past these.
+
+MAX_AHEAD = 31 * 86400.0  # the farthest a cooldown, a backoff or a window's reset may be (a week's window, and then some)
+MAX_EPOCH = 4102444800.0  # 2100-01-01: past it an epoch time is nonsense (and past the status page's dates)
+
+
+def finite(value: object) -> float | None:
+    """`value` as a finite float (not a bool), or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def sane_until(value: object, now: float, ahead: float = MAX_AHEAD) -> float | None:
+    """An epoch time from outside, at most `ahead` seconds after `now` (clamped: `Infinity` too); None
+    if not a number (NaN, -Infinity)."""
+    if value == math.inf:
+        return now + ahead
+    number = finite(value)
+    return None if number is None else min(number, now + ahead)
+
+
+def sane_epoch(value: object) -> float | None:
+    """An epoch time from outside (milliseconds read as such): None if not finite, negative or past 2100."""
+    number = finite(value)
+    if number is not None and number > 1e11:
+        number /= 1000.0
+    return number if number is not None and 0 <= number <= MAX_EPOCH else None

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .tracked import Tracked
+from .units import MAX_AHEAD, finite, sane_epoch
 
 WINDOWS = ("primary", "secondary")
 
@@ -22,14 +23,16 @@ class Window:
 
 
 def finite_number(value: Any) -> float | None:
-    """`value` as a float, or None (absent, not a number, or NaN)."""
+    """`value` as a float, or None (absent, not a number, NaN or infinite)."""
     if value is None:  # most windows' reset-at (and a second window) are absent: no exception for them
         return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if number == number else None
+    return finite(value)
+
+
+def percent(value: Any) -> float | None:
+    """A used percentage from outside, within 0-100 (a window is full at 100)."""
+    number = finite_number(value)
+    return None if number is None else min(max(number, 0.0), 100.0)
 
 
 def codex_headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -54,13 +57,13 @@ def from_headers(headers: Mapping[str, str], now: float) -> list[Window]:
         return []
     out = []
     for name in WINDOWS:
-        used = finite_number(headers.get(f"x-codex-{name}-used-percent"))
+        used = percent(headers.get(f"x-codex-{name}-used-percent"))
         if used is None:
             continue
-        resets = finite_number(headers.get(f"x-codex-{name}-reset-at"))
+        resets = sane_epoch(headers.get(f"x-codex-{name}-reset-at"))
         after = finite_number(headers.get(f"x-codex-{name}-reset-after-seconds"))
         if resets is None and after is not None:
-            resets = now + after
+            resets = now + min(max(after, 0.0), MAX_AHEAD)
         out.append(Window(name, used, resets))
     return out
 
@@ -72,8 +75,8 @@ def from_event(payload: Mapping[str, Any]) -> list[Window]:
     out = []
     for name in WINDOWS:
         window = limits.get(name)
-        if isinstance(window, dict) and (used := finite_number(window.get("used_percent"))) is not None:
-            out.append(Window(name, used, finite_number(window.get("reset_at"))))
+        if isinstance(window, dict) and (used := percent(window.get("used_percent"))) is not None:
+            out.append(Window(name, used, sane_epoch(window.get("reset_at"))))
     return out
 
 

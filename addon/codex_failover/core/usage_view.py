@@ -7,8 +7,8 @@ the signed-in account is at its limit, though the proxy would serve the turn fro
 - the own account can send (its answer is 2xx and says it may, and the pool has it in rotation): its
   answer passes as it is;
 - otherwise the answer is the usage of the credential the next turn would be placed on, asked with
-  that credential's own token, whole: its plan, `rate_limit` (allowed, limit_reached, both windows)
-  and credits; no number of one account is mixed with another's. It says so twice: a top-level
+  that credential's own token: the fields Codex reads (its plan, `rate_limit`: allowed, limit_reached,
+  both windows; credits), never its identity; no number of one account is mixed with another's. It says so twice: a top-level
   `codex_failover` object (`served_by`, and the own account's state) and, where Codex lists extra
   limits on `/status`, an entry named `pool: NAME` carrying the same windows.
 
@@ -26,6 +26,9 @@ from typing import Any, Callable, Mapping
 from .cooldown_end import usage_has_headroom
 
 USAGE_PATHS = ("/wham/usage", "/api/codex/usage")
+# What Codex reads of the answer (its RateLimitStatusPayload): a pooled account's answer carries these
+# only, never its identity (user id, account id, email).
+CODEX_FIELDS = ("plan_type", "rate_limit", "credits", "additional_rate_limits", "rate_limit_reached_type")
 
 
 def is_usage_request(method: str, path: str) -> bool:
@@ -39,8 +42,8 @@ def own_can_send(status: int, doc: object, own_ready: bool) -> bool:
 
 
 def pooled_view(doc: Mapping[str, Any], name: str, own_status: int) -> dict[str, Any]:
-    """The pooled credential `name`'s usage answer, saying whose it is."""
-    out = copy.deepcopy(dict(doc))
+    """The pooled credential `name`'s usage answer, the fields Codex reads only, saying whose it is."""
+    out = {key: copy.deepcopy(doc[key]) for key in CODEX_FIELDS if key in doc}
     out["codex_failover"] = {"served_by": name, "own_account": "limited" if 200 <= own_status < 300 else
                              f"no answer (HTTP {own_status})",
                              "note": f"the numbers are credential {name}'s: the next turn goes to it"}

@@ -16,6 +16,7 @@ from ..config import PoolConfig
 from ..core import own_tokens
 from ..core.auth import CHATGPT, AuthMaterial, auth_from_headers
 from ..core.client_access import is_loopback_host
+from ..core.client_boundary import STATUS_HEADER, status_write_refusal
 from ..core.cooldown_end import (
     BY_HAND,
     RECHECKED,
@@ -104,12 +105,17 @@ class AccountBack:
     # -- by hand ---------------------------------------------------------------------------
 
     def reset_from_status_page(self, flow: http.HTTPFlow) -> http.Response:
-        """`curl -x 127.0.0.1:8080 -X POST http://codex-failover.status/reset/NAME`, from this machine only."""
+        """`curl -x 127.0.0.1:8080 -X POST -H 'X-Codex-Failover: 1' http://codex-failover.status/reset/NAME`,
+        from this machine only, never a web page's (core/client_boundary.status_write_refusal)."""
         peer = flow.client_conn.peername[0] if flow.client_conn.peername else None
         if not flow.request.path.startswith("/reset/"):
             return _json(404, {"error": "POST /reset/NAME ends credential NAME's cooldown; GET / is the status"})
         if peer is None or not is_loopback_host(peer.removeprefix("::ffff:")):
             return _json(403, {"error": "ending a cooldown is for this machine only (loopback)"})
+        if (why := status_write_refusal(flow.request.headers)) is not None:
+            log.info("codex-failover: a reset from the status page refused: %s", why)
+            return _json(403, {"error": f"reset refused: {why}; send `{STATUS_HEADER}: 1` from this machine, "
+                                        "not from a web page"})
         found, text = self.reset(unquote(flow.request.path.removeprefix("/reset/")))
         if not found:
             return _json(404, {"error": text, "names": self.names()})

@@ -41,15 +41,18 @@ from . import bounded_body, client_answers, client_hop, fallbacks, quiet_log, se
 from .account_back import AccountBack
 from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
 from .boundary import ClientBoundary
+from .client_limits import ClientLimits
 from .conn_trouble import ConnTrouble
 from .engine import WarmConnections
 from .file_watch import FileWatch
 from .held_client import RelayHops
 from .model_view import ModelView
 from .parts import PartHooks
+from .pass_stream import PassStream
 from .passthrough_redact import PassThroughRedaction
 from .proxyauth_notice import ProxyAuthNotice
 from .request_run import RequestRun, start_run
+from .self_guard import SelfGuard
 from .tls_scope import TlsScope
 from .token_refresher import TokenRefresher
 from .usage_answer import UsageAnswer
@@ -84,6 +87,16 @@ def _say_start(clients: ClientAccess) -> None:
         log.warning("codex-failover: %s", line)
 
 
+def _parts(addon: "FailoverAddon", usage: UsageAnswer) -> list:
+    """The addon's parts, in the order their hooks run (parts.py)."""
+    addon.usage_answer = usage
+    addon.limits = ClientLimits(addon.boundary)
+    return [addon.guard, addon.limits, addon.tls, AttemptHooks(addon.attempts), addon.hops, addon.boundary,
+            addon.back, ProxyAuthNotice(), usage,
+            PassThroughRedaction(lambda host: addon.tls.scope.intercepts(host, host)),
+            ConnTrouble(), PassStream(addon)]
+
+
 class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks from it (parts.py)
     def __init__(self) -> None:
         self.pool = PoolConfig()
@@ -110,20 +123,19 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.quiet = quiet_log.QuietLog()
         self.tls = TlsScope()  # a part (parts.py): which TLS connections are decrypted, and upstream trust
         self.hops = RelayHops()  # parts, each for the flows of one kind (parts.py)
-        self.boundary = ClientBoundary()  # whose requests are the user's own programs' (docs/machine-proxy.md)
+        self.listener = MetricsListener()
+        self.guard = SelfGuard(self.listener.addresses)  # never a dial to its own listeners, never its own socket a client
+        self.boundary = ClientBoundary(is_self=self.guard.is_own_socket)  # whose requests are the user's own programs'
         self.back = AccountBack(self)  # cooldowns that end early; failover.reset
         self.refresher = TokenRefresher(self)  # pooled ChatGPT logins' tokens (token_refresher.py)
         self.activity, self.usage_poller, self.view = Activity(), UsagePoller(self), ModelView()  # dashboard, failover_view
-        self._wire([self.tls, AttemptHooks(self.attempts), self.hops, self.boundary, self.back, ProxyAuthNotice(),
-                    UsageAnswer(self), PassThroughRedaction(lambda host: self.tls.scope.intercepts(host, host)),
-                    ConnTrouble()])
+        self._wire(_parts(self, UsageAnswer(self)))
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
         self.seen_clients = SeenClients()
         self.max_body = 32 * 1024 * 1024  # failover_max_body
         self.keeper: StateKeeper | None = None  # opened when running (unit tests never touch a store)
         self.metrics: Metrics | None = None  # counters exist once failover_metrics was set
-        self.listener = MetricsListener()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -135,13 +147,13 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
     def configure(self, updated: set[str]) -> None:
         try:
             self._configure(updated)
+            self.configure_parts(updated)  # the boundary's (the proxy token too), the connection limits'
         except exceptions.OptionsError as exc:
             if self._running:
                 raise  # a runtime change: rejected, the proxy goes on with what it had
             # At start-up: one clear line and a non-zero exit, before mitmproxy says it is listening.
             print(f"codex-failover: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
-        self.boundary.configure(updated)  # (a part: parts.py)
 
     def _configure(self, updated: set[str]) -> None:
         try:
@@ -216,7 +228,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
             self.metrics = Metrics(snapshot_on_loop(asyncio.get_running_loop(), self.status_report))
         # The same rule as the pool and the status page (read at each scrape: options may change).
         self.listener.serve(self.metrics, ctx.options.failover_metrics, lambda peer: self.clients.allows(peer),
-                            self.boundary.owns)
+                            self.guard.owns(self.boundary.owns))
 
     def _open_state(self) -> None:
         """Open the pool's state store (or keep the open one) and restore what is still in force."""

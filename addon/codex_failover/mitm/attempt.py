@@ -108,7 +108,7 @@ class Capture:
             self.data += chunk[: self.limit - len(self.data)]
         return chunk
 
-    def keep_on(self, response: http.Response | None) -> None:
+    def keep_on(self, response: http.Message | None) -> None:
         if response is not None:
             response.raw_content = bytes(self.data)
 

@@ -11,13 +11,16 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
-from mitmproxy import ctx, http
+from mitmproxy import ctx, exceptions, http
 
+from .. import proxy_token
 from ..core import client_boundary as rules
 from ..core.auth import AuthMaterial, auth_from_headers
 from ..core.client_access import _ip
-from . import client_answers
+from ..net import sock_diag
+from . import client_answers, secret_guard
 
 log = logging.getLogger("codex_failover")
 
@@ -44,8 +47,10 @@ def can_map_sockets() -> bool:
 class ClientBoundary:
     """Which clients are this user's programs (the rule in force), and which credentials were refused."""
 
-    def __init__(self, listings=read_listings, proxy_uid: int | None = None) -> None:
+    def __init__(self, listings=read_listings, proxy_uid: int | None = None,
+                 is_self: Callable[[tuple | None], bool] = lambda peer: False) -> None:
         self._listings = listings
+        self._is_self = is_self  # a client socket that is the proxy's own connection (self_guard.py): never a client
         self.proxy_uid = os.geteuid() if proxy_uid is None else proxy_uid
         self.rule = rules.ANYONE
         self.rejected = rules.RejectedKeys()
@@ -54,6 +59,14 @@ class ClientBoundary:
     # -- hooks -------------------------------------------------------------------------------
 
     def configure(self, updated: set[str]) -> None:
+        if proxy_token.OPTION in updated or not updated:
+            try:
+                value = proxy_token.token(getattr(ctx.options, proxy_token.OPTION, ""), os.environ)
+            except ValueError as exc:
+                raise exceptions.OptionsError(str(exc)) from None
+            if value and not getattr(ctx.options, "proxyauth", None):
+                secret_guard.SECRETS.add([value, value.partition(":")[2]])  # masked in any log
+                ctx.options.proxyauth = value  # mitmproxy's own check of every client, as --proxyauth
         if "proxyauth" in updated or not updated:
             self.rule = rules.rule_for(getattr(ctx.options, "proxyauth", None), can_map_sockets())
             self._own.clear()
@@ -83,7 +96,7 @@ class ClientBoundary:
         """Is this client connection the user's own program (rule in force)? Looked up once per connection."""
         known = self._own.get(client.id)
         if known is None:
-            known = self.owns(client.peername, client.sockname)
+            known = not self._is_self(client.peername) and self.owns(client.peername, client.sockname)
             if len(self._own) >= MAX_CONNECTIONS:
                 self._own.pop(next(iter(self._own)))
             self._own[client.id] = known
@@ -92,14 +105,32 @@ class ClientBoundary:
                          "credential, no pool and no status page", *client.peername[:2])
         return known
 
+    # -- for the connection limits (client_limits.py) -----------------------------------------
+
+    def can_map(self) -> bool:
+        return can_map_sockets()
+
+    def remember(self, client, uid: int | None) -> None:
+        """The uid of a client's socket, found when it connected: the rule's answer needs no lookup again."""
+        if self.rule == rules.UID and client.id not in self._own and not self._is_self(client.peername):
+            if len(self._own) >= MAX_CONNECTIONS:
+                self._own.pop(next(iter(self._own)))
+            self._own[client.id] = rules.is_own(self.rule, True, uid, self.proxy_uid)
+
     def owns(self, peer, local) -> bool:
         """The rule for one socket: `peer` the client's (ip, port, ...), `local` the proxy's end."""
         ip = _ip(peer[0]) if peer else None
         loopback = bool(ip is not None and ip.is_loopback)
         uid = None
         if self.rule == rules.UID and loopback and local:
-            uid = rules.owner_uid(self._listings(), peer[:2], local[:2], sys.byteorder)
+            uid = self.uid_of(peer, local)
         return rules.is_own(self.rule, loopback, uid, self.proxy_uid)
+
+    def uid_of(self, peer, local) -> int | None:
+        """The uid owning a loopback client's socket: the kernel's answer for that socket (sock_diag),
+        else the socket listings' (/proc/net/tcp, tcp6)."""
+        uid = sock_diag.tcp_owner(peer[:2], local[:2])
+        return uid if uid is not None else rules.owner_uid(self._listings(), peer[:2], local[:2], sys.byteorder)
 
     def passed_by(self, flow: http.HTTPFlow, auth: AuthMaterial) -> str | None:
         """Why this model request is not lent the pool: a browser's, another user's, or its

@@ -281,6 +281,18 @@ class ClientHop(HopState):
             while self._h2_buffered() > H2_LOW and not self.gone:
                 await asyncio.sleep(H2_POLL)
 
+    def stream_reset(self) -> bool:
+        """Has the client reset (or closed) its HTTP/2 stream? h2's own state, updated as the frame is
+        read: seen at once, while the stream's own events still wait for a hook (the request hook, a
+        parked connection request) and reach nobody."""
+        server = self.layers[-1].connections.get(self.handler.client)
+        if not isinstance(server, Http2Server):
+            return False
+        stream = server.h2_conn.streams.get(self.stream_id)
+        if stream is None:  # h2 forgets closed streams: a reset one, or one whose id it never opened
+            return self.stream_id in getattr(server.h2_conn, "_closed_streams", {self.stream_id: None})
+        return bool(stream.closed)
+
     def _h2_buffered(self) -> int:
         """Bytes of this stream that mitmproxy's HTTP/2 layer holds for the client's window."""
         server = self.layers[-1].connections.get(self.handler.client)
@@ -334,5 +346,6 @@ def flow_ended_unclaimed(flow: http.HTTPFlow) -> None:
 def relay_server(port: int) -> Server:
     """The server connection that sends a flow to the loopback relay (the hop's fallback)."""
     return Server(address=("127.0.0.1", port))
+
 
 

@@ -20,7 +20,7 @@ import inspect
 # The hooks the parts implement (tests/test_parts.py checks that no part has a hook missing here).
 HOOKS = ("requestheaders", "responseheaders", "response", "error", "websocket_start", "client_disconnected",
          "tls_clienthello", "tls_start_server", "http_connect", "tls_established_client", "tls_failed_client",
-         "server_connect_error")
+         "server_connect_error", "server_connect", "server_connected", "server_disconnected", "client_connected")
 OWN = ("configure", "running")  # the parts' hooks the addon's own handlers call (addon.py)
 
 
@@ -52,6 +52,12 @@ class PartHooks:
         self.parts = tuple(parts)
         self._on = {name: tuple(getattr(part, name) for part in parts if callable(getattr(part, name, None)))
                     for name in HOOKS}
+
+    def configure_parts(self, updated: set[str]) -> None:
+        """The parts' own `configure` (OWN: the addon's handler calls this), in the parts' order."""
+        for part in self.parts:
+            if callable(getattr(part, "configure", None)):
+                part.configure(updated)
 
     def requestheaders(self, flow):
         return each(self._on["requestheaders"], flow)
@@ -88,3 +94,15 @@ class PartHooks:
 
     def server_connect_error(self, data):
         return each(self._on["server_connect_error"], data)
+
+    def client_connected(self, client):
+        return each(self._on["client_connected"], client)
+
+    def server_connect(self, data):
+        return each(self._on["server_connect"], data)
+
+    def server_connected(self, data):
+        return each(self._on["server_connected"], data)
+
+    def server_disconnected(self, data):
+        return each(self._on["server_disconnected"], data)

@@ -61,6 +61,7 @@ from .held_client import HeldClient, shown_changed
 log = logging.getLogger("codex_failover")
 
 POLL = 0.25  # how often a held request checks that its client is still there
+CLIENT_ERRORS = ("stream reset by client", "Client disconnected", "client disconnected")  # mitmproxy's words
 
 
 class ClientGone(Exception):
@@ -134,6 +135,7 @@ class RequestRun:
 
     async def _follow(self, machine: RequestMachine) -> None:
         while True:
+            self._check_client()  # before each step: a client gone meanwhile gets no further attempt
             match machine.next():
                 case Try(cand, ep, n):
                     await self._send(machine, cand, n, ep)
@@ -203,7 +205,9 @@ class RequestRun:
         state = machine.attempt
         assert state is not None
         try:
-            attempt.start(await self.maker.via(ep))
+            via = await self.maker.via(ep)
+            self._check_client()  # before the dial
+            attempt.start(via)
             state.start()
             self.maker.prewarm_next(self.last_plan, cand)
             while not state.over:
@@ -298,9 +302,11 @@ class RequestRun:
             if left is not None and left <= 0:
                 return None
             item = await attempt.next(POLL if left is None else min(POLL, left))
+            if item is not None and item.kind != ERROR:
+                return item
+            self._check_client()  # (a broken attempt may be the client's reset reaching its upstream)
             if item is not None:
                 return item
-            self._check_client()
 
     async def _sleep_holding(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -309,8 +315,17 @@ class RequestRun:
             self._check_client()
 
     def _check_client(self) -> None:
-        if not self.flow.client_conn.connected:  # it closed (or half-closed) its connection
+        if client_left(self.flow, self.client.hop, self.winner is not None):
             raise ClientGone()
+
+def client_left(flow: http.HTTPFlow, hop, committed: bool) -> bool:
+    """Has the client left: closed (or half-closed) its connection, reset its HTTP/2 stream (h2's state,
+    or the stream's error once mitmproxy handed it on)? The run asks before every dial and at every
+    step, so a stream reset at once (rapid reset) costs no upstream work."""
+    if not flow.client_conn.connected:
+        return True
+    return not committed and ((flow.error is not None and flow.error.msg.startswith(CLIENT_ERRORS))
+                              or (isinstance(hop, ClientHop) and hop.stream_reset()))
 
 
 def _expired_once(notices: set, cand: Candidate) -> None:

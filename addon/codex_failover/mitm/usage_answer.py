@@ -1,6 +1,8 @@
 """Codex's usage question (`GET …/wham/usage`, `…/api/codex/usage`) when its own account is limited:
 answered with the usage of the pooled credential its next turn would be placed on, asked with that
-credential's own token (core/usage_view.py decides). A part of FailoverAddon (parts.py); the own
+credential's own token (core/usage_view.py decides). Only on a model host or a pool base URL's host,
+only for the user's own programs (the rule model requests follow: not a browser's, not another
+user's), and only the fields Codex reads. A part of FailoverAddon (parts.py); the own
 account's answer passes as it is whenever that account can send."""
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class UsageAnswer:
         req, owner = flow.request, self.owner
         if flow.is_replay or ATTEMPT_TAG in flow.metadata or not is_usage_request(req.method, req.path):
             return
+        if not owner.matcher.is_model_host(req.host, req.port):
+            return  # another host's (a web page's own server, say): its answer is its own, never the pool's
         if not owner.clients.allows(flow.client_conn.peername[0] if flow.client_conn.peername else None):
             return
         own = auth_from_headers(req.headers)

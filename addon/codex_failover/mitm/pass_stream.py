@@ -1,0 +1,110 @@
+"""A part of FailoverAddon (parts.py), the last: every flow the addon will not hold is streamed both
+ways, as a plain proxy streams it (mitmproxy's `stream` on the request and the response, what its
+`stream_large_bodies` sets for a large body), so a passed-through body costs the proxy a chunk's
+memory, not the body's, and a passed-through event stream reaches its client as it comes.
+
+A request may be held only once its body is read, so whether it can be held at all is decided at
+`requestheaders`, from its head (`may_hold`: a model endpoint, a Codex-like request of the user's own
+program, a body within failover_max_body as its Content-Length says): everything else streams. A
+response is kept whole only for a flow the addon holds (its answer comes through the hop or the relay)
+or whose answer a part reads (`reads_answer`: Codex's usage question, a reset credit's redemption).
+
+docs/machine-proxy.md, "What passes through".
+"""
+
+from __future__ import annotations
+
+import logging
+
+from mitmproxy import http
+
+from ..core.auth import auth_from_headers
+from ..core.codex_request import is_websocket_upgrade
+from . import client_conns
+from .attempt import ATTEMPT_TAG, Capture
+from .client_hop import HOP_TAG
+from .held_client import RELAY_TAG
+
+log = logging.getLogger("codex_failover")
+
+
+STATUS_HOST = "codex-failover.status"
+
+
+class PassStream:
+    def __init__(self, owner):
+        self.owner = owner  # the FailoverAddon: its matcher, clients, boundary, max_body, parts
+
+    def may_hold(self, flow: http.HTTPFlow) -> bool:
+        """Can this request, by its head, be one the addon answers or holds? A held request's body is
+        read whole, so it must say its size (Content-Length) and be within failover_max_body."""
+        req, owner = flow.request, self.owner
+        if req.host == STATUS_HOST:
+            return True
+        if not owner.matcher.matches(req.host, req.port, req.path):
+            return False
+        if not owner.clients.allows(flow.client_conn.peername[0] if flow.client_conn.peername else None):
+            return True  # answered 403 by the request hook
+        auth = auth_from_headers(req.headers)
+        if auth is None or owner.boundary.passed_by(flow, auth):
+            return False
+        if is_websocket_upgrade(req.method, req.headers):
+            return True
+        if req.method != "POST":
+            return False
+        size = req.headers.get("content-length", "").strip()
+        if not size.isdigit():
+            log.warning("codex-failover: a model request body without a Content-Length (it could be over "
+                        "failover_max_body): passed through untouched, without failover")
+            return False
+        if int(size) > owner.max_body:
+            log.warning("codex-failover: a %s-byte request body is over failover_max_body (%d): passed through "
+                        "untouched, without failover", size, owner.max_body)
+            return False
+        return True
+
+    def reads_answer(self, flow: http.HTTPFlow) -> bool:
+        """A passed-through flow whose answer a part reads whole (a usage question, a credit's redemption)."""
+        return flow.id in self.owner.usage_answer._asking or flow.id in self.owner.back._sent
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.is_replay or ATTEMPT_TAG in flow.metadata or flow.request.stream or flow.response is not None:
+            return
+        if not self.may_hold(flow):
+            flow.request.stream = Capture()  # streamed on, its first 64 KiB kept for mitmweb
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        response = flow.response
+        if response is None or response.stream or response.status_code == 101 or flow.is_replay:
+            return
+        meta = flow.metadata
+        if ATTEMPT_TAG in meta or HOP_TAG in meta or RELAY_TAG in meta or self.reads_answer(flow):
+            return
+        response.stream = Capture()
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        """A streamed message keeps what it captured; any other left without content (a record of the
+        addon's, a stream cut short) gets an empty one: mitmweb's content view cannot serve none."""
+        for message in (flow.request, flow.response):
+            if message is not None and message.raw_content is None:
+                stream = message.stream
+                if isinstance(stream, Capture):
+                    stream.keep_on(message)  # (sets the content of whichever message it is given)
+                else:
+                    message.raw_content = b""
+
+    error = response
+
+    def websocket_start(self, flow: http.HTTPFlow) -> None:
+        """A WebSocket the addon does not gate: each message bounded by failover_max_body while
+        mitmproxy gathers it (it has no streaming for messages)."""
+        meta = flow.metadata
+        if ATTEMPT_TAG in meta or HOP_TAG in meta or RELAY_TAG in meta:
+            return
+        cap = self.owner.max_body
+
+        def over() -> None:
+            log.warning("codex-failover: a passed-through WebSocket message grew past failover_max_body (%d): "
+                        "its connection closed (%s)", cap, flow.request.pretty_url)
+
+        client_conns.bound_websocket(flow, cap, over)
