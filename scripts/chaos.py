@@ -291,6 +291,8 @@ class Scenario(AdversarialRuns):
             self.problems.append(f"turn {kind}, expected {want['stream']}")
         if want.get("served_by") and who != want["served_by"]:
             self.problems.append(f"served by {who}, expected {want['served_by']}")
+        if want.get("close_code") is not None and (events[-1:] or [{}])[0].get("code") != want["close_code"]:
+            self.problems.append(f"last frame {events[-1:]}, expected a close with code {want['close_code']}")
         if want.get("error_status") is not None and (events[-1:] or [{}])[0].get("status") != want["error_status"]:
             self.problems.append(f"last frame {events[-1:]}, expected an error with status {want['error_status']}")
         if kind == "complete" and [e.get("sequence_number") for e in events] != list(range(len(events))):

@@ -28,7 +28,8 @@ from .cooldown_end import usage_has_headroom
 USAGE_PATHS = ("/wham/usage", "/api/codex/usage")
 # What Codex reads of the answer (its RateLimitStatusPayload): a pooled account's answer carries these
 # only, never its identity (user id, account id, email).
-CODEX_FIELDS = ("plan_type", "rate_limit", "credits", "additional_rate_limits", "rate_limit_reached_type")
+CODEX_FIELDS = ("plan_type", "rate_limit", "credits", "additional_rate_limits", "rate_limit_reached_type",
+                "spend_control")  # a Business account's limits when its rate_limit is null (no identity in it)
 
 
 def is_usage_request(method: str, path: str) -> bool:

@@ -1,7 +1,9 @@
-"""A part of FailoverAddon (parts.py), the last: every flow the addon will not hold is streamed both
-ways, as a plain proxy streams it (mitmproxy's `stream` on the request and the response, what its
-`stream_large_bodies` sets for a large body), so a passed-through body costs the proxy a chunk's
-memory, not the body's, and a passed-through event stream reaches its client as it comes.
+"""A part of FailoverAddon (parts.py), the last: every flow the addon will not hold goes on as a plain
+proxy sends it: a large body, one of unsaid size and an event stream are streamed (mitmproxy's
+`stream` on the request and the response, what its `stream_large_bodies` sets for a large body), a
+small one read whole (core/pass_through.py decides), so a passed-through body costs the proxy at most
+a chunk or 1 MiB of memory, never the whole, a passed-through event stream reaches its client as it
+comes, and the user's own addons (map_remote, modify_body) still see a small request before it is sent.
 
 A request may be held only once its body is read, so whether it can be held at all is decided at
 `requestheaders`, from its head (`may_hold`: a model endpoint, a Codex-like request of the user's own
@@ -20,6 +22,7 @@ from mitmproxy import http
 
 from ..core.auth import auth_from_headers
 from ..core.codex_request import is_websocket_upgrade
+from ..core.pass_through import streams
 from . import client_conns
 from .attempt import ATTEMPT_TAG, Capture
 from .client_hop import HOP_TAG
@@ -70,7 +73,7 @@ class PassStream:
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.is_replay or ATTEMPT_TAG in flow.metadata or flow.request.stream or flow.response is not None:
             return
-        if not self.may_hold(flow):
+        if not self.may_hold(flow) and streams(flow.request.headers.get("content-length")):
             flow.request.stream = Capture()  # streamed on, its first 64 KiB kept for mitmweb
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
@@ -80,7 +83,8 @@ class PassStream:
         meta = flow.metadata
         if ATTEMPT_TAG in meta or HOP_TAG in meta or RELAY_TAG in meta or self.reads_answer(flow):
             return
-        response.stream = Capture()
+        if streams(response.headers.get("content-length"), response.headers.get("content-type")):
+            response.stream = Capture()
 
     def response(self, flow: http.HTTPFlow) -> None:
         """A streamed message keeps what it captured; any other left without content (a record of the
