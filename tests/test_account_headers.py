@@ -11,8 +11,9 @@ import pytest
 from conftest import WIRE
 from mitmproxy.http import Headers
 
+from codex_failover.bounded_file import read_auth_file
 from codex_failover.config import ConfigError, Credential, parse_pool
-from codex_failover.core.auth import APIKEY, CHATGPT, AuthMaterial, read_auth_file
+from codex_failover.core.auth import APIKEY, CHATGPT, AuthMaterial
 from codex_failover.core.codex_request import swap_credential
 
 KEY = AuthMaterial(APIKEY, "sk-pool")

@@ -6,8 +6,8 @@ import os
 from conftest import WIRE
 
 from codex_failover.auth_watch import AuthWatch
+from codex_failover.bounded_file import read_auth_file
 from codex_failover.config import Credential
-from codex_failover.core.auth import read_auth_file
 from codex_failover.core.health import Health
 from codex_failover.core.policy import PoolConfig, Skipped
 

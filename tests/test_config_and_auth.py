@@ -5,8 +5,9 @@ import json
 import pytest
 from conftest import WIRE
 
+from codex_failover.bounded_file import read_auth_file
 from codex_failover.config import ConfigError, Policy, load_pool
-from codex_failover.core.auth import APIKEY, CHATGPT, AuthError, auth_from_headers, read_auth_file
+from codex_failover.core.auth import APIKEY, CHATGPT, AuthError, auth_from_headers
 from codex_failover.core.cooldown_policy import OverloadPolicy
 
 AUTH = WIRE / "auth"

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from codex_failover import config
+from codex_failover.bounded_file import read_auth_file
 from codex_failover.config import ConfigError, load_pool
-from codex_failover.core.auth import AuthError, read_auth_file
+from codex_failover.core.auth import AuthError
 from codex_failover.core.routes import RouteError, looks_like_secret, parse_endpoint, redact_url
 
 SECRET = "PLANTED-SECRET-7"

@@ -11,8 +11,9 @@ import pytest
 from conftest import WIRE
 
 from codex_failover import auth_refresh
+from codex_failover.bounded_file import read_auth_file
 from codex_failover.core import token_refresh as tr
-from codex_failover.core.auth import APIKEY, CHATGPT, AuthMaterial, auth_from_document, parse_time, read_auth_file
+from codex_failover.core.auth import APIKEY, CHATGPT, AuthMaterial, auth_from_document, parse_time
 
 NOW = 1_800_000_000.0
 DAY = 86400.0

@@ -101,20 +101,6 @@ def jwt_claims(token: str) -> dict[str, Any]:
     return claims if isinstance(claims, dict) else {}
 
 
-def read_auth_file(path: str | Path) -> AuthMaterial:
-    """(The proxy reads auth files through bounded_file.read_auth_file, which passes the text to auth_from_text.)"""
-    path = Path(path).expanduser()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise AuthGone(f"cannot read {path}: No such file or directory") from None
-    except OSError as exc:
-        raise AuthError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
-    except UnicodeDecodeError as exc:
-        raise AuthError(f"{path} is not UTF-8 text (byte {exc.start + 1}; expected a Codex auth.json)") from None
-    return auth_from_text(text, path)
-
-
 def auth_from_text(text: str, path: str | Path) -> AuthMaterial:
     """A Codex auth.json's text (read from `path`, named in the errors)."""
     if not text.strip():

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 
+from ..core import own_tokens
 from ..core.auth import CHATGPT, AuthMaterial
 from ..core.cooldown_end import usage_url, usage_windows
 from ..core.seen_clients import label
@@ -66,8 +67,11 @@ class UsagePoller:
                 out[cred.name] = (cred.name, cred.auth, cred.base_url, (pool.routes.get(cred.route) or (None,))[0])
         # The clients' own ChatGPT accounts, each with the token of its last request (account_back.py keeps
         # them, in memory only, for its usage re-check).
-        for key, (auth, base_url) in list(self.owner.back.own.items()):
-            out.setdefault(key, (label(auth), auth, base_url, None))
+        own = self.owner.back.own
+        for key in own:
+            if tried := own.to_try(key):  # the newest token seen first, then the one the upstream accepted
+                auth, base_url = tried[0]
+                out.setdefault(key, (label(auth), auth, base_url, None))
         return out
 
     async def round(self) -> None:
@@ -100,6 +104,8 @@ class UsagePoller:
         except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError) as exc:
             self.notes[row] = f"usage could not be asked at {time.strftime('%H:%M')} ({type(exc).__name__})"
             return
+        if all(c.name != key for c in self.owner.pool.credentials):  # a client's own: the upstream judged its token
+            self.owner.back.own.answered(key, (auth, base_url), own_tokens.verdict(status))
         if not 200 <= status < 300:
             self.notes[row] = f"usage answered HTTP {status} at {time.strftime('%H:%M')}"
             return
