@@ -176,3 +176,13 @@ def test_the_intercepted_hosts_follow_a_runtime_pool_change(tmp_path):
         assert not intercepted("pypi.org")
         tctx.configure(addon, failover_intercept="all")
         assert intercepted("pypi.org")
+
+
+def test_the_addons_own_upstream_tls_checks_as_mitmproxys_does():
+    """A CA without an Authority Key Identifier (many TLS-inspecting corporate CAs) passes mitmproxy's
+    upstream checks; Python 3.13's default strict checks refused it on the addon's own sockets."""
+    import ssl
+
+    from codex_failover.ws.upstream import tls_context
+    assert not tls_context(False).verify_flags & getattr(ssl, "VERIFY_X509_STRICT", 0)
+    assert tls_context(False).verify_mode == ssl.CERT_REQUIRED and tls_context(False).check_hostname

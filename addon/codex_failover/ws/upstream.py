@@ -127,6 +127,11 @@ def tls_context(insecure: bool, cafile: str | None = None, capath: str | None = 
     if cafile or capath:
         context.load_verify_locations(cafile or None, capath or None)
     add_system_trust(context)
+    # As mitmproxy's own upstream TLS (OpenSSL without X509_STRICT) checks it: Python 3.13 made the strict
+    # checks its default, which refuse a CA without an Authority Key Identifier, as many corporate
+    # TLS-inspecting CAs are. The model requests passed there while the addon's own sockets (token refresh,
+    # usage, the gate's) failed.
+    context.verify_flags &= ~getattr(ssl, "VERIFY_X509_STRICT", 0)
     if insecure:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
