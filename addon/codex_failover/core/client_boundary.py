@@ -138,7 +138,7 @@ def describe_rule(rule: str, uid: int | None) -> str:
     if rule == TOKEN:
         return "local clients: holders of the proxy token (--proxyauth) only"
     if rule == UID:
-        return (f"local clients: processes of uid {uid} only (their sockets in /proc/net/tcp); "
+        return (f"local clients: processes of uid {uid} only (each socket's owner, asked of the kernel); "
                 "other users' are passed through on their own credential")
     return ("local clients: any process on this machine (no /proc/net/tcp here); "
             "require a token with --proxyauth=USER:TOKEN and HTTPS_PROXY=http://USER:TOKEN@127.0.0.1:8080")
