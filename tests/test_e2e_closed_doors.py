@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from harness import FakeUpstreamProcess, ProxyProcess, free_port, pool_yaml
+from harness import FakeUpstreamProcess, ProxyProcess, free_port, pool_yaml, proxy_status
 
 pytestmark = pytest.mark.e2e
 
@@ -193,6 +193,30 @@ def get_bulk(port: int, url: str) -> int:
         while chunk := s.recv(1 << 20):
             n += len(chunk)
     return n
+
+
+def test_a_request_the_addon_answers_itself_is_never_read_whole(tmp_path):
+    """The status page (and a refused client's model request) is answered by the addon, never sent on:
+    a body over 64 KiB there is closed unread, not gathered whole before the answer."""
+    from bulk_upstream import BulkUpstream
+
+    bulk = BulkUpstream()
+    text, env = pool_yaml(f"http://127.0.0.1:{bulk.port}", [("spare", SPARE)])
+    proxy = ProxyProcess(tmp_path, text, env)
+    try:
+        assert proxy_status(proxy.port)["credentials"]  # warm
+        before = peak_kib(proxy.proc.pid)
+        try:
+            post_bulk(proxy.port, "http://codex-failover.status/reset/spare", BULK)
+        except OSError:
+            pass  # closed while it was still sending: what is wanted
+        grown = (peak_kib(proxy.proc.pid) - before) / 1024
+        assert grown < 24, f"the proxy grew {grown:.0f} MiB for a {BULK // MIB} MiB body to the status page"
+        assert "closed unread (the addon answers it itself)" in proxy.log()
+        assert proxy_status(proxy.port)["credentials"]  # still serving
+    finally:
+        proxy.stop()
+        bulk.stop()
 
 
 DRIP = r"""

@@ -2,7 +2,7 @@
 
 import pytest
 
-from codex_failover.core.pass_through import STREAM_ABOVE, streams
+from codex_failover.core.pass_through import ANSWERED_BODY, STREAM_ABOVE, small_enough, streams
 
 
 @pytest.mark.parametrize(("length", "ctype", "streamed"), [
@@ -18,3 +18,20 @@ from codex_failover.core.pass_through import STREAM_ABOVE, streams
 ])
 def test_which_bodies_stream(length, ctype, streamed):
     assert streams(length, ctype) is streamed
+
+
+@pytest.mark.parametrize(("length", "encoding", "small"), [
+    (None, None, True),  # an HTTP/1 request with neither header has no body (curl -X POST)
+    ("0", None, True),
+    (str(ANSWERED_BODY), None, True),
+    (str(ANSWERED_BODY + 1), None, False),  # closed unread, never gathered whole
+    (None, "chunked", False),
+    ("²", None, False),  # not ASCII digits ("²".isdigit() is true)
+    ("1" * 5000, None, False),  # past int()'s digit limit: never parsed
+])
+def test_what_a_request_the_addon_answers_itself_may_carry(length, encoding, small):
+    assert small_enough(length, encoding) is small
+
+
+def test_a_length_that_is_no_ascii_number_streams():
+    assert streams("²") and streams("1" * 5000)

@@ -22,7 +22,7 @@ from mitmproxy import http
 
 from ..core.auth import auth_from_headers
 from ..core.codex_request import is_websocket_upgrade
-from ..core.pass_through import streams
+from ..core.pass_through import ANSWERED_BODY, size_of, small_enough, streams
 from . import client_conns
 from .attempt import ATTEMPT_TAG, Capture
 from .client_hop import HOP_TAG
@@ -55,12 +55,12 @@ class PassStream:
             return True
         if req.method != "POST":
             return False
-        size = req.headers.get("content-length", "").strip()
-        if not size.isdigit():
+        size = size_of(req.headers.get("content-length"))
+        if size is None:
             log.warning("codex-failover: a model request body without a Content-Length (it could be over "
                         "failover_max_body): passed through untouched, without failover")
             return False
-        if int(size) > owner.max_body:
+        if size > owner.max_body:
             log.warning("codex-failover: a %s-byte request body is over failover_max_body (%d): passed through "
                         "untouched, without failover", size, owner.max_body)
             return False
@@ -73,8 +73,28 @@ class PassStream:
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.is_replay or ATTEMPT_TAG in flow.metadata or flow.request.stream or flow.response is not None:
             return
-        if not self.may_hold(flow) and streams(flow.request.headers.get("content-length")):
+        req = flow.request
+        if self.answered_here(flow) and not small_enough(req.headers.get("content-length"),
+                                                          req.headers.get("transfer-encoding")):
+            log.warning("codex-failover: a request to %s from %s with a body over %d KiB (or of unsaid size): "
+                        "closed unread (the addon answers it itself)", req.host,
+                        flow.client_conn.peername[0] if flow.client_conn.peername else "?", ANSWERED_BODY >> 10)
+            flow.kill()
+            return
+        # Read whole (core/pass_through.py) only a small body of the user's own program: another user's
+        # streams whatever its size, so many small bodies cannot add up in the proxy.
+        if not self.may_hold(flow) and (streams(req.headers.get("content-length"))
+                                        or not self.owner.boundary.is_own(flow.client_conn)):
             flow.request.stream = Capture()  # streamed on, its first 64 KiB kept for mitmweb
+
+    def answered_here(self, flow: http.HTTPFlow) -> bool:
+        """A request the addon answers itself, never sent on: the status page's, or a model request from a
+        client failover_clients refuses (answered 403)."""
+        req, owner = flow.request, self.owner
+        if req.host == STATUS_HOST:
+            return True
+        return owner.matcher.matches(req.host, req.port, req.path) and not owner.clients.allows(
+            flow.client_conn.peername[0] if flow.client_conn.peername else None)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         response = flow.response
