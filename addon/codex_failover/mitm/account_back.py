@@ -53,6 +53,10 @@ class AccountBack:
         # a token claiming another's account never displaces it). Memory only, never stored or shown.
         self.own: own_tokens.OwnTokens[tuple[AuthMaterial, str]] = own_tokens.OwnTokens(MAX_SEEN)
 
+    def reads_answer_of(self, flow) -> bool:
+        """Is `flow` a reset credit's redemption whose answer this reads whole?"""
+        return flow.id in self._sent
+
     def saw_client(self, auth: AuthMaterial, url: str, pooled: str | None = None) -> None:
         """A client's own credential on a model request to `url` (`pooled`: the pool's name for it,
         re-checked as a pooled credential)."""

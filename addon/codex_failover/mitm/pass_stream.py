@@ -68,7 +68,7 @@ class PassStream:
 
     def reads_answer(self, flow: http.HTTPFlow) -> bool:
         """A passed-through flow whose answer a part reads whole (a usage question, a credit's redemption)."""
-        return flow.id in self.owner.usage_answer._asking or flow.id in self.owner.back._sent
+        return self.owner.usage_answer.reads_answer_of(flow) or self.owner.back.reads_answer_of(flow)
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.is_replay or ATTEMPT_TAG in flow.metadata or flow.request.stream or flow.response is not None:

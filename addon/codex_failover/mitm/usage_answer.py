@@ -34,6 +34,10 @@ class UsageAnswer:
         self._asking: dict[str, AuthMaterial] = {}  # flow id -> the credential asking, while its answer comes
         self._told: dict[str, str] = {}  # own key -> the credential its last answer came from (one log line a change)
 
+    def reads_answer_of(self, flow) -> bool:
+        """Is `flow` a usage question whose answer this reads whole?"""
+        return flow.id in self._asking
+
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         """The asking credential, kept in memory (never in the flow) until the answer: the request's
         own headers are redacted once it left (passthrough_redact.py)."""
