@@ -219,7 +219,11 @@ def test_a_state_file_lost_while_running_is_said_once_and_written_afresh(fake, t
         assert post_responses(proxy.port, url, other, headers={"session-id": "thread-2"}).status == 200
         line = f"pool state file {path} was {fault} while running; writing it afresh"
         wait_until(lambda: line in proxy.log(), what="the one warning")
-        wait_until(lambda: sorted(r[0] for r in state_rows(tmp_path)).count("cooling") == 2, what="written afresh")
+        try:  # the whole state in the new file: both overloads' cooldowns (at least; a retry may add its own)
+            wait_until(lambda: [r[0] for r in state_rows(tmp_path)].count("cooling") >= 2, what="written afresh")
+        except AssertionError as exc:  # (seen once in a fresh clone's run: what there was, for the next look)
+            rows = state_rows(tmp_path) if path.exists() else "no file"
+            raise AssertionError(f"{exc}; rows: {rows}; log: {proxy.log()[-3000:]}") from None
         time.sleep(0.5)
         assert proxy.log().count("was " + fault) == 1, proxy.log()
     finally:
