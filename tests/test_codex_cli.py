@@ -245,9 +245,13 @@ class CodexRun:
         return (f"\n--- codex stdout ---\n{self.run.stdout}\n--- codex stderr ---\n{self.run.stderr[-3000:]}"
                 f"\n--- mitmdump log ---\n{self.proxy_log[-6000:]}\n--- fake log ---\n{fake_log}")
 
-    def assert_completed_with(self, key: str) -> None:
-        """Exit 0, `key`'s answer, no error of any kind, the turn completed."""
+    def assert_completed_with(self, key: str, reconnects: int = 0) -> None:
+        """Exit 0, `key`'s answer, no error of any kind (but `reconnects` of Codex's own notices that it
+        re-sends a stream that ended early), the turn completed."""
         events, context = self.events, self.context
+        notices = [e for e in events if e.get("type") == "error" and str(e.get("message", "")).startswith("Reconnecting")]
+        assert len(notices) == reconnects, context
+        events = [e for e in events if e not in notices]
         assert self.run.returncode == 0, context
         messages = [e["item"].get("text", "") for e in events
                     if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "agent_message"]
@@ -786,25 +790,53 @@ def test_real_codex_with_every_account_overloaded_at_once_is_served_when_one_is_
     codex.assert_loopback_only()
 
 
-def test_real_codex_gets_one_whole_answer_when_its_turn_is_overloaded_after_a_few_deltas(tmp_path, codex_bin, capsys):
-    """An overload after output began, on the gated WebSocket: the turn ends in a close Codex retries
-    (1012), the credential cools, and Codex's re-send is answered by the spare: exit 0, one whole
-    answer, the first attempt's delta not repeated in it (before: the overload was delivered, exit 1)."""
+@pytest.mark.parametrize("websocket", ["gate", "downgrade"])
+def test_real_codex_gets_one_whole_answer_when_its_turn_is_overloaded_after_a_few_deltas(tmp_path, codex_bin, capsys,
+                                                                                         websocket):
+    """An overload after output began: on the gated WebSocket the turn ends in a close Codex retries
+    (1012); over HTTP (`downgrade`) the stream ends after the output's whole events, without the
+    rejection and without response.completed, which Codex re-sends. Either way the credential cools and
+    Codex's re-send is answered by the spare: exit 0, one whole answer, the first attempt's delta not
+    repeated in it (before: the overload was delivered, exit 1)."""
     def prepare(fake):
-        for scenario in ("warmup", "delta-overload"):
+        for scenario in (["warmup", "delta-overload"] if websocket == "gate" else ["delta-overload"]):
             fake.overload_next(PRIMARY_KEY, 1, scenario)
 
     codex = run_codex(tmp_path, codex_bin, [("primary", PRIMARY_KEY), ("spare", SPARE_KEY)], prepare=prepare,
-                      use_client_credential=False)
+                      use_client_credential=False, extra=["--set", f"failover_websocket={websocket}"])
     messages = [e["item"].get("text", "") for e in codex.events
                 if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "agent_message"]
     with capsys.disabled():
-        print(f"\n[codex-cli] {CODEX_VERSION} overload after a delta (gate): codex exec took {codex.took:.2f}s, exit "
-              f"{codex.run.returncode}; errors {_errors(codex)}; agent messages {messages}; turns {_ws_turns(codex.fake)}")
-    codex.assert_completed_with(SPARE_KEY)
+        print(f"\n[codex-cli] {CODEX_VERSION} overload after a delta ({websocket}): codex exec took {codex.took:.2f}s, "
+              f"exit {codex.run.returncode}; errors {_errors(codex)}; agent messages {messages}")
+    codex.assert_completed_with(SPARE_KEY, reconnects=0 if websocket == "gate" else 1)  # (Codex says it re-sends)
     assert len(messages) == 1 and not messages[0].startswith("Hi"), codex.context
-    assert "after the turn's output began" in codex.proxy_log, codex.context
+    assert ("after the turn's output began" if websocket == "gate" else "rejected after its output began") \
+        in codex.proxy_log, codex.context
     codex.assert_loopback_only()
+
+
+@pytest.mark.parametrize("websocket", ["gate", "downgrade"])
+def test_real_codex_without_a_pool_overloaded_after_a_delta_is_served_by_its_own_key(tmp_path, codex_bin, capsys,
+                                                                                     websocket):
+    """No pool, the own account overloaded once after the output began: the stream (or turn) ends so
+    Codex re-sends, and the re-send is served by the same key after its backoff: exit 0, one answer."""
+    key = "sk-test-client-good"
+
+    def prepare(fake):
+        for scenario in (["warmup", "delta-overload"] if websocket == "gate" else ["delta-overload"]):
+            fake.overload_next(key, 1, scenario)
+
+    codex = run_codex(tmp_path, codex_bin, [], client_key=key, prepare=prepare,
+                      extra=["--set", f"failover_websocket={websocket}"])
+    messages = [e["item"].get("text", "") for e in codex.events
+                if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "agent_message"]
+    with capsys.disabled():
+        print(f"\n[codex-cli] {CODEX_VERSION} no pool, overload after a delta ({websocket}): codex exec took "
+              f"{codex.took:.2f}s, exit {codex.run.returncode}; errors {_errors(codex)}; agent messages {messages}")
+    codex.assert_completed_with(key, reconnects=0 if websocket == "gate" else 1)
+    assert len(messages) == 1 and not messages[0].startswith("Hi"), codex.context
+    assert codex.took < 10.0, codex.context
 
 
 @pytest.mark.parametrize("websocket", ["gate", "downgrade"])

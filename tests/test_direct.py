@@ -11,6 +11,7 @@ from mitmproxy import http
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.test import tflow
 
+from codex_failover.core.after_output import Released
 from codex_failover.mitm import bounded_body, held_layer
 from codex_failover.mitm.attempt import PLACEHOLDER, copy_request, hide_secrets
 from codex_failover.mitm.direct import DirectAttempt, Mode
@@ -79,7 +80,7 @@ def test_holding_keeps_every_event_and_queues_it_for_the_run():
         events = [http_layers.ResponseHeaders(1, sse_head(), end_stream=False),
                   http_layers.ResponseData(1, b"data: {}\n\n"), http_layers.ResponseData(1, b"data: 2\n\n"),
                   http_layers.ResponseEndOfMessage(1)]
-        assert [held_layer._take(attempt, e) for e in events] == [False] * 4  # nothing to the stream yet
+        assert [held_layer._take(attempt, e) for e in events] == [[]] * 4  # nothing to the stream yet
         assert attempt.kept == events
         assert items(attempt) == [("head", b""), ("chunk", b"data: {}\n\n"), ("chunk", b"data: 2\n\n"), ("end", b"")]
         assert attempt.streaming and attempt.finished and attempt.ended.is_set()
@@ -109,15 +110,42 @@ def test_a_release_hands_over_what_was_kept_and_then_lets_every_event_pass():
         held_layer._take(attempt, first)
         attempt.queue.get_nowait()  # the run read the head, not the chunk yet
         fed: list[bytes | None] = []
-        assert attempt.release(fed.append) == [head, first]
+
+        def feed(data):
+            fed.append(data)
+            return Released(data or b"")
+        assert attempt.release(feed, b"") == ([head, first], b"a")  # the held head, the bytes for the stream
         assert fed == [b"a"] and attempt.mode is Mode.RELEASED  # the machine sees what it had not read
-        assert held_layer._take(attempt, http_layers.ResponseData(1, b"b")) is True
-        assert held_layer._take(attempt, http_layers.ResponseData(1, b"c")) is True
-        assert fed == [b"a"]  # once per read from the upstream:
-        attempt.flush_live()
-        assert fed == [b"a", b"bc"]
-        assert held_layer._take(attempt, http_layers.ResponseEndOfMessage(1)) is True
-        assert fed == [b"a", b"bc", None] and attempt.queue.empty()
+        assert held_layer._take(attempt, http_layers.ResponseData(1, b"b")) == [http_layers.ResponseData(1, b"b")]
+        end = http_layers.ResponseEndOfMessage(1)
+        assert held_layer._take(attempt, end) == [end]
+        assert fed == [b"a", b"b", None] and attempt.queue.empty()
+    run_with_master(go)
+
+
+def test_a_released_stream_gets_what_its_machine_releases_and_is_cut_where_it_says():
+    """Released, each chunk passes as the committed machine releases it (whole events); at a cut (a
+    rejection after the output began) the attempt takes nothing more, and the layers end the stream."""
+    from codex_failover.core.classifier import Decision
+    from codex_failover.core.vocabulary import Verdict
+
+    async def go():
+        attempt = make(Hop())
+        attempt.start()
+        held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=False))
+        answers = iter([Released(b"data: 1\n\n"), Released(b"", Decision(Verdict.FAILOVER, "overloaded", "error", {}))])
+        attempt.release(lambda data: next(answers), b"")
+        assert held_layer._take(attempt, http_layers.ResponseData(1, b"data: 1\n\ndata: 2")) == \
+            [http_layers.ResponseData(1, b"data: 1\n\n")]  # the rest of an event waits for its end
+        assert held_layer._take(attempt, http_layers.ResponseData(1, b"\n\ndata: {error}")) == []
+        assert attempt.mode is Mode.CUTTING and attempt.ended.is_set()
+        del attempt.flow.response.headers["content-length"]  # (Response.make states one; a stream has none)
+        assert held_layer._cut_end(attempt, 1) == [http_layers.ResponseEndOfMessage(1)]
+        attempt.mode = Mode.CUT  # (the layers passed its end)
+        assert held_layer._take(attempt, http_layers.ResponseData(1, b"more")) == []
+        assert held_layer._take(attempt, http_layers.ResponseEndOfMessage(1)) == []
+        attempt.flow.response.headers["content-length"] = "999"  # a stated length: cut off instead
+        assert isinstance(held_layer._cut_end(attempt, 1)[0], http_layers.ResponseProtocolError)
     run_with_master(go)
 
 
@@ -139,7 +167,7 @@ def test_a_cancel_hands_the_stream_to_its_hop_and_takes_nothing_more():
             await attempt.cancel()
             assert hop.cancelled == 1 and attempt.mode is Mode.DROPPED and attempt.kept == []
             assert attempt.flow.error.msg == "attempt cancelled by codex-failover"
-            assert held_layer._take(attempt, http_layers.ResponseData(1, b"late")) is False
+            assert held_layer._take(attempt, http_layers.ResponseData(1, b"late")) == []
             await asyncio.wait_for(attempt.over.wait(), 5)  # the record got its final hook
     asyncio.run(go())
     assert seen == ["error attempt cancelled by codex-failover"]
@@ -207,7 +235,7 @@ def test_a_served_attempt_has_no_hook_of_its_own_and_marks_the_clients_flow():
             for _ in range(3):
                 await asyncio.sleep(0)
             assert not attempt.over.is_set()  # the verdict decides what it shows
-            attempt.release(lambda data: None)  # the commit: the stream gets its head and bytes
+            attempt.release(lambda data: Released(data or b""), b"")  # the commit: the stream gets its head and bytes
             attempt.judge("✅", "won", None)
             assert attempt.over.is_set() and attempt.done and attempt.client_flow.marked == "✅" and attempt.served
             assert attempt.registry == {attempt.flow.id: attempt}  # in flight while its stream goes on
@@ -391,7 +419,7 @@ def test_a_losers_record_is_settled_into_copies_of_its_own_and_a_served_ones_nev
         assert served.flow.request is served.client_flow.request
         stream_head = served.kept[0].response
         assert served.flow.response is stream_head and served.flow.server_conn == "upstream-conn"
-        served.release(lambda data: None)
+        served.release(lambda data: Released(data or b""), b"")
         served.judge("✅", "won", None)
         assert served.flow.request is served.client_flow.request and served.flow.response is stream_head
 
@@ -446,7 +474,7 @@ def test_a_verdict_that_serves_after_the_record_began_to_show_leaves_that_record
         attempt.judge("🔄", "retried", "codex-failover: retried: no terminal event")
         for _ in range(3):
             await asyncio.sleep(0)
-        attempt.release(lambda data: None)
+        attempt.release(lambda data: Released(data or b""), b"")
         attempt.judge("✅", "delivered", None)
         assert not attempt.served and attempt.client_flow.marked == ""
         held_layer._take(attempt, http_layers.ResponseEndOfMessage(1))

@@ -114,15 +114,27 @@ def test_usage_limit_cools_the_credential_and_the_next_request_skips_it(fake, st
 
 @pytest.mark.parametrize("scenario,first_type", [("delta-overload", "response.output_text.delta"),
                                                   ("websearch-overload", "response.output_item.added")])
-def test_output_before_the_overload_is_delivered_in_stream(fake, start_proxy, scenario, first_type):
-    proxy = start_proxy(fake, [("spare", "sk-test-spare-good")])
-    reply = post_responses(proxy.port, url(fake), f"sk-test-client-{scenario}")
+@pytest.mark.parametrize("own", [True, False], ids=["direct", "pool-only"])
+def test_an_overload_after_output_ends_the_stream_for_a_resend_that_moves(fake, start_proxy, scenario, first_type, own):
+    """An overload after the output began, while no whole item but reasoning is out: the client gets the
+    output's events and a stream that ends there, without the rejection and without response.completed
+    (Codex re-sends such a request); the credential cools, so the re-send is served by the spare.
+    Before: the overload was delivered in-stream and Codex ended the turn. Both ways a stream reaches
+    the client: on its own stream (direct) and through the stand-in (a pool credential's attempt)."""
+    client = f"sk-test-client-{scenario}"
+    pool = [("spare", "sk-test-spare-good")] if own else [("first", f"sk-test-first-{scenario}"), ("spare", "sk-test-spare-good")]
+    proxy = start_proxy(fake, pool, use_client_credential=own)
+    reply = post_responses(proxy.port, url(fake), client)
     assert reply.status == 200
     kinds = types(reply)
-    assert first_type in kinds
-    assert "error" in kinds
-    assert "response.failed" in kinds
-    assert len(fake.model_requests()) == 1  # no failover
+    assert first_type in kinds, kinds
+    assert not {"error", "response.failed", "response.completed"} & set(kinds), kinds
+    assert reply.body.endswith(b"\n\n")  # whole events only
+    again = post_responses(proxy.port, url(fake), client)
+    assert again.status == 200 and "response.completed" in types(again)
+    first = client if own else f"sk-test-first-{scenario}"
+    assert [r["credential"] for r in fake.model_requests()] == [first, "sk-test-spare-good"]
+    assert "rejected after its output began" in proxy.log()
 
 
 def test_invalid_request_passes_through(fake, start_proxy):

@@ -323,6 +323,45 @@ def test_a_committed_streams_live_rest_records_what_it_made():
     assert isinstance(m.next(), Done)
 
 
+def delta_then_overload() -> tuple[bytes, bytes]:
+    """The start of an answer up to its first text delta, and an overload after it."""
+    turn = Turn("a", 2)
+    answer_events = turn.answer()
+    first = next(i for i, e in enumerate(answer_events) if b"output_text.delta" in e)
+    return (b"".join(turn.handshake() + answer_events[:first + 1]),
+            turn.overload_error() + turn.failed("server_is_overloaded", "overloaded"))
+
+
+def test_an_overload_after_output_ends_the_live_stream_and_cools_its_credential():
+    """core/after_output.py: the committed stream's events go out whole until the overload; then it ends
+    (nothing of the rejection goes out), the credential cools, and the re-send moves."""
+    world = World()
+    start, late = delta_then_overload()
+    m = world.machine()
+    assert isinstance(m.next(), Try)
+    m.attempt.send(Head(200, SSE, True))
+    commands = m.attempt.send(Chunk(start + late[:7]))  # (the read ends inside the overload's event)
+    assert [show(c) for c in commands][0] == f"commit {len(start)}b"  # whole events only
+    m.attempt.succeeded()
+    released = m.attempt.live(late[7:])
+    assert released.out == b"" and released.cut is not None and released.cut.reason == "overloaded"
+    assert world.cooling() == {"a": "overloaded"} and m.attempt.late.reason == "overloaded"
+    assert m.attempt.live(b"data: more\n\n").out == b""  # nothing after the cut
+    assert isinstance(m.next(), Done)
+    again = world.machine()
+    step = again.next()
+    assert isinstance(step, Try) and step.candidate.name == "b"
+
+
+def test_an_overload_in_the_same_read_as_the_first_output_fails_over_before_anything_went_out():
+    world = World()
+    start, late = delta_then_overload()
+    assert drive(world, [stream(start + late), stream(answer("b"))]) == [
+        "try 1 a", "record failover overloaded 200", "cancel",
+        "try 2 b", f"commit {len(answer('b'))}b", "succeeded", "record commit output 200", "done"]
+    assert world.cooling() == {"a": "overloaded"}
+
+
 # -- recovery (docs/recovery.md) --------------------------------------------------------------------
 
 RECOVERY = RecoveryPolicy(enabled=True, attempts=2, heartbeat=15.0, backoff_initial=0.25, backoff_max=0.25)

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from .after_output import AfterOutput, LiveSse, Released
 from .attempt_events import (
     Broke,
     Cancel,
@@ -113,6 +114,8 @@ class AttemptMachine:
         self._slot = False
         self._rejection: Rejection | None = None  # a recoverable whole answer, as a rejection
         self._kept_alive = False  # an extended hold asked for the heartbeat
+        self.released = LiveSse(self.view.made, None)  # once committed: what the client gets of each chunk
+        self.late: Rejection | None = None  # a rejection after the output began, which ended the stream
 
     @property
     def over(self) -> bool:
@@ -153,9 +156,18 @@ class AttemptMachine:
         self.abandon()
         return [Record(Verdict.CANCELLED, CLIENT_GONE, None), Cancel()]
 
-    def live(self, data: bytes | None) -> None:
-        """A chunk of a committed stream's live rest (None: its end): the artifacts it made."""
-        self._made(self.view.made.feed(data) if data is not None else self.view.made.close())
+    def live(self, data: bytes | None) -> Released:
+        """A chunk of a committed stream's live rest (None: its end): what the client gets of it now
+        (whole events), the artifacts it made, and whether the stream ends here instead: a rejection
+        after the output began (core/after_output.py), which cools its credential as any rejection
+        does, so Codex's re-send of the request moves."""
+        released = self.released.feed(data)
+        self._made(self.view.made.take())
+        cut = released.cut
+        if cut is not None and self.late is None:
+            self.late = Rejection(cut.reason, self.status, dict(cut.error or {}))
+            learn(self.scope, self.cand, self.late)
+        return released
 
     # -- the head ------------------------------------------------------------------------------
 
@@ -213,6 +225,8 @@ class AttemptMachine:
                 self._kept_alive = True
                 return [Heartbeat(self.scope.pool.recovery.heartbeat or EXTENDED_HEARTBEAT)]
             return []
+        if decision.verdict is Verdict.COMMIT and self.view.tracker is None:  # (recovery keeps its own rule)
+            decision = self._after_output(decision)
         self.verdict = decision
         if decision.verdict is Verdict.FAILOVER:
             rejection = Rejection(decision.reason, self.status, dict(decision.error or {}), retry_after=self.retry_after)
@@ -223,6 +237,17 @@ class AttemptMachine:
             out: list[Command] = [Heartbeat(recovery.heartbeat)] if recovery.heartbeat else []
             return out + self._buffer_check()
         return self._commit()
+
+    def _after_output(self, decision: Decision) -> Decision:
+        """The output begins: what came with its first event, after it, is what a committed stream's
+        rest would be (core/after_output.py); a rejection there is seen before anything went out."""
+        rule = self.released.rule = AfterOutput(self.scope.rules)
+        rest, self.view.rest = self.view.rest, []
+        for event in rest:
+            late = rule.see(event.raw, lambda event=event: event.payload)
+            if late is not None:
+                return late
+        return decision
 
     # -- recovery: the committed stream kept whole (docs/recovery.md) -----------------------------
 
@@ -288,6 +313,8 @@ class AttemptMachine:
         self._made(self.view.made.take())
         if commit.ended:
             self._made(self.view.made.close())
+        # The client gets whole events: the start of one still coming waits for its rest (`live`).
+        commit = replace(commit, held=self.released.held(commit.held))
         decision = self.verdict
         assert decision is not None
         return [commit, Succeeded(), Record(decision.verdict, decision.reason, self.status, ok=True)]

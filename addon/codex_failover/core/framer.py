@@ -156,6 +156,11 @@ class SSEFramer:
             self._buf.clear()
         return events
 
+    @property
+    def pending(self) -> int:
+        """How many bytes fed are in no event yet (the next event's start)."""
+        return len(self._buf)
+
     def holds(self, needles: tuple[bytes, ...]) -> bool:
         """Do the bytes not framed yet (an event still to come) hold any of `needles`?"""
         return any(needle in self._buf for needle in needles)

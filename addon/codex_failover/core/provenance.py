@@ -137,6 +137,11 @@ class SseArtifacts:
     def close(self) -> list[str]:
         return self.feed(None)
 
+    @property
+    def pending(self) -> int:
+        """Bytes fed that are in no event yet (0 once the stream is no longer framed)."""
+        return self._framer.pending if self._framer is not None else 0
+
     def take(self) -> list[str]:
         """The artifacts found since the last take."""
         found, self._found = self._found, []

@@ -13,6 +13,7 @@ from . import seen_clients, story
 from .activity import Activity, RequestRecord
 from .auth import AuthMaterial
 from .planner import Candidate
+from .vocabulary import Verdict
 
 log = logging.getLogger("codex_failover")
 WHY = "docs/decisions.md#decisions-and-reason-classes"  # what each verdict= and reason= means
@@ -73,6 +74,24 @@ class RunLog:
             _explained = True
             log.info("[%s] (why an attempt failed over, and what each verdict= and reason= means: %s)",
                      self.request_id, WHY)
+
+    def cut(self, attempt: Any, cand: Candidate, reason: str, status: int | None) -> None:
+        """The committed attempt's stream ended at a rejection after its output began
+        (core/after_output.py): its line, history, metrics and the dashboard's count say so."""
+        elapsed = int((time.monotonic() - attempt.started) * 1000)
+        route = attempt.endpoint.label if attempt.endpoint else "direct"
+        entry = AttemptLog(attempt.n, cand.name, Verdict.FAILOVER, reason, elapsed, status, route)
+        self.history.append(entry)
+        if self.metrics is not None:
+            own = self.client_auth if cand.is_client and cand.key.startswith("client:") else None
+            self.metrics.attempt(seen_clients.label(own) if own is not None else cand.name, Verdict.FAILOVER, reason)
+        if self.activity is not None and self.entry is not None:
+            self.activity.attempt(self.entry, cand.name, Verdict.FAILOVER, reason)
+        self.tell("ended for a re-send")
+        log.warning("[%s] attempt %d/%d credential=%s route=%s verdict=failover reason=%s status=%s elapsed=%dms "
+                    "session=%s: rejected after its output began; the stream ends without response.completed, "
+                    "so Codex re-sends the request", self.request_id, attempt.n, self.total, cand.name,
+                    route.replace(" ", "="), reason, status, elapsed, self.session)
 
     def tell(self, outcome: str | None = None) -> None:
         """The client flow's comment: a summary line, then each attempt and each credential skipped."""

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from .attempt_events import Broke, Chunk, End, Event, Tick
 from .classifier import BootstrapClassifier, Decision
-from .framer import FramerError
+from .framer import Event, FramerError
 from .provenance import SseArtifacts
 from .recovery import TerminalTracker, recoverable_stream_end
 from .usage import Window, from_event
@@ -22,6 +22,7 @@ class StreamView:
         self.error: str | None = None  # the upstream broke (what came is still delivered, then the break)
         self.made = SseArtifacts()  # frames the stream, and keeps its artifacts until taken
         self.tracker = TerminalTracker() if track_ending else None
+        self.rest: list[Event] = []  # the events framed with the deciding one, after it
         self._usage = usage
 
     def hold(self, clf: BootstrapClassifier, event: Event) -> Decision:
@@ -67,9 +68,11 @@ class StreamView:
                 if tracker is not None:
                     tracker.unframed()
                 return clf.fail_open(FRAMING_ERROR)
-        for event in events:
+        for i, event in enumerate(events):
             if decision is None or not decision.final:
                 decision = clf.feed(event)
+                if decision.final:
+                    self.rest = events[i + 1:]
                 if event.type == "codex.rate_limits" and isinstance(payload := event.payload, dict):
                     self._usage(from_event(payload))  # parsed already by the classifier
             if tracker is not None:

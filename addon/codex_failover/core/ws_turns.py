@@ -20,8 +20,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from .after_output import AfterOutput
 from .body_edit import remove_members
-from .classifier import BootstrapClassifier, Decision, stream_error
+from .classifier import BootstrapClassifier, Decision
 from .framer import Event
 from .replay_safety import _nobody, assess, removals
 from .rules import Rules
@@ -102,8 +103,7 @@ class TurnGate:
     _clf: BootstrapClassifier | None = None  # open window
     _held: list[Message] = field(default_factory=list)
     _warmups: dict[str, dict[str, Any]] = field(default_factory=dict)  # response id -> warm-up body
-    _live: bool = False  # the turn was committed and its response goes on: watched for a late rejection
-    _whole_item: bool = False  # an item of it other than reasoning completed: a re-send would repeat it
+    _after: AfterOutput | None = None  # the committed turn's response, watched for a rejection after its output
 
     # -- client side -----------------------------------------------------------------------
 
@@ -150,7 +150,7 @@ class TurnGate:
         """A fresh window for the current turn (a new turn, or the same one on a new socket)."""
         self._clf = BootstrapClassifier(self.rules, timeout=self.timeout, clock=self.clock, stall=self.stall,
                                         max_hold=self.max_hold)
-        self._held, self._live = [], False
+        self._held, self._after = [], None
         if self.turn is not None:
             self.turn.response_id = None  # the next socket names its own response
 
@@ -169,7 +169,7 @@ class TurnGate:
         if self._clf is None:  # the hot path: passed on as is, parsed only when it may be a rejection
             if self._wants_response_id():
                 self._note_response_id(Event.from_ws_message(content))
-            late = self._late_rejection(message) if self._live else None
+            late = self._late_rejection(message) if self._after is not None else None
             return late or Step(release=(message,))
         event = Event.from_ws_message(content)
         if self._wants_response_id():
@@ -192,38 +192,23 @@ class TurnGate:
             decision = Decision(Verdict.FAILOVER, STATE_LOST, decision.trigger, decision.error)
         if decision.verdict is Verdict.FAILOVER:
             return Step(decision=decision, held=held)
-        self._live, self._whole_item = decision.verdict is Verdict.COMMIT, False
+        self._after = AfterOutput(self.rules) if decision.verdict is Verdict.COMMIT else None
         return Step(release=held, decision=decision)
 
     def _late_rejection(self, message: Message) -> Step | None:
-        """A committed turn's message: a rejection after its output began (an overload after a few
-        deltas) is not delivered while no item of the turn but reasoning has completed (no whole
-        message the user saw, no tool call Codex may have run): the turn ends in a close Codex retries
-        (core/turn_machine.py), whose re-send starts the answer over. Cheap: only a message that may
-        be an error, or an item's end, is parsed."""
+        """A committed turn's message: a rejection after its output began, while no item of the turn but
+        reasoning has completed, is not delivered (core/after_output.py, the rule both transports
+        follow): the turn ends in a close Codex retries (core/turn_machine.py)."""
+        after = self._after
+        assert after is not None
         content = message[0]
         raw = content.encode() if isinstance(content, str) else content
-        if b'"response.completed"' in raw or b'"response.incomplete"' in raw:
-            self._live = False
+        decision = after.see(raw, lambda: Event.from_ws_message(content).payload)
+        if not after.watching:
+            self._after = None
+        if decision is None:
             return None
-        if b'"response.output_item.done"' in raw:  # (a few per response: parsed)
-            payload = Event.from_ws_message(content).payload
-            item = payload.get("item") if isinstance(payload, dict) else None
-            if not isinstance(item, dict) or item.get("type") != "reasoning":
-                self._whole_item = True  # a message the user saw whole, a tool call Codex may have run
-            return None
-        if b'"error"' not in raw and b'"response.failed"' not in raw:
-            return None
-        payload = Event.from_ws_message(content).payload
-        if not isinstance(payload, dict) or payload.get("type") not in ("error", "response.failed"):
-            return None
-        self._live = False
-        error = stream_error(payload)
-        klass = self.rules.rejection_class(error.get("code"), error.get("type"), error.get("message"), error.get("status"))
-        if klass is None or self._whole_item:
-            return None  # not a rejection, or the user has a whole item already: delivered as sent
-        return Step(decision=Decision(Verdict.FAILOVER, klass, payload.get("type"), error), held=(message,),
-                    after_output=True)
+        return Step(decision=decision, held=(message,), after_output=True)
 
     def _wants_response_id(self) -> bool:
         """Only a warm-up's response id matters (a later turn may name it)."""

@@ -68,6 +68,7 @@ class ClientHop(HopState):
         self.parked = None  # the stream's GetHttpConnection, while the run has not chosen
         self.asked = None  # a direct stream's GetHttpConnection, while mitmproxy dials for it
         self.via = None  # the flow's server connection's `via` before the stand-in took its place
+        self.held_bytes = b""  # a committed direct attempt's held output, for its stream
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -138,10 +139,11 @@ class ClientHop(HopState):
         if self.parked is not None:
             self._tell("decide")
 
-    def release(self, attempt, live_feed) -> None:
-        """Commit the direct attempt: the stream gets what was held, then its upstream's rest."""
+    def release(self, attempt, live_feed, held: bytes) -> None:
+        """Commit the direct attempt: the stream gets the whole events held (`held`), then its
+        upstream's rest through `live_feed`."""
         self.status = 200 if attempt.flow.response is None else attempt.flow.response.status_code
-        attempt.live_feed = live_feed
+        attempt.live_feed, self.held_bytes = live_feed, held
         self.pump = asyncio.get_running_loop().create_task(self._event("release"))
 
     def set_reading(self, server, on: bool) -> None:
@@ -328,7 +330,7 @@ def ws_started(flow: http.HTTPFlow) -> None:
 def direct_ended(flow: http.HTTPFlow) -> None:
     """The client flow's `response` or `error` hook: a released direct attempt's hop is done."""
     hop = _by_flow.get(flow.id)
-    if hop is not None and hop.direct is not None and hop.direct.mode is Mode.RELEASED:
+    if hop is not None and hop.direct is not None and hop.direct.mode in (Mode.RELEASED, Mode.CUTTING, Mode.CUT):
         if not hop.direct.ended.is_set():  # the stream ended without its upstream's end (the client left)
             hop.direct.client_left(flow.error.msg if flow.error else "the stream ended")
         hop.detach()

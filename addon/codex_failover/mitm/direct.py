@@ -53,9 +53,12 @@ class Mode(enum.Enum):
     RELEASED = enum.auto()  # committed: they pass to the stream
     ITEMS = enum.auto()  # committed, answered by the hop: items only, the events are dropped
     DROPPED = enum.auto()  # the stream went to its hop: nothing more is taken
+    CUTTING = enum.auto()  # released, then a rejection after its output began: the stream's end is due
+    CUT = enum.auto()  # ...and it ended there (its upstream reset): nothing more is taken
 
 
-HOLDING, RELEASED, ITEMS, DROPPED = Mode.HOLDING, Mode.RELEASED, Mode.ITEMS, Mode.DROPPED
+HOLDING, RELEASED, ITEMS, DROPPED, CUTTING, CUT = (Mode.HOLDING, Mode.RELEASED, Mode.ITEMS, Mode.DROPPED, Mode.CUTTING,
+                                                   Mode.CUT)
 
 
 class DirectAttempt(Attempt):
@@ -80,8 +83,7 @@ class DirectAttempt(Attempt):
         self.kept_bytes = 0
         self.overflow = False  # what it held passed failover_max_body
         self.whole: list[bytes] = []  # a body that is not streamed, for the run's ReadWhole (the kept events' own bytes)
-        self.live_feed = None  # after a release: each chunk to the committed machine (None: the end)
-        self._live = bytearray()  # released chunks not yet shown to it
+        self.live_feed = None  # after a release: each chunk to the committed machine (None: the end), what passes
         self.record = RecordHooks(self)  # the record flow's hooks, as it moves
         self.ended = Signal(self.record)  # its response ended, failed or was stopped
         self.judged = Signal(self.record)  # the run's verdict is on the record (Attempt.judge)
@@ -104,7 +106,7 @@ class DirectAttempt(Attempt):
         if not self.record.started and self.registry is not None:  # never started: no hook will take it out
             self.registry.pop(self.flow.id, None)
         self.judged.set()
-        if self.mode in (RELEASED, DROPPED):
+        if self.mode in (RELEASED, DROPPED, CUTTING, CUT):
             return
         self._drop("attempt cancelled by codex-failover" if not self.finished else None)
         await self.hop.cancel_direct()
@@ -132,9 +134,11 @@ class DirectAttempt(Attempt):
             self.flow.response, self._own_response = copy_request(self.flow.response), True
         super().judge(mark, comment, error)
 
-    def release(self, live_feed) -> list:
-        """The commit: what was held, for the stream now; the rest passes (each chunk to `live_feed`).
-        Chunks already queued that the machine has not seen yet are shown to it first."""
+    def release(self, live_feed, held: bytes) -> tuple[list, bytes]:
+        """The commit: the held head (and end), and the bytes for the stream now: `held` (the whole
+        events the machine saw) and the whole events of chunks already queued that it has not seen
+        yet; the rest passes, each chunk through `live_feed` (the committed machine: whole events,
+        or the cut at a rejection after the output began, core/after_output.py)."""
         unseen, ended = bytearray(), False
         while not self.queue.empty():
             item = self.queue.get_nowait()
@@ -142,14 +146,15 @@ class DirectAttempt(Attempt):
                 unseen += item.data
             elif item.kind == "end":
                 ended = True
-        if unseen:
-            live_feed(bytes(unseen))
-        if ended:
-            live_feed(None)
         self.mode, self.live_feed = RELEASED, live_feed
+        body = bytearray(held)
+        if unseen:
+            body += self._feed(bytes(unseen))
+        if ended and self.mode is RELEASED:
+            body += self._feed(None)
         self._set_reading(True)
         kept, self.kept = self.kept, []
-        return kept
+        return kept, bytes(body)
 
     @property
     def done(self) -> bool:
@@ -254,44 +259,46 @@ class DirectAttempt(Attempt):
         if end_stream:
             self.on_end()
 
-    def on_data(self, data: bytes) -> None:
-        if self.mode is RELEASED:  # shown to the machine once per read from the upstream (`flush_live`)
+    def on_data(self, data: bytes) -> bytes:
+        """A chunk of its answer; released, what the stream gets of it now (whole events)."""
+        if self.mode is RELEASED:
             self.captured(data)
-            self._live += data
-            return
+            return self._feed(data)
         if self.streaming:
             self._on_chunk(data)
         else:  # read whole, as mitmproxy reads a body it does not stream (the run's ReadWhole)
             self.captured(data)
             self.whole.append(data)
+        return b""
 
-    def on_end(self) -> None:
+    def on_end(self) -> bytes:
+        """Its answer ended; released, the last bytes the stream gets (an event without its blank line)."""
         self.finished = True
         if self.flow.response is not None and not self.streaming:
             self.flow.response.raw_content = b"".join(self.whole)
+        out = b""
         if self.mode is RELEASED:
-            self._feed(None)
+            out = self._feed(None)
         else:
             self.queue.put_nowait(Item("end"))
         self.ended.set()
+        return out
 
     def on_error(self, message: str) -> None:
-        if self.mode is RELEASED:
-            self.flush_live()
-        else:
+        if self.mode is not RELEASED:
             self.queue.put_nowait(Item("error", message.encode()))
         self.flow.error = mitmflow.Error(message)
         self.ended.set()
 
-    def flush_live(self) -> None:
-        if self._live:
-            data, self._live = bytes(self._live), bytearray()
-            self._feed(data)
-
-    def _feed(self, data: bytes | None) -> None:
-        if data is None:
-            self.flush_live()
+    def _feed(self, data: bytes | None) -> bytes:
+        """A released chunk (None: the end) through the committed machine: what passes now. At a cut
+        the attempt is over (CUT): the layers end the stream and reset its upstream."""
         try:
-            self.live_feed(data)
+            released = self.live_feed(data)
         except Exception:  # noqa: BLE001 - the bookkeeping of a stream never breaks the stream
             log.exception("codex-failover: a committed stream's bookkeeping failed")
+            return data or b""
+        if released.cut is not None:
+            self.mode = CUTTING
+            self.ended.set()
+        return released.out

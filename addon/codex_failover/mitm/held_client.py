@@ -95,15 +95,15 @@ class HeldClient:
         return isinstance(self.hop, ClientHop) and self.hop.choice is None and not self.hop.gone and \
             bool(getattr(ctx.options, "failover_direct", True))
 
-    def release(self, attempt, state) -> None:
-        """The committed direct attempt: the stream gets what was held, then the upstream's rest,
-        each chunk shown to its machine."""
+    def release(self, attempt, live_feed, held: bytes) -> None:
+        """The committed direct attempt: the stream gets what was held (`held`: whole events), then
+        the upstream's rest through `live_feed` (live.py)."""
         if self.metrics is not None:
             self.metrics.hold_seconds(time.monotonic() - self.started)
         self._released = time.monotonic()  # its first output's time is taken in `first_output`
         self.decided.set()
         assert isinstance(self.hop, ClientHop)
-        self.hop.release(attempt, state.live)
+        self.hop.release(attempt, live_feed, held)
 
     def stream(self, status: int, reason: str, headers: list, body, first: bytes = b"") -> None:
         """The winner: its head and `first` (the held bytes) now, its live rest (`body`) as it

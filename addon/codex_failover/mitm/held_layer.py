@@ -140,13 +140,29 @@ class _HeldHttpLayer(HttpLayer):
         stream, direct = self.streams.get(hop.stream_id), hop.direct
         if stream is None or direct is None:
             return
-        kept = _merged(direct.release(direct.live_feed))
-        if any(isinstance(event, http_layers.ResponseData) for event in kept):
+        kept, body = direct.release(direct.live_feed, hop.held_bytes)
+        sid = hop.stream_id
+        heads = [event for event in kept if isinstance(event, http_layers.ResponseHeaders)]
+        ends = [event for event in kept if not isinstance(event, (http_layers.ResponseHeaders, http_layers.ResponseData))]
+        released = heads + ([http_layers.ResponseData(sid, body)] if body else [])
+        released += [] if direct.mode is Mode.CUTTING else ends
+        if body:
             hop._joined = []  # head and first output in one write (ClientHop.keep_back)
-        for event in kept:
+        for event in released:
             if isinstance(event, http_layers.ResponseHeaders):  # first output: the hop's bookkeeping
                 event.response.stream = Capture(on_first=hop._body_started)
             yield from self._pass(stream, hop, event)
+        yield from self._cut(stream, hop)
+
+    def _reset_upstream(self, hop: "ClientHop") -> layer.CommandGenerator[None]:
+        """The direct stream's upstream stream is reset (HTTP/1.1: its connection closed): nothing
+        more of that answer is wanted."""
+        direct = hop.direct
+        conn_layer = self.connections.get(direct.server) if direct is not None and direct.server is not None else None
+        if conn_layer is not None and not direct.finished:
+            error = http_layers.RequestProtocolError(hop.stream_id, "attempt cancelled by codex-failover",
+                                                     http_layers.ErrorCode.CANCEL)
+            yield from HttpLayer.event_to_child(self, conn_layer, error)
 
     def _cancel(self, hop: "ClientHop") -> layer.CommandGenerator[None]:
         """From now on the stream's answer is its stand-in's: the connection request it is still to make,
@@ -166,11 +182,7 @@ class _HeldHttpLayer(HttpLayer):
             stream.context.server = stream.flow.server_conn = hop.conn
             hop.claimed = True
             hop.requested.set()
-        conn_layer = self.connections.get(direct.server)
-        if conn_layer is not None and not direct.finished:
-            error = http_layers.RequestProtocolError(hop.stream_id, "attempt cancelled by codex-failover",
-                                                     http_layers.ErrorCode.CANCEL)
-            yield from HttpLayer.event_to_child(self, conn_layer, error)
+        yield from self._reset_upstream(hop)
 
     def event_to_child(self, child, event: events.Event) -> layer.CommandGenerator[None]:
         """A held stream's commands, with its head's bytes and log lines held while its head waits
@@ -216,9 +228,27 @@ class _HeldHttpLayer(HttpLayer):
                     return  # joined with the rest of this read (`_from_connection`)
                 if batch:
                     yield from self._joined_data(batch.pop(child.stream_id, None))
-                if not _take(direct, event):
-                    return  # held for the run, or dropped
+                yield from self._released(child, hop, _take(direct, event))
+                return
         yield from self._pass(child, hop, event)
+
+    def _released(self, stream, hop: "ClientHop", passing: list) -> layer.CommandGenerator[None]:
+        """What a direct stream gets of its upstream's event (nothing while held); at a cut (a rejection
+        after the output began) its end, and its upstream's reset."""
+        for event in passing:
+            yield from self._pass(stream, hop, event)
+        yield from self._cut(stream, hop)
+
+    def _cut(self, stream, hop: "ClientHop") -> layer.CommandGenerator[None]:
+        """A released stream whose machine saw a rejection after the output began (CUTTING): it ends
+        here for its client (`_cut_end`), and its upstream stream is reset."""
+        direct = hop.direct
+        if direct is None or direct.mode is not Mode.CUTTING:
+            return
+        direct.mode = Mode.CUT
+        for event in _cut_end(direct, hop.stream_id):
+            yield from self._pass(stream, hop, event)
+        yield from self._reset_upstream(hop)
 
     def _joined_data(self, pending) -> layer.CommandGenerator[None]:
         """A read's data for a direct stream, as one event: to its attempt, and (released) on to the stream."""
@@ -228,10 +258,9 @@ class _HeldHttpLayer(HttpLayer):
         direct = hop.direct
         if direct is None:
             return
-        event = http_layers.ResponseData(hop.stream_id, bytes(data))
-        if _take(direct, event) and self.streams.get(hop.stream_id) is stream:
-            yield from self._pass(stream, hop, event)
-        direct.flush_live()
+        passing = _take(direct, http_layers.ResponseData(hop.stream_id, bytes(data)))
+        if self.streams.get(hop.stream_id) is stream:
+            yield from self._released(stream, hop, passing)
 
     def _from_connection(self, child, event: events.Event) -> layer.CommandGenerator[None]:
         """An upstream connection's event: the data it brings a direct stream is one chunk, for its
@@ -296,22 +325,37 @@ class _HeldHttpLayer(HttpLayer):
         hop.requested.set()
 
 
-def _take(direct, event) -> bool:
-    """A response event from a direct stream's upstream, told to its DirectAttempt: True if the
-    stream gets it now (released), False if it is held or dropped."""
-    if direct.mode is Mode.DROPPED:
-        return False
-    if direct.mode is Mode.HOLDING and not direct.keep(event, len(event.data) if isinstance(event, http_layers.ResponseData) else 0):
-        return False  # past failover_max_body: dropped
+def _take(direct, event) -> list:
+    """A response event from a direct stream's upstream, told to its DirectAttempt: what the stream
+    gets now (released: whole events; an end after the last bytes), nothing while it is held or dropped."""
+    mode = direct.mode
+    if mode is Mode.DROPPED or mode is Mode.CUTTING or mode is Mode.CUT:
+        return []
+    if mode is Mode.HOLDING and not direct.keep(event, len(event.data) if isinstance(event, http_layers.ResponseData) else 0):
+        return []  # past failover_max_body: dropped
     if isinstance(event, http_layers.ResponseHeaders):
         direct.on_head(event.response, event.end_stream)
     elif isinstance(event, http_layers.ResponseData):
-        direct.on_data(event.data)
+        out = direct.on_data(event.data)
+        return [http_layers.ResponseData(event.stream_id, out)] if out else []
     elif isinstance(event, http_layers.ResponseEndOfMessage):
-        direct.on_end()
+        out = direct.on_end()
+        last = [http_layers.ResponseData(event.stream_id, out)] if out else []
+        return last + [event] if direct.mode is Mode.RELEASED else last  # (cutting: `_cut` ends it)
     elif isinstance(event, http_layers.ResponseProtocolError):
         direct.on_error(event.message)
-    return direct.mode is Mode.RELEASED
+    return [event] if direct.mode is Mode.RELEASED else []
+
+
+def _cut_end(direct, stream_id: int) -> list:
+    """How a stream cut before a rejection ends for its client: as a stream ends (HTTP/1.1's last chunk,
+    HTTP/2's END_STREAM), without `response.completed`, which Codex re-sends; a body of a stated
+    length is cut off instead (its client would wait for the rest)."""
+    response = direct.flow.response
+    if response is not None and "content-length" in response.headers:
+        return [http_layers.ResponseProtocolError(stream_id, "codex-failover: the stream ends before a rejection "
+                                                  "after its output began", http_layers.ErrorCode.CANCEL)]
+    return [http_layers.ResponseEndOfMessage(stream_id)]
 
 
 def _merged(events_: list) -> list:

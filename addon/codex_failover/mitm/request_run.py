@@ -272,10 +272,17 @@ class RequestRun:
                     self.winner = attempt
                     if self.log.entry is not None:
                         self.log.entry.tokens_from = lambda made=state.view.made: made.tokens
-                    live.commit(self.client, attempt, state, commit, self.shared.metrics)
+                    live.commit(self.client, attempt, state, commit, self.shared.metrics,
+                                lambda attempt=attempt, state=state: self._cut(attempt, state))
                     if commit.first:
                         await self.client.first_output()  # the client's first output before the bookkeeping
                         self.log.first_output()
+
+    def _cut(self, attempt: Attempt, state: AttemptMachine) -> None:
+        """The committed stream ended at a rejection after its output began (core/after_output.py)."""
+        late = state.late
+        if late is not None:
+            self.log.cut(attempt, state.cand, late.reason, late.status)
 
     # -- answers ------------------------------------------------------------------------------
 
