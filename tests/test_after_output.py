@@ -77,7 +77,7 @@ STREAM = [sse({"type": "response.created"}), DELTA, DELTA, MESSAGE_DONE, COMPLET
 def test_any_chunking_releases_the_stream_byte_for_byte(rules, data):
     whole = b"".join(STREAM) + b"data: unterminated"
     cuts = sorted(data.draw(st.lists(st.integers(0, len(whole)), max_size=8)))
-    pieces = [whole[a:b] for a, b in zip([0, *cuts], [*cuts, len(whole)])]
+    pieces = [whole[a:b] for a, b in zip([0, *cuts], [*cuts, len(whole)], strict=True)]
     out, cut = released(rules, pieces[0], pieces[1:])
     assert out == whole and cut is None
 
@@ -89,7 +89,7 @@ def test_any_chunking_cuts_before_the_rejection_and_never_inside_an_event(rules,
     whole = before + OVERLOAD + FAILED + b"data: after\n\n"
     # (the held part ends before the rejection: one the hold saw is the machine's to fail over)
     cuts = sorted({data.draw(st.integers(1, len(before)))} | set(data.draw(st.lists(st.integers(1, len(whole)), max_size=8))))
-    pieces = [whole[a:b] for a, b in zip([0, *cuts], [*cuts, len(whole)])]
+    pieces = [whole[a:b] for a, b in zip([0, *cuts], [*cuts, len(whole)], strict=True)]
     out, cut = released(rules, pieces[0], pieces[1:])
     assert out == before and cut is not None and cut.reason == "overloaded"
 

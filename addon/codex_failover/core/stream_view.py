@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from .attempt_events import Broke, Chunk, End, Event, Tick
 from .classifier import BootstrapClassifier, Decision
-from .framer import Event, FramerError
+from .framer import Event as SseEvent, FramerError
 from .provenance import SseArtifacts
 from .recovery import TerminalTracker, recoverable_stream_end
 from .usage import Window, from_event
@@ -22,7 +22,7 @@ class StreamView:
         self.error: str | None = None  # the upstream broke (what came is still delivered, then the break)
         self.made = SseArtifacts()  # frames the stream, and keeps its artifacts until taken
         self.tracker = TerminalTracker() if track_ending else None
-        self.rest: list[Event] = []  # the events framed with the deciding one, after it
+        self.rest: list[SseEvent] = []  # the events framed with the deciding one, after it
         self._usage = usage
 
     def hold(self, clf: BootstrapClassifier, event: Event) -> Decision:
