@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from .after_output import AfterOutput, LiveSse, Released
@@ -244,7 +245,7 @@ class AttemptMachine:
         rule = self.released.rule = AfterOutput(self.scope.rules)
         rest, self.view.rest = self.view.rest, []
         for event in rest:
-            late = rule.see(event.raw, lambda event=event: event.payload)
+            late = rule.see(event.raw, partial(getattr, event, "payload"))
             if late is not None:
                 return late
         return decision
