@@ -3,7 +3,7 @@ engine, the HTTP driver) and `ws/` (the gated WebSocket) may import mitmproxy. E
 of the package, `core/` first, must import with mitmproxy unimportable; and `core/` does no I/O of
 its own (no sockets, no asyncio servers, no files but the rules and pool files it is handed). Read
 by AST: core/ imports only the standard library and core/ itself, and no module of the package is in
-an import cycle."""
+an import cycle (annotation-only imports counted)."""
 
 from __future__ import annotations
 
@@ -99,22 +99,10 @@ def test_only_the_seam_touches_mitmproxys_proxy_core():
 
 
 def _imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
-    """Every import of a module, in functions too, except those under `if TYPE_CHECKING:` (they are
-    for annotations and never run)."""
-    found: list[ast.Import | ast.ImportFrom] = []
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
-            for child in node.orelse:
-                visit(child)
-            return
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            found.append(node)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
-    return found
+    """Every import of a module, in functions and under `if TYPE_CHECKING:` too: an import for
+    annotations is knowledge of the other module all the same (the lower module calling back into
+    the higher one's object), and a cycle it closes is a cycle in the design."""
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
 def _module_name(path: Path) -> str:
@@ -209,10 +197,30 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+# The held client stream (mitm/client_hop.py, held_layer.py, direct.py, record_hooks.py and the rest)
+# is being rewritten as one object with a named lifecycle; until then its two circles stand. The
+# held-stream rewrite removes them, and this list with them.
+HELD_STREAM_PENDING = [
+    ["codex_failover.mitm.client_hop", "codex_failover.mitm.held_layer"],
+    ["codex_failover.mitm.direct", "codex_failover.mitm.record_hooks"],
+]
+
+
 def test_no_import_cycle_between_the_packages_modules():
-    """A cycle hides which module depends on which (and a lazy import inside a function only hides
-    it); imports under `if TYPE_CHECKING:` are for annotations and do not count."""
-    assert _cycles(_import_graph()) == []
+    """A cycle hides which module depends on which: a lazy import inside a function only hides it,
+    and so does one under `if TYPE_CHECKING:` (both counted). The lower module knows what it needs of
+    the higher one as a `typing.Protocol` of its own (mitm/carried.py, attempt.Connections,
+    token_refresher.Owner), or is handed the values (attempt_maker.AttemptMaker), or the shared
+    record moves down (story.AttemptLog)."""
+    cycles = _cycles(_import_graph())
+    assert [c for c in cycles if c not in HELD_STREAM_PENDING] == [], "import cycles"
+    assert [c for c in HELD_STREAM_PENDING if c not in cycles] == [], "gone: take it off HELD_STREAM_PENDING"
+
+
+def test_the_import_graph_counts_what_only_annotations_import():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n"
+                     "def f():\n    from .c import C\n")
+    assert [node.module for node in _imports(tree) if isinstance(node, ast.ImportFrom)] == ["typing", "b", "c"]
 
 
 def test_the_cycle_check_sees_a_cycle():

@@ -13,27 +13,12 @@ from . import seen_clients, story
 from .activity import Activity, RequestRecord
 from .auth import AuthMaterial
 from .planner import Candidate
+from .story import AttemptLog
 from .vocabulary import Verdict
 
 log = logging.getLogger("codex_failover")
 WHY = "docs/decisions.md#decisions-and-reason-classes"  # what each verdict= and reason= means
 _explained = False  # the first attempt that did not serve says once where the reasons are explained
-
-
-@dataclass
-class AttemptLog:
-    n: int
-    credential: str
-    verdict: str
-    reason: str
-    elapsed_ms: int
-    status: int | None = None
-
-    route: str = "direct"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"attempt": self.n, "credential": self.credential, "route": self.route,
-                "verdict": self.verdict, "reason": self.reason, "status": self.status}
 
 
 @dataclass

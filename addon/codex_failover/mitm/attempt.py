@@ -18,7 +18,7 @@ import asyncio
 import copy
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 from mitmproxy import flow as mitmflow, hooks, http
 
@@ -27,9 +27,6 @@ from ..core.warm_book import WarmKey
 from .hook_chain import run_hook
 from .secret_guard import arming
 from .warm_conn import WarmConnection, server_at
-
-if TYPE_CHECKING:  # the engine makes attempts (engine.py imports this module); an attempt only holds it
-    from .engine import WarmConnections
 
 ATTEMPT_TAG = "codex_failover.attempt"
 CAPTURE_LIMIT = 64 * 1024  # opening bytes kept on the attempt flow for mitmweb
@@ -113,6 +110,17 @@ class Capture:
             response.raw_content = bytes(self.data)
 
 
+class Connections(Protocol):
+    """Where an attempt's connection comes from: the engine (engine.WarmConnections), which makes the
+    attempts, so an attempt knows it only as this."""
+
+    def connection_for(self, key: WarmKey, endpoint: object = None, dial_timeout: float = 30.0) -> WarmConnection:
+        """The connection an attempt goes to (counted on it until it is released)."""
+
+    def own_connection(self, key: WarmKey, endpoint: object = None) -> WarmConnection:
+        """A connection outside the book, for one WebSocket upgrade (closed with its socket)."""
+
+
 @dataclass
 class Item:
     kind: str
@@ -124,7 +132,7 @@ class Attempt:
 
     direct = False  # True for attempt 1 riding the client's own stream (direct.py): no hooks feed it
 
-    def __init__(self, client_flow: http.HTTPFlow, request: http.Request, label: str, n: int, warm: WarmConnections,
+    def __init__(self, client_flow: http.HTTPFlow, request: http.Request, label: str, n: int, warm: Connections,
                  server=None):
         self.warm = warm  # the engine: where the attempt's connection comes from
         # A new flow for `request`, on the client's connection (shown as its client in mitmweb); not a

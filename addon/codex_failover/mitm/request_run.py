@@ -118,7 +118,8 @@ class RequestRun:
         if self.shared.activity is not None:
             self.log.activity = self.shared.activity
             self.log.entry = self.shared.activity.start(self.request_id, time.time(), self.session, self.model, SSE)
-        self.maker = AttemptMaker(self, req)
+        self.maker = AttemptMaker(self.request_id, self.flow, self.client, req, self.body, self.move, shared=self.shared,
+                                  pool=self.pool)
         self.body = None  # the maker has it (for a moved copy), and lets it go once built
         loop = FailoverLoop(self._plan, self.health, self.shared.route_health, self.pool, tell=self._tell,
                             model=self.model)

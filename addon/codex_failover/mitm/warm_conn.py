@@ -13,7 +13,6 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import h2.connection
 import h2.errors
@@ -29,6 +28,7 @@ from mitmproxy.proxy.mode_specs import ProxyMode
 
 from ..core.warm_book import Slot, WarmKey
 from . import fallbacks
+from .carried import Carried, CarriedSocket
 from .hook_chain import run_hook
 from .http11 import as_http11
 from .quiet_log import replay_level
@@ -39,16 +39,13 @@ try:  # GOAWAYs stream by stream where mitmproxy's HTTP/2 client is as pinned (t
 except ImportError:  # another mitmproxy: its own GOAWAY handling
     Http2Client, BY_STREAM = None, False  # type: ignore[assignment,misc]
 
-if TYPE_CHECKING:
-    from .attempt import Attempt
-
 class _Dial(events.ConnectionEvent):
     pass
 
 
 @dataclass
 class _Submit(events.ConnectionEvent):
-    attempt: "Attempt"
+    attempt: Carried
 
 
 @dataclass
@@ -82,7 +79,7 @@ class _AttemptSource(layer.Layer):
         elif isinstance(event, http_layers.ResponseData) and event.stream_id in self.owner.sockets:
             self.owner.sockets[event.stream_id].from_layers(event.data)  # its frames for the client side
 
-    def _submit(self, attempt: "Attempt") -> layer.CommandGenerator[None]:
+    def _submit(self, attempt: Carried) -> layer.CommandGenerator[None]:
         """As mitmproxy's replay MockServer does: the whole request, on the attempt's stream."""
         request, sid = attempt.flow.request, attempt.stream_id
         content = request.raw_content
@@ -217,8 +214,8 @@ class WarmConnection(server.ConnectionHandler):
         self.layer = _KeptHttpLayer(context, self)
         self.source = _AttemptSource(context.fork(), self)
         self.layer.connections[client] = self.source
-        self.attempts: dict[int, Attempt] = {}  # stream id -> attempt under way
-        self.sockets: dict[int, Attempt] = {}  # stream id -> a WebSocket upgrade's attempt (ws/layer_socket.py)
+        self.attempts: dict[int, Carried] = {}  # stream id -> attempt under way
+        self.sockets: dict[int, CarriedSocket] = {}  # stream id -> a WebSocket upgrade's attempt (ws/layer_socket.py)
         self.kept: Server | None = None  # the kept connection, from its dial on
         self.ready: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()  # the dial's error, or None
         self._stream_ids = itertools.count(1, 2)
@@ -285,29 +282,29 @@ class WarmConnection(server.ConnectionHandler):
         if callback is not None:
             callback(self)
 
-    async def submit(self, attempt: "Attempt", socket: bool = False) -> None:
-        """Send an attempt; a WebSocket upgrade's (`socket`) is told each hook, read and frame."""
+    async def submit(self, attempt: Carried, socket: CarriedSocket | None = None) -> None:
+        """Send an attempt; a WebSocket upgrade's (`socket`: the attempt) is told each hook, read and frame."""
         await self._start()
         attempt.stream_id = next(self._stream_ids)
         self.attempts[attempt.stream_id] = attempt
-        if socket:
+        if socket is not None:
             self.client.alpn_offers = [b"http/1.1"]  # the upgrade is HTTP/1.1's
-            self.sockets[attempt.stream_id] = attempt
+            self.sockets[attempt.stream_id] = socket
         await self.server_event(_Submit(self.client, attempt))
 
-    async def feed(self, attempt: "Attempt", data: bytes) -> None:
+    async def feed(self, attempt: Carried, data: bytes) -> None:
         """Frames from an upgraded attempt's client side into the layers, then written out (drained)."""
         await self.server_event(_ToStream(self.client, attempt.stream_id, data=data))
         await self.drain_writers()
 
-    def extensions(self, attempt: "Attempt", side: str) -> list | None:
+    def extensions(self, attempt: Carried, side: str) -> list | None:
         """The wsproto extensions (the list itself) an upgraded stream speaks to `side` with, or None."""
         stream = self.layer.streams.get(attempt.stream_id)
         ws = getattr(getattr(stream, "child_layer", None), f"{side}_ws", None)
         extensions = getattr(getattr(ws, "_proto", None), "extensions", None)
         return extensions if isinstance(extensions, list) else None
 
-    async def cancel(self, attempt: "Attempt", message: str) -> None:
+    async def cancel(self, attempt: Carried, message: str) -> None:
         """Stop one attempt (HTTP/2: stream reset; HTTP/1.1: connection closed); one still waiting for
         its connection never gets it (`abandoned`): not one byte of it leaves."""
         if attempt.stream_id not in self.attempts:
@@ -318,10 +315,10 @@ class WarmConnection(server.ConnectionHandler):
     def abandoned(self, stream_id: int) -> bool:
         return getattr(self.attempts.get(stream_id), "abandoned", False)
 
-    def unsent(self) -> list["Attempt"]:
+    def unsent(self) -> list[Carried]:
         return [a for a in self.attempts.values() if not a.sent] if self.attempts else []
 
-    def head_written(self, attempt: "Attempt") -> bool:
+    def head_written(self, attempt: Carried) -> bool:
         """Was its head written? (The HTTP/1 client layer holds it; the HTTP/2 one mapped its stream id.)"""
         return any(getattr(c, "request", None) is attempt.flow.request or attempt.stream_id in getattr(c, "our_stream_id", ())
                    for c in self.below(*(c for c in self.layer.connections.values() if c is not self.source)))

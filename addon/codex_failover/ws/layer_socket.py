@@ -157,7 +157,7 @@ class LayerSocket(Attempt):
             self.over.set()
             return
         self.conn = self.warm.own_connection(key, self.endpoint)
-        await self.conn.submit(self, socket=True)
+        await self.conn.submit(self, socket=self)
         try:
             await self.over.wait()
         finally:
