@@ -37,7 +37,7 @@ from ..core.ws_turns import Message
 from ..mitm.attempt import ATTEMPT_TAG, QUEUE_HIGH, QUEUE_LOW, Attempt, copy_request, end_unsent
 from .bounded_deflate import BoundedDeflate
 from .conn import ABNORMAL, MESSAGE_TOO_BIG, HandshakeRejected, WsConn
-from .leg import FlowRecord, _masked_body, hide_added, mask
+from .leg import FlowRecord, hide_added, mask, masked_body
 from .upstream import ConnectFailed
 
 log = logging.getLogger("codex_failover")
@@ -227,7 +227,7 @@ class LayerSocket(Attempt):
             if not self._body and response.raw_content:  # an addon's answer, whole (not streamed)
                 self._body = bytearray(response.raw_content[:REJECTION_BODY])
             encoding = response.headers.pop("content-encoding", None)  # shown decoded
-            response.content = _masked_body(bytes(self._body), encoding)
+            response.content = masked_body(bytes(self._body), encoding)
         self.failure = self._failed()
         if self.verdict is not None:
             mark, line = self.verdict(self.failure)

@@ -103,6 +103,11 @@ class FlowRecord:
 
         self._last = asyncio.get_running_loop().create_task(after())
 
+    async def settled(self) -> None:
+        """Return once the hooks scheduled so far (`later`) have run."""
+        if self._last is not None:
+            await asyncio.wait([self._last])
+
 
 def hide_added(request: http.Request, wire: dict[str, list[str]]) -> None:
     """After the request hooks: a secret header an addon set (modify_headers, upstream_auth...) goes
@@ -178,12 +183,12 @@ class Leg:
         self.flow.response = _response(101, headers, b"")
         self.flow.websocket = websocket.WebSocketData()
         self._later(_run(self.flow, "responseheaders", "response", "websocket_start"))  # before any end
-        await asyncio.wait([self.record._last])
+        await self.record.settled()
 
     async def rejected(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, verdict: str) -> None:
         response = self.flow.response = _response(status, headers, b"")
         encoding = response.headers.pop("content-encoding", None)  # shown decoded
-        response.content = _masked_body(body, encoding)
+        response.content = masked_body(body, encoding)
         self.judge(story.REJECTED, verdict, update=False)
         self.ended, self.flow.live = True, False
         await _run(self.flow, "responseheaders")
@@ -237,7 +242,7 @@ def _response(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> h
     return response
 
 
-def _masked_body(body: bytes, encoding: str | None) -> bytes:
+def masked_body(body: bytes, encoding: str | None) -> bytes:
     """A rejection's body as mitmweb shows it, decoded (bounded), with a key it echoes masked."""
     decoded = bounded_decode.decode(body, encoding, 4 * len(body) + 65536)
     text = decoded.content if decoded.content is not None else b"(codex-failover: the body decodes past its bound)"
