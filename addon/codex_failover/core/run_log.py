@@ -26,7 +26,7 @@ class RunLog:
     request_id: str
     flow: Any  # the client's flow (its comment tells the story)
     metrics: Any | None = None  # metrics.Metrics
-    shown: Callable[[object], None] = lambda flow: None
+    shown: Callable[[Any], None] = lambda flow: None  # (told the flow: mitmweb shows it anew)
     history: list[AttemptLog] = field(default_factory=list)
     skipped: dict[str, story.Skipped] = field(default_factory=dict)  # credential name -> story.Skipped, for the flow comment
     total: int = 0  # attempts planned for this request (for "attempt n/N")

@@ -102,6 +102,8 @@ class AttemptMaker:
             scheme, host, port = parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
         else:
             scheme, host, port = self.original.scheme, self.original.host, self.original.port
+        if not host:
+            return  # (a base URL without a host: its attempts fail by themselves)
         endpoints = self.pool.routes.get(cand.route) or [None]
         ep = next((e for e in endpoints if e is None or self.shared.route_health.healthy(e)), None)
         if ep is None and endpoints != [None]:

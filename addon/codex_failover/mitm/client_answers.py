@@ -84,16 +84,16 @@ def exhausted(last, history, retry_after: int | None, pinned: str | None = None,
     attempts = [h.as_dict() for h in history]
     real = [h for h in history if h.reason != AUTH_REJECTED]
     if last is None or last.reason == AUTH_REJECTED and not real:
-        error = {"type": "service_unavailable_error", "code": NO_USABLE_CREDENTIAL,
+        error: dict[str, object] = {"type": "service_unavailable_error", "code": NO_USABLE_CREDENTIAL,
                  "message": "codex-failover: no credential could serve this request (see attempts)."}
         status = 503
     else:
         klass = _answer_class(last.reason, first)
         upstream = {k: v for k, v in (last.error or {}).items() if k in _KEEP and v is not None}
         kind, code = _DEFAULTS.get(last.reason, ("service_unavailable_error", last.reason))
-        if klass != last.reason:  # the answer speaks for another cooldown: upstream's fields are not its own
+        if klass is not None and klass != last.reason:  # the answer speaks for another cooldown: upstream's fields are not its own
             (kind, code), upstream = _DEFAULTS[klass], {k: v for k, v in upstream.items() if k == "message"}
-        error = {"type": kind, "code": code, **upstream}
+        error = {"type": kind, "code": code, **upstream}  # (then its attempts)
         error["message"] = (f"{upstream.get('message') or 'Upstream rejected the request.'} "
                             f"(codex-failover: {len(history)} attempt(s), last rejection: {last.reason})")
         _tell_the_time(error, klass, first)

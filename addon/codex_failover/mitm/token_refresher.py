@@ -12,6 +12,7 @@ per refresh, never a token nor what the endpoint answered beyond a known error c
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -115,7 +116,10 @@ class TokenRefresher:
                 self.book.transient(cred.auth, now)
                 return
             self.tasks[cred.auth.account] = task
-            task.add_done_callback(lambda _t, a=cred.auth.account: self.tasks.pop(a, None))
+            task.add_done_callback(functools.partial(self._forget, cred.auth.account))
+
+    def _forget(self, account: str, _done: asyncio.Task) -> None:
+        self.tasks.pop(account, None)
 
     def _enabled(self) -> bool:
         from mitmproxy import ctx
@@ -190,12 +194,12 @@ class TokenRefresher:
                 return
             if await self._theirs(cred, path, sent, reason, "refresh_token_reused"):
                 return
-            wait = self.book.reused(auth)  # only after an exchange whose answer never came: once more
-            if wait is None:
+            again = self.book.reused(auth)  # only after an exchange whose answer never came: once more
+            if again is None:
                 return self._failed(cred, Permanent("refresh_token_reused"))
             log.warning("codex-failover: credential %s: refresh_token_reused after an exchange that got no answer; "
-                        "auth.json unchanged: one more try in %ds", cred.name, wait)
-            await self.sleep(wait)
+                        "auth.json unchanged: one more try in %ds", cred.name, again)
+            await self.sleep(again)
             if await self._theirs(cred, path, sent, reason, "refresh_token_reused"):
                 return
             doc, snap = await asyncio.to_thread(auth_refresh.read_snapshot, path)

@@ -8,11 +8,11 @@ Secrets: placeholders on the flow, the real values only while the upstream's lay
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import h2.connection
 import h2.errors
@@ -24,7 +24,6 @@ from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import HTTPMode, HttpStream
 from mitmproxy.proxy.layers.websocket import WebsocketEndHook
-from mitmproxy.proxy.mode_specs import ProxyMode
 
 from ..core.warm_book import Slot, WarmKey
 from . import fallbacks
@@ -137,18 +136,19 @@ class _KeptHttpLayer(http_layers.HttpLayer):
             self.waiting_for_establishment[kept].append(event)
             return
         if kept is not None and (kept.connected or kept.error):
-            reply = (kept, None) if kept.connected else (None, kept.error)
+            reply = (kept, None) if kept.connected else (None, kept.error or "")
             yield from self.event_to_child(self.command_sources.pop(event), http_layers.GetHttpConnectionCompleted(event, reply))
             return
         known = set(self.connections)
         yield from super().get_connection(event, reuse=False)
-        owner.kept = next((c for c in self.connections if c not in known), None)
+        new = next((c for c in self.connections if c not in known), None)
+        owner.kept = new if isinstance(new, Server) else None  # (the server connection it made)
 
     def register_connection(self, command) -> layer.CommandGenerator[None]:
         """The kept connection is up (or failed): every waiting attempt gets it; on HTTP/1.1 only the first."""
         waiting = self.waiting_for_establishment.get(command.connection, [])
         own = []
-        if command.connection is self.owner.kept and not command.err and command.connection.alpn != b"h2":
+        if not command.err and command.connection.alpn != b"h2" and command.connection is self.owner.kept:
             own, waiting[1:] = waiting[1:], []
         yield from super().register_connection(command)
         if command.connection is self.owner.kept:
@@ -186,18 +186,20 @@ class _KeptHttpLayer(http_layers.HttpLayer):
                 attempt.redact()
         yield from produced
 
-
     def _graceful(self, child) -> None:
         """The kept connection's HTTP/2 layer, once it exists, takes GOAWAYs stream by stream."""
         for below in self.owner.below(child):  # TLS, an upstream proxy's tunnel, HttpClient, Http2Client
             if type(below) is Http2Client:
-                below.__class__, below.warm, self.owner.h2_seen = _GoawayHttp2Client, self.owner, True
+                below.__class__, self.owner.h2_seen = _GoawayHttp2Client, True
+                below.warm = self.owner  # type: ignore[attr-defined]  # (a _GoawayHttp2Client's, now its class)
         kept = self.owner.kept  # up (TLS done), and not HTTP/2: nothing to look for on its every read
         self.owner.h2_seen |= kept is not None and kept.connected and kept.tls_established == kept.tls and kept.alpn != b"h2"
 
 
 class WarmConnection(server.ConnectionHandler):
     """One kept upstream connection, run by mitmproxy's HTTP layers; attempts are sent over it."""
+
+    layer: _KeptHttpLayer
 
     def __init__(self, key: WarmKey, slot: Slot, options, endpoint=None):
         client = Client(peername=("127.0.0.1", 0), sockname=("127.0.0.1", 0), state=ConnectionState.OPEN)
@@ -222,10 +224,10 @@ class WarmConnection(server.ConnectionHandler):
         self._started = False
         self.h2_seen = False  # its HTTP/2 layer was found (and swapped: _GoawayHttp2Client), or it is not HTTP/2
         self.draining = False  # a graceful GOAWAY came: the streams it kept go on, no new attempt comes
-        self.on_dialled = None  # called with self once the dial ended (either way)
-        self.on_goaway = None  # called with self on a graceful GOAWAY
-        self.on_over = None  # called with (self, attempt) when an attempt's final hook ran
-        self.on_closed = None  # called with self once the connection is gone
+        self.on_dialled: Callable[[WarmConnection], object] | None = None  # once the dial ended (either way)
+        self.on_goaway: Callable[[WarmConnection], object] | None = None  # on a graceful GOAWAY
+        self.on_over: Callable[[WarmConnection, Carried], object] | None = None  # an attempt's final hook ran
+        self.on_closed: Callable[[WarmConnection], object] | None = None  # once the connection is gone
 
     async def _start(self) -> None:
         if not self._started:
@@ -385,13 +387,3 @@ class WarmConnection(server.ConnectionHandler):
 def server_at(address: tuple[str, int]):
     """A server connection object for `address` (an attempt flow's, before it is sent)."""
     return Server(address=address)
-
-
-def listen_hosts(modes, listen_host: str) -> list[str]:
-    """The hosts mitmproxy listens on for its `mode` specs (unparseable ones skipped), in order."""
-    hosts: dict[str, None] = {}
-    for spec in modes:
-        with contextlib.suppress(ValueError):
-            hosts[ProxyMode.parse(spec).listen_host(listen_host)] = None
-    return list(hosts)
-

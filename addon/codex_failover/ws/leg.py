@@ -189,7 +189,7 @@ class Leg:
         response = self.flow.response = _response(status, headers, b"")
         encoding = response.headers.pop("content-encoding", None)  # shown decoded
         response.content = masked_body(body, encoding)
-        self.judge(story.REJECTED, verdict, update=False)
+        self.judge_socket(story.REJECTED, verdict, update=False)
         self.ended, self.flow.live = True, False
         await _run(self.flow, "responseheaders")
         await _run(self.flow, "response")
@@ -208,7 +208,7 @@ class Leg:
     async def failed(self, message: str, verdict: str) -> None:
         if self.flow.error is None:
             self.flow.error = mitmflow.Error(SECRETS.mask(message))
-        self.judge(story.NO_CONNECTION, verdict, update=False)
+        self.judge_socket(story.NO_CONNECTION, verdict, update=False)
         self.ended, self.flow.live = True, False
         await _run(self.flow, "error")
 
@@ -218,7 +218,8 @@ class Leg:
         if not self.ended:
             self.record.message(content, is_text, from_client)
 
-    def judge(self, mark: str, line: str, update: bool = True) -> None:
+    def judge_socket(self, mark: str, line: str, update: bool = True) -> None:
+        """A verdict on this socket (a turn's, or its upgrade's): on its flow (FlowRecord.judge)."""
         self.record.judge(mark, line, update)
 
     def end(self, code: int, reason: str, by_client: bool) -> None:
@@ -228,7 +229,8 @@ class Leg:
         self.ended, self.flow.live = True, False
         ws = self.flow.websocket
         ws.close_code, ws.close_reason, ws.closed_by_client, ws.timestamp_end = code, reason, by_client, time.time()
-        self.flow.response.timestamp_end = time.time()
+        if self.flow.response is not None:  # (the 101's: a socket is open)
+            self.flow.response.timestamp_end = time.time()
         self._later(_run(self.flow, "websocket_end"))
 
 
