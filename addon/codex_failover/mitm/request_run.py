@@ -11,6 +11,7 @@ docs/architecture.md, "The path of a model request".
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import traceback
@@ -275,7 +276,7 @@ class RequestRun:
                     if self.log.entry is not None:
                         self.log.entry.tokens_from = lambda made=state.view.made: made.tokens
                     live.commit(self.client, attempt, state, commit, self.shared.metrics,
-                                lambda attempt=attempt, state=state: self._cut(attempt, state))
+                                functools.partial(self._cut, attempt, state))
                     if commit.first:
                         await self.client.first_output()  # the client's first output before the bookkeeping
                         self.log.first_output()
