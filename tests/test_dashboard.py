@@ -265,7 +265,7 @@ def test_a_sockets_turns_are_listed_its_warm_up_is_not(caplog):
     flow = SimpleNamespace(comment="")
     story = SocketStory("k3x9-w1", flow, deque(maxlen=20), activity, "fp/session-1")
     up = SimpleNamespace(cand=SimpleNamespace(name="primary"), route="direct",
-                         leg=SimpleNamespace(judge=lambda mark, line: None))
+                         leg=SimpleNamespace(judge_socket=lambda mark, line: None))
     warmup = SimpleNamespace(n=1, warmup=True, movable=True, why_pinned=None, body={"model": "gpt-5", "generate": False})
     turn = SimpleNamespace(n=2, warmup=False, movable=True, why_pinned=None, body={"model": "gpt-5-codex"})
     with caplog.at_level(logging.INFO, logger="codex_failover"):

@@ -3,7 +3,7 @@ engine, the HTTP driver) and `ws/` (the gated WebSocket) may import mitmproxy. E
 of the package, `core/` first, must import with mitmproxy unimportable; and `core/` does no I/O of
 its own (no sockets, no asyncio servers, no files but the rules and pool files it is handed). Read
 by AST: core/ imports only the standard library and core/ itself, and no module of the package is in
-an import cycle."""
+an import cycle (annotation-only imports counted)."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ SEAM = {"mitm/warm_conn.py", "mitm/client_hop.py", "mitm/held_layer.py", "mitm/c
 
 def test_only_the_seam_touches_mitmproxys_proxy_core():
     """mitmproxy's proxy core (`mitmproxy.proxy.*`, `mitmproxy.connection`) changes between releases;
-    only the seam's two modules may import it, everything else uses the public addon API and the
+    only the seam's modules may import it, everything else uses the public addon API and the
     seam's functions (docs/architecture.md#the-seam)."""
     import ast
 
@@ -98,23 +98,74 @@ def test_only_the_seam_touches_mitmproxys_proxy_core():
     assert touching == SEAM, sorted(touching)
 
 
-def _imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
-    """Every import of a module, in functions too, except those under `if TYPE_CHECKING:` (they are
-    for annotations and never run)."""
-    found: list[ast.Import | ast.ImportFrom] = []
+# What belongs to mitmproxy's proxy core however it is reached (no import needed: an object handed over
+# carries it): a connection handler's watchdog, hook dispatch, transports and layers; a layer's command
+# bookkeeping; wsproto's state inside mitmproxy's WebSocket layer.
+PROXY_CORE_INTERNALS = {"timeout_watchdog", "handle_hook", "_proto", "command_sources", "waiting_for_establishment",
+                        "transports", "layers", "layer", "LegacyLogEvents"}
+# Outside the seam, in the held client stream: hook_chain.client_handle_hook is the handler's
+# handle_hook that client_hop.py patches in, under the handler's watchdog. The held-stream rewrite
+# (a rejected direct attempt's record through mitmproxy's own dispatch) removes it, and this entry.
+HELD_STREAM_PENDING_INTERNALS = {("mitm/hook_chain.py", "timeout_watchdog")}
+NOT_PROXY_CORE = {
+    # mitmproxy.log's handler that turns log records into the deprecated `add_log` addon event: made by
+    # mitmproxy's Master (master.py), not by the proxy core, which never sees it; quiet_log.py only asks
+    # whether a root-logger handler is one, to skip it while no addon listens
+    # (tests/test_quiet_log.py::test_the_add_log_event_is_made_only_while_an_addon_listens).
+    ("mitm/quiet_log.py", "LegacyLogEvents"),
+}
 
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
-            for child in node.orelse:
-                visit(child)
-            return
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            found.append(node)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
 
-    visit(tree)
+def _internals_used(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, name) of each proxy-core internal a module names: as an attribute (`handler.transports`),
+    a name or import (`LegacyLogEvents`), or a string for getattr and its kin (`getattr(ws, "_proto")`)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in PROXY_CORE_INTERNALS:
+            found.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Name) and node.id in PROXY_CORE_INTERNALS:
+            found.append((node.lineno, node.id))
+        elif isinstance(node, ast.ImportFrom):
+            found += [(node.lineno, a.name) for a in node.names if a.name in PROXY_CORE_INTERNALS]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _ATTR_CALLS \
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
+                and node.args[1].value in PROXY_CORE_INTERNALS:
+            found.append((node.lineno, str(node.args[1].value)))
     return found
+
+
+def test_only_the_seam_reaches_into_mitmproxys_proxy_core_objects():
+    """Not importing mitmproxy.proxy is not enough: an object the core hands over (a connection
+    handler, a layer, a WebSocket connection) carries its internals with it. Outside the seam, no
+    module reads them; what it needs is a public function of a seam module, pinned by a contract
+    test (e.g. `WarmConnection.extensions` for the WebSocket layer's deflate state, tests/test_ws_layer_socket.py)."""
+    found, pending = [], set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = str(path.relative_to(PACKAGE))
+        if where in SEAM:
+            continue
+        for line, name in _internals_used(ast.parse(path.read_text())):
+            if (where, name) in HELD_STREAM_PENDING_INTERNALS:
+                pending.add((where, name))
+            elif (where, name) not in NOT_PROXY_CORE:
+                found.append(f"{where}:{line}: {name}")
+    assert found == [], found
+    assert sorted(HELD_STREAM_PENDING_INTERNALS - pending) == [], "gone: take them off HELD_STREAM_PENDING_INTERNALS"
+    assert {w for w, _ in HELD_STREAM_PENDING_INTERNALS} <= HELD_STREAM
+
+
+def test_the_internals_check_sees_each_way_in():
+    code = ("from mitmproxy.log import LegacyLogEvents\n"
+            "def f(handler, ws):\n    handler.timeout_watchdog.disarm(), getattr(ws, '_proto'), handler.layers\n")
+    assert sorted(name for _, name in _internals_used(ast.parse(code))) == \
+        ["LegacyLogEvents", "_proto", "layers", "timeout_watchdog"]
+
+
+def _imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Every import of a module, in functions and under `if TYPE_CHECKING:` too: an import for
+    annotations is knowledge of the other module all the same (the lower module calling back into
+    the higher one's object), and a cycle it closes is a cycle in the design."""
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
 def _module_name(path: Path) -> str:
@@ -209,10 +260,30 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+# The held client stream (mitm/client_hop.py, held_layer.py, direct.py, record_hooks.py and the rest)
+# is being rewritten as one object with a named lifecycle; until then its two circles stand. The
+# held-stream rewrite removes them, and this list with them.
+HELD_STREAM_PENDING = [
+    ["codex_failover.mitm.client_hop", "codex_failover.mitm.held_layer"],
+    ["codex_failover.mitm.direct", "codex_failover.mitm.record_hooks"],
+]
+
+
 def test_no_import_cycle_between_the_packages_modules():
-    """A cycle hides which module depends on which (and a lazy import inside a function only hides
-    it); imports under `if TYPE_CHECKING:` are for annotations and do not count."""
-    assert _cycles(_import_graph()) == []
+    """A cycle hides which module depends on which: a lazy import inside a function only hides it,
+    and so does one under `if TYPE_CHECKING:` (both counted). The lower module knows what it needs of
+    the higher one as a `typing.Protocol` of its own (mitm/carried.py, attempt.Connections,
+    token_refresher.Owner), or is handed the values (attempt_maker.AttemptMaker), or the shared
+    record moves down (story.AttemptLog)."""
+    cycles = _cycles(_import_graph())
+    assert [c for c in cycles if c not in HELD_STREAM_PENDING] == [], "import cycles"
+    assert [c for c in HELD_STREAM_PENDING if c not in cycles] == [], "gone: take it off HELD_STREAM_PENDING"
+
+
+def test_the_import_graph_counts_what_only_annotations_import():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n"
+                     "def f():\n    from .c import C\n")
+    assert [node.module for node in _imports(tree) if isinstance(node, ast.ImportFrom)] == ["typing", "b", "c"]
 
 
 def test_the_cycle_check_sees_a_cycle():
@@ -264,3 +335,102 @@ def test_a_name_means_one_thing():
                 defined.setdefault(name, []).append(str(path.relative_to(PACKAGE)))
     for name in ("Decision", "Message", "Rejection", "Verdict", "Step", "Scope", "Shared"):
         assert len(defined.get(name, [])) == 1, (name, defined.get(name))
+
+
+HELD_STREAM = {f"mitm/{name}.py" for name in ("client_hop", "hop_state", "held_layer", "live", "record_hooks",
+                                               "hook_chain", "parts", "direct", "held_client")}
+
+# The held client stream's private names read across its files (the review's "one object spread over
+# seven files"): its rewrite as one object removes them, and this list with them.
+HELD_STREAM_PENDING_PRIVATE = {
+    ("mitm/client_hop.py", "_UNCLAIMED"), ("mitm/client_hop.py", "_Deliver"), ("mitm/client_hop.py", "_Direct"),
+    ("mitm/client_hop.py", "_HeldHttpLayer"), ("mitm/client_hop.py", "_routes"), ("mitm/client_hop.py", "_stream_of"),
+    ("mitm/client_hop.py", "_sweep"), ("mitm/client_hop.py", "_paused"), ("mitm/client_hop.py", "_set_reading"),
+    ("mitm/client_hop.py", "_closed_streams"), ("mitm/client_hop.py", "_proto"),
+    ("mitm/held_layer.py", "_joined"), ("mitm/held_layer.py", "_body_started"), ("mitm/held_layer.py", "_handle_event"),
+    ("mitm/record_hooks.py", "_keep_capture"),
+}
+# Private names of other projects that have no public way to do the same, each pinned by a test:
+PRIVATE_REACHES = {
+    # wsproto's Connection keeps its extensions (the deflate state) only as `_proto.extensions`: the seam
+    # bounds the inflate of the WebSocket layers mitmproxy runs (tests/test_ws_layer_socket.py; a passed-through
+    # socket's, tests/test_e2e_closed_doors.py); both are seam modules (docs/architecture.md#the-seam).
+    ("mitm/warm_conn.py", "_proto"), ("mitm/client_conns.py", "_proto"),
+    # pyOpenSSL refuses to change a context once used, and has no call to add a trust store then: OpenSSL's
+    # own function on the context, as mitmproxy's tlsconfig calls it (docs/mitmproxy-12.3.1-replay-notes.md
+    # §8; tests/test_e2e_machine_proxy.py::test_upstream_tls_trusts_the_system_store).
+    ("net/trust.py", "_lib"), ("net/trust.py", "_ffi"), ("net/trust.py", "_context"),
+}
+_ATTR_CALLS = ("getattr", "setattr", "hasattr", "delattr")
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_names_used_across_modules(tree: ast.Module) -> list[tuple[int, str, str]]:
+    """(line, name, how) for each private name the module takes from another: `from x import _y`,
+    `x._y` (a module or any object but its own: `self`, `cls`, `super()`, its own classes and the
+    objects it makes of them), and `getattr(x, "_y")` and its kin."""
+    own = {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)} | {"self", "cls"}
+    for node in ast.walk(tree):  # `conn = cls(...)`, `keeper = StateKeeper(...)`: objects of its own classes
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                isinstance(node.value.func, ast.Name) and node.value.func.id in own:
+            own |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+
+    def foreign(obj: ast.expr) -> bool:
+        if isinstance(obj, ast.Name):
+            return obj.id not in own
+        return not (isinstance(obj, ast.Call) and isinstance(obj.func, ast.Name) and obj.func.id == "super")
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            found += [(node.lineno, a.name, f"from {node.module} import") for a in node.names if _private(a.name)]
+        elif isinstance(node, ast.Attribute) and _private(node.attr) and foreign(node.value):
+            found.append((node.lineno, node.attr, ast.unparse(node.value)[:40]))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _ATTR_CALLS \
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
+                and isinstance(node.args[1].value, str) and _private(node.args[1].value) and foreign(node.args[0]):
+            found.append((node.lineno, node.args[1].value, f"{node.func.id}({ast.unparse(node.args[0])[:40]})"))
+    return found
+
+
+def test_no_private_name_is_used_across_modules():
+    """A name with a leading underscore is its module's own: another module neither imports it nor
+    reads or calls it on the module's objects. What is shared gets a public name (a part that needs
+    another's insides is one part, or has a seam)."""
+    found, pending = [], set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = str(path.relative_to(PACKAGE))
+        for line, name, how in _private_names_used_across_modules(ast.parse(path.read_text())):
+            if (where, name) in HELD_STREAM_PENDING_PRIVATE:
+                pending.add((where, name))
+            elif (where, name) not in PRIVATE_REACHES:
+                found.append(f"{where}:{line}: {how} {name}")
+    assert found == [], found
+    assert sorted(HELD_STREAM_PENDING_PRIVATE - pending) == [], "gone: take them off HELD_STREAM_PENDING_PRIVATE"
+    assert not HELD_STREAM_PENDING_PRIVATE & PRIVATE_REACHES and {w for w, _ in HELD_STREAM_PENDING_PRIVATE} <= HELD_STREAM
+
+
+def test_the_private_name_check_sees_each_way_in():
+    code = ("from .a import _x, y\nimport b\nclass Own:\n    def f(self, other):\n"
+            "        self._mine, Own._too, super()._base()\n        b._helper(), other._inside, getattr(other, '_z')\n"
+            "        made = Own()\n        made._fine\n    @classmethod\n    def g(cls):\n        cls._ok\n")
+    assert {(name, how) for _, name, how in _private_names_used_across_modules(ast.parse(code))} == \
+        {("_x", "from a import"), ("_helper", "b"), ("_inside", "other"), ("_z", "getattr(other)")}
+
+
+def test_mypy_checks_the_shell_and_the_core_strictly():
+    """mypy (scripts/test) reads every function body of the shell and holds core/ to strict's flags;
+    only the held client stream's modules are left out, until their rewrite."""
+    import tomllib
+
+    config = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert config["check_untyped_defs"] is True and config["files"] == ["addon/codex_failover"]
+    overrides = config.get("overrides", [])
+    ignored = {m for o in overrides if o.get("ignore_errors") for m in o["module"]}
+    assert ignored == {"codex_failover." + w.removesuffix(".py").replace("/", ".") for w in HELD_STREAM}, ignored
+    core = next(o for o in overrides if o["module"] == ["codex_failover.core.*"])
+    assert all(core.get(flag) is True for flag in ("disallow_untyped_defs", "disallow_any_generics", "warn_return_any",
+                                                   "disallow_untyped_calls", "strict_equality", "no_implicit_reexport"))

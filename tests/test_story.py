@@ -8,7 +8,7 @@ import pytest
 from mitmproxy.utils import emoji
 
 from codex_failover.core import story
-from codex_failover.core.run_log import AttemptLog
+from codex_failover.core.story import AttemptLog
 
 
 @pytest.mark.parametrize("verdict, reason, ok, mark", [

@@ -207,7 +207,7 @@ def test_a_dial_cancelled_when_the_client_left_ends_its_socket_flow(monkeypatch)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.wait([legs[0].record._last])
+        await legs[0].record.settled()
 
     asyncio.run(run())
     flow = legs[0].flow

@@ -53,8 +53,8 @@ def test_the_comment_keeps_its_title_and_the_last_verdicts():
 
     async def run():
         for n in range(1, 121):
-            leg.judge(":white_check_mark:", f"turn {n}: spare via direct: commit (output)")
-        await asyncio.wait([leg.record._last])  # the updates it scheduled, in order
+            leg.judge_socket(":white_check_mark:", f"turn {n}: spare via direct: commit (output)")
+        await leg.record.settled()  # the updates it scheduled, in order
 
     asyncio.run(run())
     lines = leg.flow.comment.splitlines()

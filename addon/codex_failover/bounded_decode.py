@@ -143,6 +143,7 @@ class BoundedDecoder:
         """One slice of work; the outcome once decoding ended (then on every later call)."""
         if self.outcome is not None:
             return self.outcome
+        assert self._d is not None  # (no outcome yet: there is a decoder)
         try:
             out = self._d.take(min(self.slice, self.limit - self.size + 1))
         except (zlib.error, zstd.ZstdError, brotli.error, ValueError, EOFError) as exc:

@@ -168,7 +168,7 @@ class _Gauges:
         self.route_failures.add_metric([endpoint], float(failed.group(1)) if failed else 0.0)
 
 
-def _each(items: Iterable, what: str, add: Callable[[dict], None]) -> None:
+def _each(items: Iterable | None, what: str, add: Callable[[dict], None]) -> None:
     """`add` each item; one that does not fit is skipped (debug line), the others still count."""
     for item in items or ():
         try:

@@ -45,7 +45,7 @@ class Shared:
     attempts: dict  # attempt flow id -> Attempt, so the addon's hooks can find attempts
     notices: set  # one-time warnings already logged
     recovery_slots: Slots
-    upstream_tls: ssl.SSLContext | None  # the gated WebSocket's upstream TLS (the system and certifi roots)
+    upstream_tls: ssl.SSLContext  # the gated WebSocket's upstream TLS (the system and certifi roots)
     metrics: Metrics | None = None  # Prometheus counters (failover_metrics), if on
     provenance: Provenance = field(default_factory=Provenance)  # which credential made which artifact
     rejected_keys: RejectedKeys | None = None  # client credentials the upstream refused (never lent the pool)

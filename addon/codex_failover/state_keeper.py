@@ -88,12 +88,14 @@ class StateKeeper(StateRows):
 
     async def flush(self) -> bool:
         """Write what changed; True if anything had."""
+        store = self.store
+        assert store is not None  # (`run` flushes an open store only)
         taken = self._take(PASS_KEYS)
         upserts, deletes = self._convert(taken)
         if not (upserts or deletes):
             return False
         try:
-            fresh = await asyncio.get_running_loop().run_in_executor(None, self.store.write, upserts, deletes)
+            fresh = await asyncio.get_running_loop().run_in_executor(None, store.write, upserts, deletes)
         except BaseException:
             self._give_back(taken)
             raise
@@ -106,13 +108,16 @@ class StateKeeper(StateRows):
     async def refresh(self) -> None:
         """The others' changes (a shared store): cooldowns, out-of-rotation marks, usage, backoffs."""
         self._refreshed = self._mono()
-        rows = await asyncio.get_running_loop().run_in_executor(None, self.store.load, self._wall())
+        store = self.store
+        assert store is not None  # (`run` refreshes an open store only)
+        rows = await asyncio.get_running_loop().run_in_executor(None, store.load, self._wall())
         self.applied_quietly(rows, sessions=False)
 
     async def _open(self) -> None:
         """A store that could not be opened at start, tried again: what it holds is restored, and
         everything learned meanwhile written to it."""
         loop = asyncio.get_running_loop()
+        assert self.opener is not None  # (open_keeper gives a keeper whose store is not open its opener)
         store = await loop.run_in_executor(None, self.opener)
         try:
             rows = await loop.run_in_executor(None, store.load, self._wall())

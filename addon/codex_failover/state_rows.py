@@ -26,7 +26,7 @@ import hashlib
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Callable, Hashable
+from typing import Any, Callable, Generic, Hashable, TypeVar
 
 from .config import PoolConfig
 from .core.affinity import Affinity
@@ -68,13 +68,16 @@ def endpoint_id(ep: Endpoint) -> str:
     return "ep:" + hashlib.sha256(basis.encode()).hexdigest()[:16]
 
 
+K = TypeVar("K", bound=Hashable)  # a store's key: a credential's, an endpoint's, a session's...
+
+
 @dataclass(frozen=True)
-class Kind:
+class Kind(Generic[K]):
     """One in-memory store's entries as rows: the adapter the keeper converts marked keys with."""
 
-    source: Tracked
-    rows: Callable[[Hashable], list[Row]]  # the key's rows now ([] once it holds none)
-    ids: Callable[[Hashable], list[tuple[str, str]]]  # every (kind, id) the key may be stored under
+    source: Tracked  # (its keys are K's)
+    rows: Callable[[K], list[Row]]  # the key's rows now ([] once it holds none)
+    ids: Callable[[K], list[tuple[str, str]]]  # every (kind, id) the key may be stored under
 
 
 class StateRows:
@@ -91,7 +94,7 @@ class StateRows:
         self._keys: dict[str, str] = {}  # credential id -> health key
         self._fingerprints: dict[str, str] = {}  # health key -> its secret's fingerprint (for `out` rows)
         self._endpoints: dict[str, Endpoint] = {}  # endpoint key (route#i) -> endpoint
-        self.kinds = [Kind(health, self._health_rows, self._health_ids), Kind(usage, self._usage_rows, self._usage_ids),
+        self.kinds: list[Kind[Any]] = [Kind(health, self._health_rows, self._health_ids), Kind(usage, self._usage_rows, self._usage_ids),
                       Kind(routes, self._route_rows, self._route_ids),
                       Kind(affinity, self._session_rows, lambda s: [("session", s)]),
                       Kind(self.provenance, self._artifact_rows, lambda a: [(ARTIFACT, a)])]

@@ -84,7 +84,7 @@ class SqliteStore:
         self.path, self.namespace = Path(path), namespace
         self.read_only = False
         self._lock = threading.Lock()  # one connection, used by one thread at a time
-        self._db: sqlite3.Connection | None = None
+        self._db: sqlite3.Connection  # `_open` opens it (or the store is not made)
         self._identity: tuple[int, int] | None = None  # (device, inode) of the file opened
         self._pruned = time.time()  # `load` drops what expired before
         self._open()

@@ -53,7 +53,7 @@ class ClientAccess:
         return answer
 
     def _allows(self, address: str) -> bool:
-        ip = _ip(address)
+        ip = ip_of(address)
         if ip is None:
             return False
         if ip.is_loopback:
@@ -66,7 +66,8 @@ class ClientAccess:
         return f"loopback and {named}" if named else f"loopback only (add others with --set {OPTION}=ADDR/CIDR,...)"
 
 
-def _ip(address: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+def ip_of(address: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address a peer's host string names (an IPv6 zone dropped, an IPv4-mapped one as IPv4), or None."""
     if not address:
         return None
     try:
@@ -81,5 +82,5 @@ def is_loopback_host(host: str) -> bool:
     """Is a listen address loopback-only? `localhost` counts; an empty host (all interfaces) does not."""
     if host == "localhost":
         return True
-    ip = _ip(host)
+    ip = ip_of(host)
     return ip is not None and ip.is_loopback

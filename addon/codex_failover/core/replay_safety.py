@@ -53,12 +53,13 @@ class MovePolicy:
         return next((o for o in reversed(self.reasoning_owners) if o is not None), None)
 
 
-def _nobody(keys: tuple[str, ...]) -> str | None:
+def nobody(keys: tuple[str, ...]) -> str | None:
+    """The default `owner`: no artifact's maker is known (nothing tracks provenance)."""
     return None
 
 
 def assess(body: object, headers: Mapping[str, str], encrypted_reasoning: str = STRIP,
-           owner: Callable[[tuple[str, ...]], str | None] = _nobody) -> MovePolicy:
+           owner: Callable[[tuple[str, ...]], str | None] = nobody) -> MovePolicy:
     """`owner(keys)` names the credential key that made an artifact (provenance.Provenance.owner)."""
     if headers.get(PIN_HEADER, "").strip().lower() in ("1", "true", "yes"):
         return MovePolicy(False, f"pinned by the {PIN_HEADER} header")

@@ -13,6 +13,7 @@ from . import seen_clients, story
 from .activity import Activity, RequestRecord
 from .auth import AuthMaterial
 from .planner import Candidate
+from .story import AttemptLog
 from .vocabulary import Verdict
 
 log = logging.getLogger("codex_failover")
@@ -21,27 +22,11 @@ _explained = False  # the first attempt that did not serve says once where the r
 
 
 @dataclass
-class AttemptLog:
-    n: int
-    credential: str
-    verdict: str
-    reason: str
-    elapsed_ms: int
-    status: int | None = None
-
-    route: str = "direct"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"attempt": self.n, "credential": self.credential, "route": self.route,
-                "verdict": self.verdict, "reason": self.reason, "status": self.status}
-
-
-@dataclass
 class RunLog:
     request_id: str
     flow: Any  # the client's flow (its comment tells the story)
     metrics: Any | None = None  # metrics.Metrics
-    shown: Callable[[object], None] = lambda flow: None
+    shown: Callable[[Any], None] = lambda flow: None  # (told the flow: mitmweb shows it anew)
     history: list[AttemptLog] = field(default_factory=list)
     skipped: dict[str, story.Skipped] = field(default_factory=dict)  # credential name -> story.Skipped, for the flow comment
     total: int = 0  # attempts planned for this request (for "attempt n/N")

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .vocabulary import INCOMPLETE_RESPONSE, RESPONSE_TIMEOUT, Verdict
 
-if TYPE_CHECKING:  # run_log.py writes the story: these are its records, for annotations only
+if TYPE_CHECKING:
     from .health import State
     from .policy import PoolConfig
-    from .run_log import AttemptLog
 
 SERVED = ":white_check_mark:"  # committed or delivered: the client got this attempt
 REJECTED = ":x:"  # a rejection (in-stream or by status): failed over
@@ -28,6 +27,25 @@ NO_CONNECTION = ":electric_plug:"  # the connection failed (refused, unreachable
 _TIMEOUTS = (RESPONSE_TIMEOUT, INCOMPLETE_RESPONSE)
 _NOT_SERVED = (Verdict.FAILOVER, Verdict.FAILED, Verdict.RECOVER)
 _WORDS: dict[str, str] = {Verdict.FAILOVER: "rejected", Verdict.RECOVER: "retried", Verdict.CANCELLED: "cancelled", Verdict.FAILED: "failed"}
+
+
+@dataclass
+class AttemptLog:
+    """One attempt's line in the story: what run_log.py records for each attempt, and what the story
+    tells of it."""
+
+    n: int
+    credential: str
+    verdict: str
+    reason: str
+    elapsed_ms: int
+    status: int | None = None
+
+    route: str = "direct"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"attempt": self.n, "credential": self.credential, "route": self.route,
+                "verdict": self.verdict, "reason": self.reason, "status": self.status}
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ own expiry, and the store drops it by that).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Sequence
 
 
 class Tracked:
@@ -31,6 +31,10 @@ class Tracked:
     def take(self) -> set[Hashable]:
         taken, self.dirty = self.dirty, set()
         return taken
+
+    def keys(self) -> Sequence[Hashable]:
+        """Every key that holds an entry now (for a whole rewrite)."""
+        raise NotImplementedError
 
 
 class SeenBook(Tracked):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 DIALLING, OPEN, CLOSED = "dialling", "open", "closed"
 MAX_STREAMS = 100  # HTTP/2 streams per connection (servers commonly allow 100-256)
@@ -46,7 +46,7 @@ class WarmKey(NamedTuple):
     scheme: str
     host: str
     port: int
-    via: tuple[str, tuple[str, int]] | None
+    via: tuple[Literal["http", "https"], tuple[str, int]] | None  # an upstream proxy (a SOCKS one: its local bridge's)
     account: str = ""  # the credential (health key) it carries: one connection never carries two accounts
 
 @dataclass(eq=False)

@@ -24,7 +24,7 @@ from .after_output import AfterOutput
 from .body_edit import remove_members
 from .classifier import BootstrapClassifier, Decision
 from .framer import Event
-from .replay_safety import _nobody, assess, removals
+from .replay_safety import assess, nobody, removals
 from .rules import Rules
 from .vocabulary import STATE_LOST, Verdict
 
@@ -95,7 +95,7 @@ class TurnGate:
     timeout: float = 0.0  # the bootstrap time budget (0: none)
     clock: Callable[[], float] = time.monotonic
     encrypted_reasoning: str = "strip"
-    owner: Callable[[tuple[str, ...]], str | None] = _nobody  # who made an artifact (provenance.Provenance.owner)
+    owner: Callable[[tuple[str, ...]], str | None] = nobody  # who made an artifact (provenance.Provenance.owner)
     stall: float = 0.0  # first_event_timeout: a hold past `timeout` goes on while the upstream is not this silent
     max_hold: float = 0.0  # ...and this long at most (classifier.py; 0: commit at `timeout`)
     turns: int = 0

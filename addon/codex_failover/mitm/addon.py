@@ -37,7 +37,7 @@ from ..state_keeper import StateKeeper, close_keeper, open_keeper
 from ..ws.conn import WsConn
 from ..ws.gate import WebsocketGate
 from ..ws.upstream import upstream_tls
-from . import bounded_body, client_answers, client_hop, fallbacks, quiet_log, secret_guard, status_page, warm_conn
+from . import bounded_body, client_answers, client_conns, client_hop, fallbacks, quiet_log, secret_guard, status_page
 from .account_back import AccountBack
 from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
 from .boundary import ClientBoundary
@@ -79,7 +79,7 @@ def _say_start(clients: ClientAccess) -> None:
     """The warnings at start: fallbacks in force, a non-loopback listener, unknown options."""
     for line in fallbacks.in_force():
         log.warning(line)
-    for host in warm_conn.listen_hosts(ctx.options.mode, ctx.options.listen_host):
+    for host in client_conns.listen_hosts(ctx.options.mode, ctx.options.listen_host):
         if not is_loopback_host(host):
             log.warning("codex-failover: listening on %s; the pool and the status page serve %s",
                         host or "every interface", clients.describe())
@@ -89,12 +89,10 @@ def _say_start(clients: ClientAccess) -> None:
 
 def _parts(addon: "FailoverAddon", usage: UsageAnswer) -> list:
     """The addon's parts, in the order their hooks run (parts.py)."""
-    addon.usage_answer = usage
-    addon.limits = ClientLimits(addon.boundary)
     return [addon.guard, addon.limits, addon.tls, AttemptHooks(addon.attempts), addon.hops, addon.boundary,
             addon.back, ProxyAuthNotice(), usage,
             PassThroughRedaction(lambda host: addon.tls.scope.intercepts(host, host)),
-            ConnTrouble(), PassStream(addon)]
+            ConnTrouble(), PassStream(addon, usage)]
 
 
 class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks from it (parts.py)
@@ -126,7 +124,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.listener = MetricsListener()
         self.guard = SelfGuard(self.listener.addresses)  # never a dial to its own listeners, never its own socket a client
         self.boundary = ClientBoundary(is_self=self.guard.is_own_socket)  # whose requests are the user's own programs'
-        self.back = AccountBack(self)  # cooldowns that end early; failover.reset
+        self.back, self.limits = AccountBack(self), ClientLimits(self.boundary)  # cooldowns that end early, failover.reset; connections per client
         self.refresher = TokenRefresher(self)  # pooled ChatGPT logins' tokens (token_refresher.py)
         self.activity, self.usage_poller, self.view = Activity(), UsagePoller(self), ModelView()  # dashboard, failover_view
         self._wire(_parts(self, UsageAnswer(self)))
@@ -160,11 +158,11 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
             parsed = parse_options(ctx.options, updated)
         except ValueError as exc:
             raise exceptions.OptionsError(str(exc)) from None
-        if "failover_clients" in updated:
+        if parsed.clients is not None:  # (failover_clients changed)
             self.clients = parsed.clients
         if "failover_verbose" in updated:
             self.quiet.configure(ctx.options)
-        if "failover_max_body" in updated:
+        if parsed.max_body is not None:  # (failover_max_body changed)
             self.max_body = WsConn.max_message = bounded_body.limit = parsed.max_body  # the WebSocket's, every decode's
         if "failover_metrics" in updated and self._running:
             self._serve_metrics()
@@ -214,7 +212,8 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         for attempt in self.attempts.values():
             attempt.redact()
         self._close_state()
-        self.back.stop(), self.usage_poller.stop()
+        self.back.stop()
+        self.usage_poller.stop()
         self.refresher.stop()
         self.listener.stop()
         self.quiet.uninstall()
@@ -297,7 +296,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.pool = self.files.refresh(lambda: self.pool, self._load_files, self.health)
         self.refresher.check()  # starts the token refreshes that are due (at most once a second)
 
-    async def _hold(self, flow: http.HTTPFlow, body: dict, client_auth: AuthMaterial) -> None:
+    async def _hold(self, flow: http.HTTPFlow, body: object, client_auth: AuthMaterial) -> None:
         """Start the held request's run and return: the client flow gets its stand-in server
         connection at once, which answers when the run decides (docs/architecture.md#the-hop)."""
         n = next(self._ids)

@@ -18,18 +18,16 @@ import asyncio
 import copy
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import Callable, Protocol, TypeVar
 
 from mitmproxy import flow as mitmflow, hooks, http
 
 from ..core.codex_request import held_as_stream
+from ..core.routes import Endpoint
 from ..core.warm_book import WarmKey
 from .hook_chain import run_hook
 from .secret_guard import arming
 from .warm_conn import WarmConnection, server_at
-
-if TYPE_CHECKING:  # the engine makes attempts (engine.py imports this module); an attempt only holds it
-    from .engine import WarmConnections
 
 ATTEMPT_TAG = "codex_failover.attempt"
 CAPTURE_LIMIT = 64 * 1024  # opening bytes kept on the attempt flow for mitmweb
@@ -113,6 +111,17 @@ class Capture:
             response.raw_content = bytes(self.data)
 
 
+class Connections(Protocol):
+    """Where an attempt's connection comes from: the engine (engine.WarmConnections), which makes the
+    attempts, so an attempt knows it only as this."""
+
+    def connection_for(self, key: WarmKey, endpoint: object = None, dial_timeout: float = 30.0) -> WarmConnection:
+        """The connection an attempt goes to (counted on it until it is released)."""
+
+    def own_connection(self, key: WarmKey, endpoint: object = None) -> WarmConnection:
+        """A connection outside the book, for one WebSocket upgrade (closed with its socket)."""
+
+
 @dataclass
 class Item:
     kind: str
@@ -124,7 +133,7 @@ class Attempt:
 
     direct = False  # True for attempt 1 riding the client's own stream (direct.py): no hooks feed it
 
-    def __init__(self, client_flow: http.HTTPFlow, request: http.Request, label: str, n: int, warm: WarmConnections,
+    def __init__(self, client_flow: http.HTTPFlow, request: http.Request, label: str, n: int, warm: Connections,
                  server=None):
         self.warm = warm  # the engine: where the attempt's connection comes from
         # A new flow for `request`, on the client's connection (shown as its client in mitmweb); not a
@@ -134,7 +143,7 @@ class Attempt:
         self.flow.is_replay = "request"
         self.flow.metadata[ATTEMPT_TAG] = label
         self.n = n
-        self.endpoint = None  # the route endpoint (routes.Endpoint) this attempt goes through, if any
+        self.endpoint: Endpoint | None = None  # the route endpoint this attempt goes through, if any
         self.account = ""  # the credential it carries (its health key): its kept connection is that credential's
         self.connected = False  # the way to the upstream is up (TCP, any tunnel, TLS): the request head left
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
@@ -153,7 +162,7 @@ class Attempt:
         self._wire: dict[str, list[str]] = {}  # secret headers' real values, for the wire only
         self._armed = self._redacted = False  # the real values are on the flow now / placeholders went on once
         self.sent = False  # the request head was written: the real values are never needed again
-        self.on_sent = None  # called once the head was written (the driver's `dispatched`)
+        self.on_sent: Callable[[], object] | None = None  # once the head was written (the driver's `dispatched`)
         self.judged = asyncio.Event()  # the run has put its verdict on the flow
         self.verdict_error: str | None = None  # the flow's error once it ends, for a loser
         self.finished = False  # the whole response arrived
@@ -245,6 +254,7 @@ class Attempt:
         self.redact()
         self.streaming = stream
         if stream:
+            assert self.flow.response is not None  # (its head arrived)
             self.flow.response.stream = self._on_chunk
         self.queue.put_nowait(Item(HEAD))
 
@@ -355,7 +365,7 @@ class AttemptHooks:
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         attempt = self.attempts.get(flow.id)
-        if attempt is not None and not attempt.direct:
+        if attempt is not None and not attempt.direct and flow.response is not None:  # (it is, in this hook)
             attempt.on_responseheaders(held_as_stream(flow.response.status_code, flow.response.headers.get("content-type"),
                                                       attempt.wants_stream))
 

@@ -5,7 +5,6 @@ of need (docs/architecture.md#warm-connections)."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from mitmproxy import http
@@ -13,15 +12,15 @@ from mitmproxy import http
 from ..core.body_edit import remove_members
 from ..core.codex_request import COMPACT, asks_to_stream, swap_credential
 from ..core.planner import Candidate, Plan
-from ..core.replay_safety import PIN_HEADER, removals
+from ..core.policy import PoolConfig
+from ..core.replay_safety import PIN_HEADER, MovePolicy, removals
 from ..core.routes import Endpoint
 from ..core.warm_book import WarmKey
+from ..shared import Shared
 from . import bounded_body
 from .attempt import Attempt, copy_request
 from .direct import DirectAttempt
-
-if TYPE_CHECKING:
-    from .request_run import RequestRun
+from .held_client import HeldClient
 
 
 async def via_of(ep: Endpoint | None, bridges):
@@ -37,22 +36,24 @@ def proxy_via(ep: Endpoint | None):
 
 
 class AttemptMaker:
-    """The attempts of one request (see the module's docstring)."""
+    """The attempts of one request (see the module's docstring): `original` as the client sent it,
+    `body` its parsed JSON, `move` what may change on another credential, `pool` the request's."""
 
-    def __init__(self, run: "RequestRun", original: http.Request):
-        self.run, self.original, self.shared, self.pool = run, original, run.shared, run.pool
-        self.body, self.move = run.body, run.move
+    def __init__(self, request_id: str, flow: http.HTTPFlow, client: HeldClient, original: http.Request, body: object,
+                 move: MovePolicy, shared: Shared, pool: PoolConfig):
+        self.request_id, self.flow, self.client, self.original = request_id, flow, client, original
+        self.body, self.move, self.shared, self.pool = body, move, shared, pool
         self.bodies: dict[tuple, bytes] = {}  # what each kind of attempt sends, built once
 
     def make(self, cand: Candidate, n: int, ep: Endpoint | None = None) -> Attempt:
         """Attempt `n` on `cand` (through `ep`). The first one, on the client's own credential, direct,
         to the client's own URL with its own body, rides the client's stream (direct.py)."""
         content = self._body_for(cand)
-        label = f"{self.run.request_id}#{n}"
+        label = f"{self.request_id}#{n}"
         if (n == 1 and cand.is_client and ep is None and not cand.base_url and content is None
-                and PIN_HEADER not in self.original.headers and self.run.client.can_go_direct):
+                and PIN_HEADER not in self.original.headers and self.client.can_go_direct):
             # The client's own request as it came: the wire gets it, the client's flow shows it.
-            attempt: Attempt = DirectAttempt(self.run.flow, label, n, self.run.client.hop, self.original)
+            attempt: Attempt = DirectAttempt(self.flow, label, n, self.client.hop, self.original)
         else:
             req = copy_request(self.original)
             if cand.base_url:
@@ -62,7 +63,7 @@ class AttemptMaker:
             if content is not None:
                 req.content = content
             req.headers.pop(PIN_HEADER, None)
-            attempt = self.shared.engine.attempt(self.run.flow, req, label, n)
+            attempt = self.shared.engine.attempt(self.flow, req, label, n)
         attempt.dial_timeout = self.pool.policy.connect_timeout
         attempt.account = cand.key
         attempt.wants_stream = asks_to_stream(self.body)
@@ -101,6 +102,8 @@ class AttemptMaker:
             scheme, host, port = parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
         else:
             scheme, host, port = self.original.scheme, self.original.host, self.original.port
+        if not host:
+            return  # (a base URL without a host: its attempts fail by themselves)
         endpoints = self.pool.routes.get(cand.route) or [None]
         ep = next((e for e in endpoints if e is None or self.shared.route_health.healthy(e)), None)
         if ep is None and endpoints != [None]:

@@ -18,7 +18,7 @@ from mitmproxy import ctx, exceptions, http
 from .. import proxy_token
 from ..core import client_boundary as rules
 from ..core.auth import AuthMaterial, auth_from_headers
-from ..core.client_access import _ip
+from ..core.client_access import ip_of
 from ..net import sock_diag
 from . import client_answers, secret_guard
 
@@ -119,7 +119,7 @@ class ClientBoundary:
 
     def owns(self, peer, local) -> bool:
         """The rule for one socket: `peer` the client's (ip, port, ...), `local` the proxy's end."""
-        ip = _ip(peer[0]) if peer else None
+        ip = ip_of(peer[0]) if peer else None
         loopback = bool(ip is not None and ip.is_loopback)
         uid = None
         if self.rule == rules.UID and loopback and local:
@@ -156,4 +156,4 @@ def not_own_user() -> http.Response:
     """The status page (and its details) for a client of another user: refused."""
     error = {"type": "permission_error", "code": "client_not_allowed",
              "message": "codex-failover: this proxy's pool and status page serve only the user who runs it"}
-    return client_answers._json(403, error)
+    return client_answers.json_error(403, error)

@@ -57,7 +57,7 @@ def _retry_after(seconds: int | None) -> dict[str, str]:
     return {} if seconds is None else {"retry-after": str(seconds)}
 
 
-def _json(status: int, error: dict, headers: dict[str, str] | None = None) -> http.Response:
+def json_error(status: int, error: dict, headers: dict[str, str] | None = None) -> http.Response:
     # Upstream text quoted here (a pooled credential's error message) may echo a key: masked.
     body = json.dumps({"error": SECRETS.mask_in(error)}, indent=None).encode()
     all_headers = {"content-type": "application/json", "x-codex-failover": "1", **(headers or {})}
@@ -84,16 +84,16 @@ def exhausted(last, history, retry_after: int | None, pinned: str | None = None,
     attempts = [h.as_dict() for h in history]
     real = [h for h in history if h.reason != AUTH_REJECTED]
     if last is None or last.reason == AUTH_REJECTED and not real:
-        error = {"type": "service_unavailable_error", "code": NO_USABLE_CREDENTIAL,
+        error: dict[str, object] = {"type": "service_unavailable_error", "code": NO_USABLE_CREDENTIAL,
                  "message": "codex-failover: no credential could serve this request (see attempts)."}
         status = 503
     else:
         klass = _answer_class(last.reason, first)
         upstream = {k: v for k, v in (last.error or {}).items() if k in _KEEP and v is not None}
         kind, code = _DEFAULTS.get(last.reason, ("service_unavailable_error", last.reason))
-        if klass != last.reason:  # the answer speaks for another cooldown: upstream's fields are not its own
+        if klass is not None and klass != last.reason:  # the answer speaks for another cooldown: upstream's fields are not its own
             (kind, code), upstream = _DEFAULTS[klass], {k: v for k, v in upstream.items() if k == "message"}
-        error = {"type": kind, "code": code, **upstream}
+        error = {"type": kind, "code": code, **upstream}  # (then its attempts)
         error["message"] = (f"{upstream.get('message') or 'Upstream rejected the request.'} "
                             f"(codex-failover: {len(history)} attempt(s), last rejection: {last.reason})")
         _tell_the_time(error, klass, first)
@@ -101,7 +101,7 @@ def exhausted(last, history, retry_after: int | None, pinned: str | None = None,
     error["attempts"] = attempts
     if pinned:
         error["not_moved_because"] = pinned
-    return _json(status, error, _retry_after(retry_after))
+    return json_error(status, error, _retry_after(retry_after))
 
 
 def all_cooling(skipped, retry_after: int | None, pinned: str | None = None,
@@ -113,7 +113,7 @@ def all_cooling(skipped, retry_after: int | None, pinned: str | None = None,
                  "message": "codex-failover: no credential of this pool is entitled to this model (each said so "
                             "lately); not dialled.",
                  "credentials": [{"credential": name, "state": status} for name, status, _ in skipped]}
-        return _json(exhausted_status(MODEL_NOT_ENTITLED), error)
+        return json_error(exhausted_status(MODEL_NOT_ENTITLED), error)
     reasons = [r for _, status, r in skipped if status == "cooling"]
     reason = _answer_class(reasons[0] if reasons else None, first)
     kind, code = _DEFAULTS.get(reason or "", ("service_unavailable_error", NO_USABLE_CREDENTIAL))
@@ -126,21 +126,21 @@ def all_cooling(skipped, retry_after: int | None, pinned: str | None = None,
     _tell_the_time(error, reason, first)
     if pinned:
         error["not_moved_because"] = pinned
-    return _json(exhausted_status(reason or ""), error, _retry_after(retry_after))
+    return json_error(exhausted_status(reason or ""), error, _retry_after(retry_after))
 
 
 def no_pool_credential(why: str) -> http.Response:
     """Pool-only mode, and no pooled credential can serve this kind of request (core/pool_reach.py)."""
     error = {"type": "service_unavailable_error", "code": "no_pool_credential_for_request",
              "message": f"codex-failover: {why}; not dialled."}
-    return _json(503, error)
+    return json_error(503, error)
 
 
 def upstream_failed(message: str, history) -> http.Response:
     """A failure that must not be replayed (or nothing else could serve): the real reason."""
     error = {"type": "upstream_error", "code": "upstream_connection_failed",
              "message": f"codex-failover: {message}", "attempts": [h.as_dict() for h in history]}
-    return _json(502, error)
+    return json_error(502, error)
 
 
 def recovery_exhausted(why: str, history) -> http.Response:
@@ -148,20 +148,20 @@ def recovery_exhausted(why: str, history) -> http.Response:
     error = {"type": "timeout_error", "code": "stream_incomplete",
              "message": f"codex-failover: the upstream stream ended without completing ({why}), on every retry.",
              "attempts": [h.as_dict() for h in history]}
-    return _json(408, error)
+    return json_error(408, error)
 
 
 def websocket_downgrade(why: str = "failover_websocket=downgrade") -> http.Response:
     """426 makes Codex switch the session to HTTP POST + SSE at once (docs/architecture.md#what-codex-does-with-our-answers)."""
     error = {"type": "invalid_request_error", "code": "websocket_not_supported",
              "message": f"codex-failover: use HTTP/SSE for model requests ({why})."}
-    return _json(426, error)
+    return json_error(426, error)
 
 
 def internal_error(message: str) -> http.Response:
     error = {"type": "server_error", "code": "codex_failover_internal_error",
              "message": f"codex-failover internal error: {message}"}
-    return _json(502, error)
+    return json_error(502, error)
 
 
 def client_not_allowed() -> http.Response:
@@ -170,7 +170,7 @@ def client_not_allowed() -> http.Response:
     error = {"type": "permission_error", "code": "client_not_allowed",
              "message": "codex-failover: this proxy's credential pool serves only its own machine; "
                         "its operator can allow more clients with --set failover_clients=ADDR/CIDR,..."}
-    return _json(403, error)
+    return json_error(403, error)
 
 
 def client_response(status: int, reason: str, headers: list[tuple[bytes, bytes]]) -> http.Response:

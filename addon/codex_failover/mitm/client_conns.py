@@ -1,15 +1,17 @@
 """The proxy servers' client connections, as the addon needs them (part of the seam: mitmproxy's
 proxy core, docs/architecture.md#the-seam): whether a client is one of theirs, closing one (as
-mitmproxy's inactivity timeout closes one), and bounding a passed-through WebSocket's messages in
-the layer mitmproxy runs it with (each message is gathered whole there: bounded while it grows, and
-as it inflates)."""
+mitmproxy's inactivity timeout closes one), bounding a passed-through WebSocket's messages in the
+layer mitmproxy runs it with (each message is gathered whole there: bounded while it grows, and as
+it inflates), and the hosts the proxy servers listen on."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 from mitmproxy import ctx, http
 from mitmproxy.proxy.layers.websocket import WebsocketLayer
+from mitmproxy.proxy.mode_specs import ProxyMode
 
 
 def _proxy_connections() -> dict:
@@ -52,7 +54,7 @@ def bound_websocket(flow: http.HTTPFlow, cap: int, over: Callable[[], None]) -> 
                 return receive(None)
             return receive(data)
 
-        ws.receive_data = bounded
+        ws.receive_data = bounded  # type: ignore[method-assign]  # this connection's reads only: its own attribute
     return True
 
 
@@ -98,3 +100,12 @@ def _websocket_layer(flow: http.HTTPFlow) -> WebsocketLayer | None:
         if isinstance(streams, dict):
             stack.extend(streams.values())
     return None
+
+
+def listen_hosts(modes, listen_host: str) -> list[str]:
+    """The hosts mitmproxy listens on for its `mode` specs (unparseable ones skipped), in order."""
+    hosts: dict[str, None] = {}
+    for spec in modes:
+        with contextlib.suppress(ValueError):
+            hosts[ProxyMode.parse(spec).listen_host(listen_host)] = None
+    return list(hosts)

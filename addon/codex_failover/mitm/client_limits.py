@@ -13,7 +13,7 @@ import time
 
 from mitmproxy import ctx, exceptions
 
-from ..core.client_access import _ip
+from ..core.client_access import ip_of
 from ..core.conn_budget import ConnectionBudget, peer_key
 from ..core.units import parse_duration
 from . import client_conns
@@ -79,7 +79,7 @@ class ClientLimits:
 
     def _key(self, client) -> str | None:
         peer, local = client.peername, client.sockname
-        ip = _ip(peer[0]) if peer else None
+        ip = ip_of(peer[0]) if peer else None
         uid = None
         if ip is not None and ip.is_loopback and local and self.boundary.can_map():
             uid = self.boundary.uid_of(peer, local)

@@ -5,11 +5,15 @@ docs/architecture.md#warm-connections."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
+from typing import Callable
 
 from mitmproxy import ctx
 
+from ..core.routes import Endpoint
 from ..core.warm_book import CLOSED, OPEN, Dial, Slot, WarmBook, WarmKey
+from ..net.socks_bridge import SocksBridges
 from . import fallbacks
 from .attempt import Attempt
 from .own_conn import OwnConnection
@@ -27,10 +31,11 @@ class WarmConnections:
     def __init__(self, clock=time.monotonic):
         self.book = WarmBook(clock)
         self.handlers: dict[Slot, WarmConnection] = {}
-        self.endpoints: dict[str, object] = {}  # client id of a kept connection -> its route endpoint
+        self.endpoints: dict[str, Endpoint | None] = {}  # client id of a kept connection -> its route endpoint
         self._reaper: asyncio.Task | None = None
         self.dials = 0  # connections dialled so far (status, tests)
-        self.own_context = lambda: (None, None)  # the fallback's (SOCKS bridges, upstream TLS): the addon's
+        # The fallback's (SOCKS bridges, upstream TLS): the addon's.
+        self.own_context: Callable[[], tuple[SocksBridges | None, ssl.SSLContext | None]] = lambda: (None, None)
 
     def connection_for(self, key: WarmKey, endpoint=None, dial_timeout: float = 30.0) -> WarmConnection:
         """The connection one attempt goes to (counted on it until `release`): an open one, one
@@ -75,7 +80,7 @@ class WarmConnections:
         if conn.slot.state == CLOSED and not conn.attempts:
             conn.close()  # left the book (a pool change, a dial replaced) while in use
 
-    def endpoint_of(self, client) -> object | None:
+    def endpoint_of(self, client) -> Endpoint | None:
         return self.endpoints.get(client.id)
 
     def close_all(self) -> None:
@@ -97,7 +102,7 @@ class WarmConnections:
         loop = asyncio.get_running_loop()
         # A dial that hangs is stopped a little after the attempts' own connect_timeout has acted.
         why = f"timed out connecting after {dial_timeout:g}s"
-        loop.call_later(dial_timeout + 1.0, lambda: conn.ready.done() or conn.close(why))
+        loop.call_later(dial_timeout + 1.0, lambda: None if conn.ready.done() else conn.close(why))
         if self._reaper is None or self._reaper.done():
             self._reaper = loop.create_task(self._reap())
         return conn
@@ -138,7 +143,9 @@ class WarmConnections:
     def stats(self) -> dict[str, dict]:
         out: dict = {}
         for slot in self.book.all():
-            entry = out.setdefault(f"{slot.key.scheme}://{slot.key.host}:{slot.key.port}", {"open": 0, "active": 0})
+            key = slot.key
+            assert isinstance(key, WarmKey)  # (the engine's book is keyed by WarmKey)
+            entry = out.setdefault(f"{key.scheme}://{key.host}:{key.port}", {"open": 0, "active": 0})
             entry["open"] += slot.state == OPEN
             entry["active"] += slot.active
         return out

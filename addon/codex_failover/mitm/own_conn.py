@@ -143,6 +143,7 @@ class OwnConnection:
                 await run_hook(hooks.all_hooks["responseheaders"](flow))
                 _unless_killed(flow)
             elif isinstance(event, h11.Data):
+                assert flow.response is not None  # (h11 gives the head first)
                 stream = flow.response.stream
                 if callable(stream):
                     stream(bytes(event.data))
@@ -152,6 +153,7 @@ class OwnConnection:
                 else:
                     buffered += event.data
             elif isinstance(event, h11.EndOfMessage):
+                assert flow.response is not None  # (h11 gives the head first)
                 stream = flow.response.stream
                 if callable(stream):
                     stream(b"")

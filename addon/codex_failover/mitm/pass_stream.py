@@ -27,6 +27,7 @@ from . import client_conns
 from .attempt import ATTEMPT_TAG, Capture
 from .client_hop import HOP_TAG
 from .held_client import RELAY_TAG
+from .usage_answer import UsageAnswer
 
 log = logging.getLogger("codex_failover")
 
@@ -35,8 +36,9 @@ STATUS_HOST = "codex-failover.status"
 
 
 class PassStream:
-    def __init__(self, owner):
+    def __init__(self, owner, usage_answer: UsageAnswer):
         self.owner = owner  # the FailoverAddon: its matcher, clients, boundary, max_body, parts
+        self.usage_answer = usage_answer
 
     def may_hold(self, flow: http.HTTPFlow) -> bool:
         """Can this request, by its head, be one the addon answers or holds? A held request's body is
@@ -68,7 +70,7 @@ class PassStream:
 
     def reads_answer(self, flow: http.HTTPFlow) -> bool:
         """A passed-through flow whose answer a part reads whole (a usage question, a credit's redemption)."""
-        return self.owner.usage_answer.reads_answer_of(flow) or self.owner.back.reads_answer_of(flow)
+        return self.usage_answer.reads_answer_of(flow) or self.owner.back.reads_answer_of(flow)
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.is_replay or ATTEMPT_TAG in flow.metadata or flow.request.stream or flow.response is not None:

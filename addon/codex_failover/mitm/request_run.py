@@ -11,6 +11,7 @@ docs/architecture.md, "The path of a model request".
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import traceback
@@ -56,6 +57,7 @@ from . import bounded_body, client_answers, live, secret_guard
 from .attempt import CHUNK, END, ERROR, Attempt, Item, copy_request, hide_secrets
 from .attempt_maker import AttemptMaker
 from .client_hop import ClientHop
+from .direct import DirectAttempt
 from .held_client import HeldClient, shown_changed
 
 log = logging.getLogger("codex_failover")
@@ -85,7 +87,7 @@ class RequestRun:
         self.session: str | None = None  # the client's key and its Codex session (thread) id: affinity's key
         self.winner: Attempt | None = None  # the committed attempt, streaming through the relay
         self.current: Attempt | None = None  # the attempt in flight, or the last one
-        self.whole = None  # its whole answer (bounded_body's), once read
+        self.whole: bounded_body.Outcome | None = None  # its whole answer, once read
         # Whole answers the client may get as they came should nothing serve (vocabulary.AS_IT_CAME):
         # (rejection, response, body, the client's own credential's); a few per request, each bounded.
         self.kept: list[tuple[Rejection, http.Response, object, bool]] = []
@@ -93,15 +95,14 @@ class RequestRun:
         self.dispatched = asyncio.Event()  # the first attempt's head was written, or the run ended
         self.client_auth = client_auth  # the client's own credential (read from its request when not given)
 
-    def hold(self) -> None:
-        """Give the client flow its hop now, before any attempt (docs/architecture.md#the-hop)."""
+    def hold(self) -> http.Request:
+        """Give the client flow its hop now, before any attempt (docs/architecture.md#the-hop): its request, as it came."""
         self.original = copy_request(self.flow.request)  # the flow shows no secret from here on
         self.client.hold()
+        return self.original
 
     async def run(self) -> None:
-        if self.original is None:
-            self.hold()
-        req = self.original
+        req = self.original if self.original is not None else self.hold()
         hide_secrets(self.flow.request)
         self.move = assess(self.body, req.headers, self.pool.policy.encrypted_reasoning, self.shared.provenance.owner)
         self.log.why_pinned = self.move.why_pinned
@@ -118,7 +119,8 @@ class RequestRun:
         if self.shared.activity is not None:
             self.log.activity = self.shared.activity
             self.log.entry = self.shared.activity.start(self.request_id, time.time(), self.session, self.model, SSE)
-        self.maker = AttemptMaker(self, req)
+        self.maker = AttemptMaker(self.request_id, self.flow, self.client, req, self.body, self.move, shared=self.shared,
+                                  pool=self.pool)
         self.body = None  # the maker has it (for a moved copy), and lets it go once built
         loop = FailoverLoop(self._plan, self.health, self.shared.route_health, self.pool, tell=self._tell,
                             model=self.model)
@@ -159,9 +161,9 @@ class RequestRun:
                     answer = client_answers.exhausted(last, self.log.history, retry_after, self.move.why_pinned, first)
                     gap = kind_gap(self.client_auth, self.pool) if self.move.movable else None
                     return self._answer(answer, "exhausted", f"; no other credential could serve it: {gap}" if gap else "")
-                case AllCooling(states, _) if not states and (why := unreachable(self.client_auth, self.pool,
-                                                                                 self.move.movable)):
-                    return self._answer(client_answers.no_pool_credential(why), "no pool credential for it",
+                case AllCooling(states, _) if not states and (missing := unreachable(self.client_auth, self.pool,
+                                                                                     self.move.movable)):
+                    return self._answer(client_answers.no_pool_credential(missing), "no pool credential for it",
                                         " (not dialled)")
                 case AllCooling(states, retry_after, first):
                     answer = client_answers.all_cooling(list(states), retry_after, self.move.why_pinned, first)
@@ -199,7 +201,7 @@ class RequestRun:
         attempt.on_sent = self.dispatched.set
         attempt.endpoint = ep
         self.shared.attempts[attempt.flow.id] = attempt
-        if getattr(attempt, "direct", False):  # a served one has no final hook to take it out (record_hooks.py)
+        if isinstance(attempt, DirectAttempt):  # a served one has no final hook to take it out (record_hooks.py)
             attempt.registry = self.shared.attempts
         self.current, self.whole, self.recorded = attempt, None, False
         state = machine.attempt
@@ -236,7 +238,7 @@ class RequestRun:
             return End()
         if item.kind == ERROR:
             return Broke(item.data.decode(errors="replace"))
-        return Head(attempt.flow.response.status_code, attempt.flow.response.headers, attempt.streaming)
+        return _head(attempt)
 
     async def _carry_out(self, state: AttemptMachine | None, commands: list[Command] | tuple[Command, ...]) -> None:
         attempt = self.current
@@ -256,6 +258,7 @@ class RequestRun:
                     content = None
                     if item is not None and item.kind == END:
                         resp = attempt.flow.response  # never get_content(): decoded within its bound
+                        assert resp is not None  # (its end came)
                         self.whole = await bounded_body.answer(resp, f"[{self.request_id}] credential {cand.name}")
                         content = self.whole.content or b""
                     await self._carry_out(state, state.send(Whole(content)))
@@ -273,7 +276,7 @@ class RequestRun:
                     if self.log.entry is not None:
                         self.log.entry.tokens_from = lambda made=state.view.made: made.tokens
                     live.commit(self.client, attempt, state, commit, self.shared.metrics,
-                                lambda attempt=attempt, state=state: self._cut(attempt, state))
+                                functools.partial(self._cut, attempt, state))
                     if commit.first:
                         await self.client.first_output()  # the client's first output before the bookkeeping
                         self.log.first_output()
@@ -335,8 +338,16 @@ def client_left(flow: http.HTTPFlow, hop, committed: bool) -> bool:
                               or (isinstance(hop, ClientHop) and hop.stream_reset()))
 
 
+def _head(attempt: Attempt) -> Head:
+    """The head of an attempt's answer, as the attempt machine takes it (its head item came)."""
+    response = attempt.flow.response
+    assert response is not None
+    return Head(response.status_code, response.headers, attempt.streaming)
+
+
 def _expired_once(notices: set, cand: Candidate) -> None:
     """One warning per expired token (the plan skips it at every request until it is refreshed)."""
+    assert cand.auth is not None  # (a credential's token expired)
     if (cand.name, cand.auth.expires_at) not in notices:
         notices.add((cand.name, cand.auth.expires_at))
         log.warning("credential %s: its ChatGPT access token expired at %s; it is skipped until refreshed. "
@@ -354,7 +365,7 @@ def start_run(run: RequestRun, on_done) -> asyncio.Task:
     def ended(_task) -> None:
         try:
             run.dispatched.set()
-            if getattr(run.current, "direct", False):  # a verdict, if it had none (a bug): its record is shown
+            if run.current is not None and run.current.direct:  # a verdict, if it had none (a bug): its record is shown
                 run.current.judged.set()  # (record_hooks.py waits on no timer; other attempts' hooks have one)
             if not run.client.answered:  # the client left, or a bug: the relay hop must end too
                 run.client.internal_error("the request ended without an answer")

@@ -12,17 +12,18 @@ per refresh, never a token nor what the endpoint answered beyond a known error c
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
 import uuid
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .. import auth_refresh
 from ..core.auth import CHATGPT, AuthError, AuthMaterial, auth_from_document
-from ..core.health import OUT
-from ..core.policy import Credential
+from ..core.health import OUT, Health
+from ..core.policy import Credential, PoolConfig
 from ..core.token_expiry import login_command
 from ..core.token_refresh import (
     AFTER_401,
@@ -42,10 +43,10 @@ from ..core.token_refresh import (
     same_login,
 )
 from ..net.usage_fetch import NoAnswer, post_json
+from ..shared import Shared
+from ..state_keeper import StateKeeper
 from ..ws.upstream import ConnectFailed
-
-if TYPE_CHECKING:
-    from .addon import FailoverAddon
+from .file_watch import FileWatch
 
 log = logging.getLogger("codex_failover")
 EVERY = 30.0  # seconds between looks while no request comes
@@ -56,8 +57,20 @@ def refused_401(reason: str | None) -> bool:
     return bool(reason) and str(reason).startswith("HTTP 401")
 
 
+class Owner(Protocol):
+    """What a refresh reads and writes of the addon it is part of (mitm/addon.py's FailoverAddon)."""
+
+    pool: PoolConfig  # the pool in force: a refreshed credential's new tokens replace its old ones there
+    health: Health  # a credential back in rotation, or out until a new login
+    files: FileWatch  # the auth watch, told of the file the refresh wrote
+    keeper: StateKeeper | None  # its store's claims keep a refresh to one proxy
+
+    def shared(self) -> Shared:
+        """The proxy's shared parts (the routes' bridges and upstream TLS, for the exchange)."""
+
+
 class TokenRefresher:
-    def __init__(self, owner: "FailoverAddon") -> None:
+    def __init__(self, owner: Owner) -> None:
         self.owner = owner
         self.book = Refreshes()
         self.me = uuid.uuid4().hex  # this proxy, in a shared store's claims
@@ -103,7 +116,10 @@ class TokenRefresher:
                 self.book.transient(cred.auth, now)
                 return
             self.tasks[cred.auth.account] = task
-            task.add_done_callback(lambda _t, a=cred.auth.account: self.tasks.pop(a, None))
+            task.add_done_callback(functools.partial(self._forget, cred.auth.account))
+
+    def _forget(self, account: str, _done: asyncio.Task) -> None:
+        self.tasks.pop(account, None)
 
     def _enabled(self) -> bool:
         from mitmproxy import ctx
@@ -178,12 +194,12 @@ class TokenRefresher:
                 return
             if await self._theirs(cred, path, sent, reason, "refresh_token_reused"):
                 return
-            wait = self.book.reused(auth)  # only after an exchange whose answer never came: once more
-            if wait is None:
+            again = self.book.reused(auth)  # only after an exchange whose answer never came: once more
+            if again is None:
                 return self._failed(cred, Permanent("refresh_token_reused"))
             log.warning("codex-failover: credential %s: refresh_token_reused after an exchange that got no answer; "
-                        "auth.json unchanged: one more try in %ds", cred.name, wait)
-            await self.sleep(wait)
+                        "auth.json unchanged: one more try in %ds", cred.name, again)
+            await self.sleep(again)
             if await self._theirs(cred, path, sent, reason, "refresh_token_reused"):
                 return
             doc, snap = await asyncio.to_thread(auth_refresh.read_snapshot, path)

@@ -63,12 +63,13 @@ class UsageAnswer:
         return self._answered(flow, own)
 
     async def _answered(self, flow: http.HTTPFlow, own: AuthMaterial) -> None:
-        req, owner = flow.request, self.owner
+        req, owner, response = flow.request, self.owner, flow.response
+        assert response is not None  # (the response hook)
         pool, health = owner.pool, owner.health
         pooled_own = next((c for c in pool.credentials if c.auth.account == own.account), None)
         own_key = pooled_own.name if pooled_own else client_key(own)
-        status = flow.response.status_code
-        if own_can_send(status, await _doc(flow.response), health.ready(own_key)):
+        status = response.status_code
+        if own_can_send(status, await _doc(response), health.ready(own_key)):
             return
         plan = make_plan(own, pool, health, True, owner.affinity.get(session_of(req.headers, None)))
         cand = next((c for c in plan.candidates if not c.is_client and c.auth is not None and c.auth.kind == CHATGPT), None)
@@ -77,10 +78,10 @@ class UsageAnswer:
         doc = self.cache.get(cand.key) or await self._ask(cand.name)
         if doc is None:
             return
-        flow.response.status_code = 200
-        flow.response.headers["content-type"] = "application/json"
-        flow.response.headers[HEADER] = cand.name
-        flow.response.content = json.dumps(pooled_view(doc, cand.name, status)).encode()
+        response.status_code = 200
+        response.headers["content-type"] = "application/json"
+        response.headers[HEADER] = cand.name
+        response.content = json.dumps(pooled_view(doc, cand.name, status)).encode()
         if self._told.get(own_key) != cand.name:
             self._told[own_key] = cand.name
             log.info("codex-failover: usage asked for a limited account: answered with credential %s's "

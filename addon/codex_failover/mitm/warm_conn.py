@@ -8,12 +8,11 @@ Secrets: placeholders on the flow, the real values only while the upstream's lay
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import h2.connection
 import h2.errors
@@ -25,10 +24,10 @@ from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import HTTPMode, HttpStream
 from mitmproxy.proxy.layers.websocket import WebsocketEndHook
-from mitmproxy.proxy.mode_specs import ProxyMode
 
 from ..core.warm_book import Slot, WarmKey
 from . import fallbacks
+from .carried import Carried, CarriedSocket
 from .hook_chain import run_hook
 from .http11 import as_http11
 from .quiet_log import replay_level
@@ -39,16 +38,13 @@ try:  # GOAWAYs stream by stream where mitmproxy's HTTP/2 client is as pinned (t
 except ImportError:  # another mitmproxy: its own GOAWAY handling
     Http2Client, BY_STREAM = None, False  # type: ignore[assignment,misc]
 
-if TYPE_CHECKING:
-    from .attempt import Attempt
-
 class _Dial(events.ConnectionEvent):
     pass
 
 
 @dataclass
 class _Submit(events.ConnectionEvent):
-    attempt: "Attempt"
+    attempt: Carried
 
 
 @dataclass
@@ -82,7 +78,7 @@ class _AttemptSource(layer.Layer):
         elif isinstance(event, http_layers.ResponseData) and event.stream_id in self.owner.sockets:
             self.owner.sockets[event.stream_id].from_layers(event.data)  # its frames for the client side
 
-    def _submit(self, attempt: "Attempt") -> layer.CommandGenerator[None]:
+    def _submit(self, attempt: Carried) -> layer.CommandGenerator[None]:
         """As mitmproxy's replay MockServer does: the whole request, on the attempt's stream."""
         request, sid = attempt.flow.request, attempt.stream_id
         content = request.raw_content
@@ -140,18 +136,19 @@ class _KeptHttpLayer(http_layers.HttpLayer):
             self.waiting_for_establishment[kept].append(event)
             return
         if kept is not None and (kept.connected or kept.error):
-            reply = (kept, None) if kept.connected else (None, kept.error)
+            reply = (kept, None) if kept.connected else (None, kept.error or "")
             yield from self.event_to_child(self.command_sources.pop(event), http_layers.GetHttpConnectionCompleted(event, reply))
             return
         known = set(self.connections)
         yield from super().get_connection(event, reuse=False)
-        owner.kept = next((c for c in self.connections if c not in known), None)
+        new = next((c for c in self.connections if c not in known), None)
+        owner.kept = new if isinstance(new, Server) else None  # (the server connection it made)
 
     def register_connection(self, command) -> layer.CommandGenerator[None]:
         """The kept connection is up (or failed): every waiting attempt gets it; on HTTP/1.1 only the first."""
         waiting = self.waiting_for_establishment.get(command.connection, [])
         own = []
-        if command.connection is self.owner.kept and not command.err and command.connection.alpn != b"h2":
+        if not command.err and command.connection.alpn != b"h2" and command.connection is self.owner.kept:
             own, waiting[1:] = waiting[1:], []
         yield from super().register_connection(command)
         if command.connection is self.owner.kept:
@@ -189,18 +186,20 @@ class _KeptHttpLayer(http_layers.HttpLayer):
                 attempt.redact()
         yield from produced
 
-
     def _graceful(self, child) -> None:
         """The kept connection's HTTP/2 layer, once it exists, takes GOAWAYs stream by stream."""
         for below in self.owner.below(child):  # TLS, an upstream proxy's tunnel, HttpClient, Http2Client
             if type(below) is Http2Client:
-                below.__class__, below.warm, self.owner.h2_seen = _GoawayHttp2Client, self.owner, True
+                below.__class__, self.owner.h2_seen = _GoawayHttp2Client, True
+                below.warm = self.owner  # type: ignore[attr-defined]  # (a _GoawayHttp2Client's, now its class)
         kept = self.owner.kept  # up (TLS done), and not HTTP/2: nothing to look for on its every read
         self.owner.h2_seen |= kept is not None and kept.connected and kept.tls_established == kept.tls and kept.alpn != b"h2"
 
 
 class WarmConnection(server.ConnectionHandler):
     """One kept upstream connection, run by mitmproxy's HTTP layers; attempts are sent over it."""
+
+    layer: _KeptHttpLayer
 
     def __init__(self, key: WarmKey, slot: Slot, options, endpoint=None):
         client = Client(peername=("127.0.0.1", 0), sockname=("127.0.0.1", 0), state=ConnectionState.OPEN)
@@ -217,18 +216,18 @@ class WarmConnection(server.ConnectionHandler):
         self.layer = _KeptHttpLayer(context, self)
         self.source = _AttemptSource(context.fork(), self)
         self.layer.connections[client] = self.source
-        self.attempts: dict[int, Attempt] = {}  # stream id -> attempt under way
-        self.sockets: dict[int, Attempt] = {}  # stream id -> a WebSocket upgrade's attempt (ws/layer_socket.py)
+        self.attempts: dict[int, Carried] = {}  # stream id -> attempt under way
+        self.sockets: dict[int, CarriedSocket] = {}  # stream id -> a WebSocket upgrade's attempt (ws/layer_socket.py)
         self.kept: Server | None = None  # the kept connection, from its dial on
         self.ready: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()  # the dial's error, or None
         self._stream_ids = itertools.count(1, 2)
         self._started = False
         self.h2_seen = False  # its HTTP/2 layer was found (and swapped: _GoawayHttp2Client), or it is not HTTP/2
         self.draining = False  # a graceful GOAWAY came: the streams it kept go on, no new attempt comes
-        self.on_dialled = None  # called with self once the dial ended (either way)
-        self.on_goaway = None  # called with self on a graceful GOAWAY
-        self.on_over = None  # called with (self, attempt) when an attempt's final hook ran
-        self.on_closed = None  # called with self once the connection is gone
+        self.on_dialled: Callable[[WarmConnection], object] | None = None  # once the dial ended (either way)
+        self.on_goaway: Callable[[WarmConnection], object] | None = None  # on a graceful GOAWAY
+        self.on_over: Callable[[WarmConnection, Carried], object] | None = None  # an attempt's final hook ran
+        self.on_closed: Callable[[WarmConnection], object] | None = None  # once the connection is gone
 
     async def _start(self) -> None:
         if not self._started:
@@ -285,29 +284,29 @@ class WarmConnection(server.ConnectionHandler):
         if callback is not None:
             callback(self)
 
-    async def submit(self, attempt: "Attempt", socket: bool = False) -> None:
-        """Send an attempt; a WebSocket upgrade's (`socket`) is told each hook, read and frame."""
+    async def submit(self, attempt: Carried, socket: CarriedSocket | None = None) -> None:
+        """Send an attempt; a WebSocket upgrade's (`socket`: the attempt) is told each hook, read and frame."""
         await self._start()
         attempt.stream_id = next(self._stream_ids)
         self.attempts[attempt.stream_id] = attempt
-        if socket:
+        if socket is not None:
             self.client.alpn_offers = [b"http/1.1"]  # the upgrade is HTTP/1.1's
-            self.sockets[attempt.stream_id] = attempt
+            self.sockets[attempt.stream_id] = socket
         await self.server_event(_Submit(self.client, attempt))
 
-    async def feed(self, attempt: "Attempt", data: bytes) -> None:
+    async def feed(self, attempt: Carried, data: bytes) -> None:
         """Frames from an upgraded attempt's client side into the layers, then written out (drained)."""
         await self.server_event(_ToStream(self.client, attempt.stream_id, data=data))
         await self.drain_writers()
 
-    def extensions(self, attempt: "Attempt", side: str) -> list | None:
+    def extensions(self, attempt: Carried, side: str) -> list | None:
         """The wsproto extensions (the list itself) an upgraded stream speaks to `side` with, or None."""
         stream = self.layer.streams.get(attempt.stream_id)
         ws = getattr(getattr(stream, "child_layer", None), f"{side}_ws", None)
         extensions = getattr(getattr(ws, "_proto", None), "extensions", None)
         return extensions if isinstance(extensions, list) else None
 
-    async def cancel(self, attempt: "Attempt", message: str) -> None:
+    async def cancel(self, attempt: Carried, message: str) -> None:
         """Stop one attempt (HTTP/2: stream reset; HTTP/1.1: connection closed); one still waiting for
         its connection never gets it (`abandoned`): not one byte of it leaves."""
         if attempt.stream_id not in self.attempts:
@@ -318,10 +317,10 @@ class WarmConnection(server.ConnectionHandler):
     def abandoned(self, stream_id: int) -> bool:
         return getattr(self.attempts.get(stream_id), "abandoned", False)
 
-    def unsent(self) -> list["Attempt"]:
+    def unsent(self) -> list[Carried]:
         return [a for a in self.attempts.values() if not a.sent] if self.attempts else []
 
-    def head_written(self, attempt: "Attempt") -> bool:
+    def head_written(self, attempt: Carried) -> bool:
         """Was its head written? (The HTTP/1 client layer holds it; the HTTP/2 one mapped its stream id.)"""
         return any(getattr(c, "request", None) is attempt.flow.request or attempt.stream_id in getattr(c, "our_stream_id", ())
                    for c in self.below(*(c for c in self.layer.connections.values() if c is not self.source)))
@@ -388,13 +387,3 @@ class WarmConnection(server.ConnectionHandler):
 def server_at(address: tuple[str, int]):
     """A server connection object for `address` (an attempt flow's, before it is sent)."""
     return Server(address=address)
-
-
-def listen_hosts(modes, listen_host: str) -> list[str]:
-    """The hosts mitmproxy listens on for its `mode` specs (unparseable ones skipped), in order."""
-    hosts: dict[str, None] = {}
-    for spec in modes:
-        with contextlib.suppress(ValueError):
-            hosts[ProxyMode.parse(spec).listen_host(listen_host)] = None
-    return list(hosts)
-

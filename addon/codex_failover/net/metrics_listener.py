@@ -41,7 +41,8 @@ class _Server(ThreadingHTTPServer):
     def server_bind(self) -> None:
         # HTTPServer.server_bind would look the host's name up (socket.getfqdn): a DNS query, unneeded
         socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
+        host, self.server_port = self.server_address[:2]
+        self.server_name = str(host)  # (an address: the listener binds an IP)
 
 
 def _host_allowed(host_header: str | None) -> bool:

@@ -220,6 +220,7 @@ class Relay:
     async def _pump(session: RelaySession, writer: asyncio.StreamWriter) -> None:
         if session.answered is not None:
             await session.answered.wait()  # the hold: the run decides (the reader may leave meanwhile)
+        assert session.body is not None  # (given when made, or by `answer` before `answered` is set)
         head = [f"HTTP/1.1 {session.status} {session.reason or 'OK'}".encode()]
         head += [k + b": " + v for k, v in session.headers if k.lower() not in HOP_BY_HOP]
         head += [b"transfer-encoding: chunked", b"connection: close", b"", b""]

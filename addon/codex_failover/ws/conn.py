@@ -8,6 +8,7 @@ import asyncio
 import logging
 import ssl
 from collections import deque
+from typing import Callable
 
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import Connection, ConnectionState
@@ -50,10 +51,10 @@ class WsConn:
     # a larger one closes the connection with 1009, as WebSocket servers do.
     max_message = 32 * 1024 * 1024
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ws: WSConnection):
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ws: WSConnection | Connection):
         self.reader, self.writer, self.ws = reader, writer, ws
         self.close_code: int | None = None  # set once the connection ended
-        self.on_end = None  # called once it ended: (code, reason, closed by this side)
+        self.on_end: Callable[[int, str, bool], object] | None = None  # once it ended: (code, reason, closed by this side)
         self.close_reason = ""
         self.response_headers: list[tuple[bytes, bytes]] = []  # the peer's 101 headers (client side)
         self._events: deque[Event] = deque()
@@ -148,8 +149,8 @@ class WsConn:
         content, is_text = message
         if self.ws.state is not ConnectionState.OPEN:
             return
-        data = content.decode("utf-8", "replace") if is_text else content
-        self._write(self.ws.send(TextMessage(data=data) if is_text else BytesMessage(data=data)))
+        event = TextMessage(data=content.decode("utf-8", "replace")) if is_text else BytesMessage(data=content)
+        self._write(self.ws.send(event))
         try:
             await self.writer.drain()  # backpressure: a slow reader slows its source
         except (ConnectionError, ssl.SSLError):

@@ -14,6 +14,7 @@ chosen code, all without mitmproxy internals (docs/websocket-gate-notes.md has w
 from __future__ import annotations
 
 import asyncio
+import enum
 import itertools
 import json
 import logging
@@ -51,7 +52,11 @@ from .turn_ends import TurnEnds
 log = logging.getLogger("codex_failover")
 
 HISTORY_LINES = 50  # per socket, for its flow comment and log context
-TICK = object()  # the hold's time budget ran out while waiting for the upstream
+class _Tick(enum.Enum):
+    TICK = "tick"
+
+
+TICK = _Tick.TICK  # the hold's time budget ran out while waiting for the upstream
 
 
 class WebsocketGate:
@@ -136,7 +141,7 @@ class GateSession(TurnEnds):
 
     def relay_headers(self) -> list[tuple[bytes, bytes]]:
         """The upstream's 101 headers (turn state, model...) for the client's 101."""
-        return [(k, v) for k, v in self.up.conn.response_headers if k.decode("latin-1").lower() not in HANDSHAKE_HEADERS]
+        return [(k, v) for k, v in self.upstream.conn.response_headers if k.decode("latin-1").lower() not in HANDSHAKE_HEADERS]
 
     async def serve(self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Through the relay (the fallback): the relay's hop is a WebSocket of its own."""
@@ -175,24 +180,25 @@ class GateSession(TurnEnds):
         self.story.ended(time.monotonic() - self.started, self.gate.turns, self.moves)
 
     async def _from_client(self) -> None:
-        while (message := await self.down.recv()) is not None:
+        while (message := await self.client.recv()) is not None:
             turn = self.gate.client_message(message[0], message[1], self.dialer.headers)
             if self.moving:
                 self.backlog.append(message)
                 continue
             if turn is not None:
-                self.story.turn(turn, self.up.cand.name)  # (its log line is its verdict: SocketStory.attempt)
-                self.dialer.new_turn(self.up.cand.key)
+                up = self.upstream
+                self.story.turn(turn, up.cand.name)  # (its log line is its verdict: SocketStory.attempt)
+                self.dialer.new_turn(up.cand.key)
                 self.turns.new_turn()
-                if goes_home(turn.stays_home, self.dialer.home_of(turn.bound_to), self.up.cand.key):
+                if goes_home(turn.stays_home, self.dialer.home_of(turn.bound_to), up.cand.key):
                     await self._go_home(turn)
                     continue
-                message = turn.message_for(new_socket=False, foreign=not self.up.cand.is_client)
-            await self.up.send(message)
+                message = turn.message_for(new_socket=False, foreign=not up.cand.is_client)
+            await self.upstream.send(message)
 
     async def _from_upstream(self) -> None:
         while not self.ended:
-            up = self.up
+            up = self.upstream
             message = await self._next_upstream(up)
             if self.ended:
                 return  # our own close (the client left): not a rejection
@@ -209,10 +215,10 @@ class GateSession(TurnEnds):
                 watch_usage(self.shared, self.sid, up, message)
                 self.shared.provenance.record(artifacts_of_message(message[0]), up.cand.key)
             for out in step.release:
-                await self.down.send(out)
+                await self.client.send(out)
             if step.decision is not None:
                 await self._decided(up, step)
-                if not self.down.open:
+                if not self.client.open:
                     return
                 if self.up is not up:
                     continue  # the turn moved to a new socket
@@ -220,7 +226,7 @@ class GateSession(TurnEnds):
                 self._upstream_ended(up)
                 return
 
-    async def _next_upstream(self, up: Upstream) -> Message | object | None:
+    async def _next_upstream(self, up: Upstream) -> Message | _Tick | None:
         deadline = self.gate.deadline
         if deadline is None:
             return await up.conn.recv()
@@ -230,7 +236,7 @@ class GateSession(TurnEnds):
             return TICK
 
     def _upstream_ended(self, up: Upstream) -> None:
-        self.down.close(client_close_after_upstream(up.conn.close_code), up.conn.close_reason)
+        self.client.close(client_close_after_upstream(up.conn.close_code), up.conn.close_reason)
 
     # -- visibility ------------------------------------------------------------------------
 

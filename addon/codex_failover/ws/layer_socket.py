@@ -24,8 +24,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Callable
 
-from mitmproxy import flow as mitmflow, http
+from mitmproxy import flow as mitmflow, http, websocket
 from wsproto import ConnectionType
 from wsproto.connection import Connection
 from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
@@ -37,7 +38,7 @@ from ..core.ws_turns import Message
 from ..mitm.attempt import ATTEMPT_TAG, QUEUE_HIGH, QUEUE_LOW, Attempt, copy_request, end_unsent
 from .bounded_deflate import BoundedDeflate
 from .conn import ABNORMAL, MESSAGE_TOO_BIG, HandshakeRejected, WsConn
-from .leg import FlowRecord, _masked_body, hide_added, mask
+from .leg import FlowRecord, hide_added, mask, masked_body
 from .upstream import ConnectFailed
 
 log = logging.getLogger("codex_failover")
@@ -59,7 +60,7 @@ class LayerSocket(Attempt):
         super().__init__(client_flow, request, label, 0, engine)
         self.flow.live = True  # addons such as map_remote act on live flows only
         self.record = FlowRecord(self.flow, title)
-        self.verdict = None  # called with the failure at a failed upgrade's final hook: (mark, line)
+        self.verdict: Callable[[BaseException], tuple[str, str]] | None = None  # at a failed upgrade's final hook: (mark, line)
         self.failure: BaseException | None = None
         self.response_headers: list[tuple[bytes, bytes]] = []
         self.close_code: int | None = None
@@ -108,8 +109,8 @@ class LayerSocket(Attempt):
         content, is_text = message
         if not self.open or self._client is None:
             return
-        data = content.decode("utf-8", "replace") if is_text else content
-        await self._client.send(TextMessage(data=data) if is_text else BytesMessage(data=data))
+        await self._client.send(TextMessage(data=content.decode("utf-8", "replace")) if is_text
+                                else BytesMessage(data=content))
 
     def close(self, code: int = 1000, reason: str = "") -> None:
         """Close the socket (a close frame from the client side; mitmproxy closes both). Never raises."""
@@ -146,7 +147,7 @@ class LayerSocket(Attempt):
     def message(self, content: bytes, is_text: bool, from_client: bool) -> None:
         """(As ws/leg.Leg's; here its messages are recorded from the hooks.)"""
 
-    def judge(self, mark: str, line: str, update: bool = True) -> None:
+    def judge_socket(self, mark: str, line: str, update: bool = True) -> None:
         self.record.judge(mark, line, update)
 
     # -- from the connection's layers (synchronous) -------------------------------------------
@@ -157,7 +158,7 @@ class LayerSocket(Attempt):
             self.over.set()
             return
         self.conn = self.warm.own_connection(key, self.endpoint)
-        await self.conn.submit(self, socket=True)
+        await self.conn.submit(self, socket=self)
         try:
             await self.over.wait()
         finally:
@@ -173,7 +174,7 @@ class LayerSocket(Attempt):
         if before:
             if name == "websocket_message":
                 self._mask_for_others()
-                if not self.flow.websocket.messages[-1].from_client and self.conn is not None:
+                if not _socket_of(self.flow).messages[-1].from_client and self.conn is not None:
                     self.conn.set_reading(False)  # nothing more is read while its hooks run (bounded by one read)
             elif name in ("response", "error") and not (response is not None and self.flow.websocket is not None):
                 self._final()
@@ -187,7 +188,7 @@ class LayerSocket(Attempt):
         elif name == "websocket_message":
             self._took_message()
         elif name == "websocket_end":
-            ws = self.flow.websocket
+            ws = _socket_of(self.flow)
             self._closed(ws.close_code or ABNORMAL, ws.close_reason or "")
             self.flow.live = False
             self.inbox.put_nowait(None)
@@ -227,7 +228,7 @@ class LayerSocket(Attempt):
             if not self._body and response.raw_content:  # an addon's answer, whole (not streamed)
                 self._body = bytearray(response.raw_content[:REJECTION_BODY])
             encoding = response.headers.pop("content-encoding", None)  # shown decoded
-            response.content = _masked_body(bytes(self._body), encoding)
+            response.content = masked_body(bytes(self._body), encoding)
         self.failure = self._failed()
         if self.verdict is not None:
             mark, line = self.verdict(self.failure)
@@ -249,7 +250,9 @@ class LayerSocket(Attempt):
     def _start_socket(self) -> None:
         """The upgrade was accepted: the client side's frames, and the upstream's inflate bounded."""
         self.redact()
-        self.response_headers = list(self.flow.response.headers.fields)
+        response = self.flow.response
+        assert response is not None  # (the 101's)
+        self.response_headers = list(response.headers.fields)
         theirs = self.conn.extensions(self, "server") if self.conn is not None else None
         _bound_inflate(theirs or [])
         inside = self.conn.extensions(self, "client") if self.conn is not None else None
@@ -257,7 +260,7 @@ class LayerSocket(Attempt):
             inside.clear()
             ours = []
         else:  # mitmproxy's layers are not as tested: speak what the upstream's 101 accepted, as they do
-            ours = _deflate_as_accepted(self.flow.response.headers.get("sec-websocket-extensions", ""))
+            ours = _deflate_as_accepted(response.headers.get("sec-websocket-extensions", ""))
             if ours:
                 log.warning("codex-failover: the upstream WebSocket's inflate could not be bounded (mitmproxy's "
                             "layers are not as tested); a message past its bound is still closed with 1009")
@@ -266,7 +269,7 @@ class LayerSocket(Attempt):
 
     def _mask_for_others(self) -> None:
         """Before other addons see an upstream message (mitmweb's view among them): masked."""
-        message = self.flow.websocket.messages[-1]
+        message = _socket_of(self.flow).messages[-1]
         self._raw = None
         if not message.from_client:
             masked = mask(message.content, message.is_text)
@@ -276,7 +279,7 @@ class LayerSocket(Attempt):
     def _took_message(self) -> None:
         """After every addon saw it: an upstream message goes to the gate (as another addon left it),
         and no further; each is recorded on the flow within its bound."""
-        ws = self.flow.websocket
+        ws = _socket_of(self.flow)
         message = ws.messages.pop()
         if not message.from_client:
             self._unread = 0
@@ -358,6 +361,12 @@ def _deflate_as_accepted(accepted: str) -> list:
             ours.append(PerMessageDeflate())
             ours[-1].finalize(ext)
     return ours
+
+
+def _socket_of(flow: http.HTTPFlow) -> websocket.WebSocketData:
+    """The flow's socket: there from the upgrade on (its websocket_* hooks run after it)."""
+    assert flow.websocket is not None
+    return flow.websocket
 
 
 def _bound_inflate(extensions: list) -> None:

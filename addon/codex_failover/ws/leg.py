@@ -103,6 +103,11 @@ class FlowRecord:
 
         self._last = asyncio.get_running_loop().create_task(after())
 
+    async def settled(self) -> None:
+        """Return once the hooks scheduled so far (`later`) have run."""
+        if self._last is not None:
+            await asyncio.wait([self._last])
+
 
 def hide_added(request: http.Request, wire: dict[str, list[str]]) -> None:
     """After the request hooks: a secret header an addon set (modify_headers, upstream_auth...) goes
@@ -178,13 +183,13 @@ class Leg:
         self.flow.response = _response(101, headers, b"")
         self.flow.websocket = websocket.WebSocketData()
         self._later(_run(self.flow, "responseheaders", "response", "websocket_start"))  # before any end
-        await asyncio.wait([self.record._last])
+        await self.record.settled()
 
     async def rejected(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, verdict: str) -> None:
         response = self.flow.response = _response(status, headers, b"")
         encoding = response.headers.pop("content-encoding", None)  # shown decoded
-        response.content = _masked_body(body, encoding)
-        self.judge(story.REJECTED, verdict, update=False)
+        response.content = masked_body(body, encoding)
+        self.judge_socket(story.REJECTED, verdict, update=False)
         self.ended, self.flow.live = True, False
         await _run(self.flow, "responseheaders")
         await _run(self.flow, "response")
@@ -203,7 +208,7 @@ class Leg:
     async def failed(self, message: str, verdict: str) -> None:
         if self.flow.error is None:
             self.flow.error = mitmflow.Error(SECRETS.mask(message))
-        self.judge(story.NO_CONNECTION, verdict, update=False)
+        self.judge_socket(story.NO_CONNECTION, verdict, update=False)
         self.ended, self.flow.live = True, False
         await _run(self.flow, "error")
 
@@ -213,7 +218,8 @@ class Leg:
         if not self.ended:
             self.record.message(content, is_text, from_client)
 
-    def judge(self, mark: str, line: str, update: bool = True) -> None:
+    def judge_socket(self, mark: str, line: str, update: bool = True) -> None:
+        """A verdict on this socket (a turn's, or its upgrade's): on its flow (FlowRecord.judge)."""
         self.record.judge(mark, line, update)
 
     def end(self, code: int, reason: str, by_client: bool) -> None:
@@ -223,7 +229,8 @@ class Leg:
         self.ended, self.flow.live = True, False
         ws = self.flow.websocket
         ws.close_code, ws.close_reason, ws.closed_by_client, ws.timestamp_end = code, reason, by_client, time.time()
-        self.flow.response.timestamp_end = time.time()
+        if self.flow.response is not None:  # (the 101's: a socket is open)
+            self.flow.response.timestamp_end = time.time()
         self._later(_run(self.flow, "websocket_end"))
 
 
@@ -237,7 +244,7 @@ def _response(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> h
     return response
 
 
-def _masked_body(body: bytes, encoding: str | None) -> bytes:
+def masked_body(body: bytes, encoding: str | None) -> bytes:
     """A rejection's body as mitmweb shows it, decoded (bounded), with a key it echoes masked."""
     decoded = bounded_decode.decode(body, encoding, 4 * len(body) + 65536)
     text = decoded.content if decoded.content is not None else b"(codex-failover: the body decodes past its bound)"

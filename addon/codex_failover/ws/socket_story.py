@@ -70,7 +70,7 @@ class SocketStory:
         line = f"turn {n}: {up.cand.name} via {up.route}: {verdict} ({reason})"
         self.history.append(line)
         ok = verdict in (Verdict.COMMIT, Verdict.DELIVER)
-        up.leg.judge(story.mark(verdict, reason, ok), line)
+        up.leg.judge_socket(story.mark(verdict, reason, ok), line)
         warmup = turn is not None and turn.warmup and ok
         log.log(logging.DEBUG if warmup else logging.INFO, "[%s] turn %d credential=%s route=%s verdict=%s reason=%s "
                 "session=%s", self.sid, n, up.cand.name, up.route.replace(" ", "="), verdict, reason, self.tag)

@@ -49,10 +49,23 @@ class TurnEnds:
     turns: TurnMachine
     scope: Any  # attempt_events.Scope
 
+    @property
+    def upstream(self) -> Upstream:
+        """The socket serving the session (from its first upstream's upgrade on)."""
+        assert self.up is not None
+        return self.up
+
+    @property
+    def client(self) -> WsConn:
+        """The client's socket (once the session serves it: through the relay or in process)."""
+        assert self.down is not None
+        return self.down
+
     async def _decided(self, up: Upstream, step: Step) -> None:
         """The turn machine settles the turn (core/turn_machine.py, the HTTP path's rules); the gate
         carries out the state it comes to."""
         decision, turn = step.decision, self.gate.turn
+        assert decision is not None  # (called for a step that decided)
         failed = decision.verdict is Verdict.FAILOVER
         rejection = _rejection(decision, step) if failed else None
         windows = from_headers(_wrapped_headers(step), self.shared.health.now()) if failed else []
@@ -91,7 +104,7 @@ class TurnEnds:
         self.story.note(f"turn {turn.n} rejected ({rejection.reason}): {why}; closing the client socket with "
                         f"{RECONNECT_CLOSE} so Codex reconnects with the full request")
         up.conn.close(NORMAL_CLOSE)
-        self.down.close(RECONNECT_CLOSE, "codex-failover: reconnect")
+        self.client.close(RECONNECT_CLOSE, "codex-failover: reconnect")
 
     async def _move(self, old: Upstream, turn: Turn, rejection: Rejection) -> None:
         """A self-contained turn was rejected: the same create on the socket its failover loop opens
@@ -146,7 +159,7 @@ class TurnEnds:
         Client messages meanwhile wait in the backlog."""
         self.moving = True
         try:
-            old = self.up
+            old = self.upstream
             new = await dial()
             if self.ended:  # the client left while we dialled
                 if new is not None:
@@ -162,11 +175,11 @@ class TurnEnds:
 
     async def _cannot_go_home(self, turn: Turn) -> None:
         for message in self.gate.abandon():
-            await self.down.send(message)
+            await self.client.send(message)
         busy = cannot_go_home(turn.why_pinned)
         self.story.note(f"turn {turn.n} must stay on the credential holding its state ({turn.why_pinned}); it cannot serve: 503")
         for frame in as_frames(busy):
-            await self.down.send(frame)
+            await self.client.send(frame)
 
     async def _switch(self, old: Upstream, new: Upstream, turn: Turn, note: str) -> None:
         old.conn.close(1000, "codex-failover: moved")
@@ -181,8 +194,8 @@ class TurnEnds:
         socket in use; dropped if there is none."""
         while self.backlog:
             message = self.backlog.popleft()
-            if self.up.conn.open:
-                await self.up.send(message)
+            if self.upstream.conn.open:
+                await self.upstream.send(message)
 
     async def _exhausted(self, up: Upstream, rejection: Rejection) -> None:
         """A DELIVERED turn (the client's own 401/403, or a rejection outside any turn). If its socket
@@ -194,9 +207,9 @@ class TurnEnds:
         self.story.note(f"no other credential can serve turn {turn.n if turn else 0}{pinned}: "
                         f"delivering the rejection ({last.reason}){'' if pinned else self._kind_gap()}")
         for frame in as_frames(last, self.dialer.soonest()):
-            await self.down.send(frame)
+            await self.client.send(frame)
         if not up.conn.open:
-            self.down.close(INTERNAL_CLOSE, "codex-failover: upstream closed")
+            self.client.close(INTERNAL_CLOSE, "codex-failover: upstream closed")
 
 
 
