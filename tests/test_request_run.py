@@ -375,3 +375,36 @@ def test_the_connect_deadline_runs_from_the_attempts_start(tmp_path, monkeypatch
     status, _ = asyncio.run(answer_of(run))
     assert status == 200
     assert [(e.verdict, e.reason) for e in run.log.history] == [("commit", "output")]
+
+
+def test_a_finished_run_lets_its_parsed_body_go_while_the_run_is_still_referenced(tmp_path, monkeypatch):
+    """A run sits in reference cycles that only a full collection breaks, which under load comes
+    tens of finished requests later: its parsed body (a Codex request is the whole conversation)
+    must be freed by reference counting when the run ends, not then."""
+    import gc
+    import weakref
+
+    from codex_failover.mitm.request_run import start_run
+
+    class Body(dict):  # a dict that can be watched
+        pass
+
+    engine = ScriptedEngine([stream(sse_answer("sk-client"))])
+    shared = shared_for(tmp_path, monkeypatch, engine)
+    body = Body(stream=True, input=[{"type": "message", "role": "user", "content": "x" * 10_000}])
+    run = RequestRun(client_flow(), shared, body, "r1")
+    watched = weakref.ref(body)
+    del body
+
+    async def go():
+        task = start_run(run, lambda _run: None)
+        await asyncio.wait_for(task, 10)
+        await asyncio.sleep(0)  # its done callback
+
+    gc.disable()  # no collection may free it: only the run's own letting go
+    try:
+        asyncio.run(go())
+        assert run.client.hop.is_answered
+        assert watched() is None, "the finished run still holds its parsed body"
+    finally:
+        gc.enable()

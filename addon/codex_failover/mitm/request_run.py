@@ -328,6 +328,17 @@ class RequestRun:
         if client_left(self.flow, self.client.hop, self.winner is not None):
             raise ClientGone()
 
+    def let_go(self) -> None:
+        """The run is over: what it kept for later attempts (the parsed body, the moved bodies, whole
+        answers) goes now, by reference counting. The run itself sits in reference cycles (its
+        client's abort callback, the hop) that only a full collection breaks, which under load comes
+        tens of finished requests later: each would keep its parsed body until then."""
+        maker = getattr(self, "maker", None)
+        if maker is not None:
+            maker.body, maker.bodies = None, {}
+        self.body, self.whole = None, None
+        self.kept.clear()
+
 def client_left(flow: http.HTTPFlow, hop, committed: bool) -> bool:
     """Has the client left: closed (or half-closed) its connection, reset its HTTP/2 stream (h2's state,
     or the stream's error once mitmproxy handed it on)? The run asks before every dial and at every
@@ -371,6 +382,7 @@ def start_run(run: RequestRun, on_done) -> asyncio.Task:
                 run.client.internal_error("the request ended without an answer")
         finally:
             on_done(run)  # the held count and the task set, whatever happened above
+            run.let_go()
 
     run.task.add_done_callback(ended)
     return run.task
