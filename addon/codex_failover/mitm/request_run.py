@@ -277,6 +277,7 @@ class RequestRun:
                         self.log.entry.tokens_from = lambda made=state.view.made: made.tokens
                     live.commit(self.client, attempt, state, commit, self.shared.metrics,
                                 functools.partial(self._cut, attempt, state))
+                    self.maker.let_go()  # no attempt follows a commit: the parsed body is not needed again
                     if commit.first:
                         await self.client.first_output()  # the client's first output before the bookkeeping
                         self.log.first_output()
@@ -335,7 +336,7 @@ class RequestRun:
         tens of finished requests later: each would keep its parsed body until then."""
         maker = getattr(self, "maker", None)
         if maker is not None:
-            maker.body, maker.bodies = None, {}
+            maker.let_go()
         self.body, self.whole = None, None
         self.kept.clear()
 
