@@ -7,7 +7,7 @@ Configurations, each its own mitmdump process (temporary confdir), all against o
   (c) the addon, the client's own credential overloaded after response.created, the spare good
   (p) with --pool-only: the addon in pool-only mode (`use_client_credential: false`): every attempt on the
       pooled spare, over the addon's kept upstream connections (a second flow each), none on the client's
-      own stream
+      own stream; with --baseline too, (q) the baseline's addon in pool-only mode
 
 Each stream is a full Codex-like POST …/responses (absolute-form http:// URL, raw asyncio sockets, a
 16 KiB input, a unique credential and session-id per stream) answered with reasoning + text events.
@@ -40,9 +40,9 @@ Reported per configuration and concurrency (ms: median / p95):
 Timestamps from different processes are wall-clock (time.time()) on one machine.
 
     scripts/bench [--quick] [--pool-only] [--png docs/bench.png] [--json FILE]
-    scripts/bench --cost [--sessions N] [--baseline OTHER/addon/failover.py ...]   (scripts/bench_cost.py)
+    scripts/bench --cost [--sessions N] [--pool-only] [--baseline OTHER/addon/failover.py ...]   (scripts/bench_cost.py)
     scripts/bench --instructions [--requests N] [--baseline OTHER/addon/failover.py ...]   (scripts/bench_instructions.py)
-    scripts/bench --ab OTHER/addon/failover.py [...] [--instances 3] [--length short]  (scripts/bench_ab.py)
+    scripts/bench --ab OTHER/addon/failover.py [...] [--instances 3] [--length short] [--pool-only]  (scripts/bench_ab.py)
     scripts/bench --session [--turns 10 30] [--uplink-mbit 10] [--rtt-ms 30]       (scripts/bench_session.py)
 """
 
@@ -73,6 +73,7 @@ CONFIGS = {
 FAILING = ("c", "e")  # the configurations whose first credential is overloaded
 BASELINE = {"d": "baseline, healthy", "e": "baseline, 1st cred overloaded"}  # with --baseline
 POOL_ONLY = {"p": "addon, pool only"}  # with --pool-only: use_client_credential false
+POOL_ONLY_BASELINE = {"q": "baseline, pool only"}  # with --pool-only and --baseline
 SPARE_KEY = "sk-test-spare-good"
 OUTPUT_TYPES = {"response.reasoning_summary_text.delta", "response.output_text.delta"}
 STREAM_TIMEOUT = 60.0  # seconds one stream may take at most
@@ -525,7 +526,8 @@ def chart(results: list[Result], paces: list[Pace], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     by = {(r.pace, r.concurrency, r.config): r for r in results}
-    colors = {"a": "#7f7f7f", "b": "#1f77b4", "c": "#ff7f0e", "d": "#2ca02c", "e": "#d62728", "p": "#9467bd"}
+    colors = {"a": "#7f7f7f", "b": "#1f77b4", "c": "#ff7f0e", "d": "#2ca02c", "e": "#d62728", "p": "#9467bd",
+              "q": "#8c564b"}
     panels = [(p, "first_output") for p in paces] + [(p, "throughput") for p in paces if p.name == "fast"]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.3))
     for ax, (pace, what) in zip(axes, panels, strict=False):
@@ -616,6 +618,8 @@ def main() -> int:
         CONFIGS.update(BASELINE)  # the tables, the chart and the turns take every configuration
     if args.pool_only:
         CONFIGS.update(POOL_ONLY)
+        if args.baseline is not None:
+            CONFIGS.update(POOL_ONLY_BASELINE)
     paces = plan(args.quick)
     png = args.png or (Path(tempfile.gettempdir()) / "codex-failover-bench-quick.png" if args.quick
                        else ROOT / "docs" / "bench.png")
@@ -641,8 +645,9 @@ def main() -> int:
                     if cfg == "a":
                         proxies[cfg] = ProxyProcess(d, None, addon=False, extra=["--set", "stream_large_bodies=1"])
                     else:
-                        proxies[cfg] = ProxyProcess(d, pool_only if cfg in POOL_ONLY else text, env,
-                                                    script=args.baseline if cfg in BASELINE else None)
+                        proxies[cfg] = ProxyProcess(d, pool_only if cfg in (*POOL_ONLY, *POOL_ONLY_BASELINE) else text,
+                                                    env, script=args.baseline if cfg in (*BASELINE, *POOL_ONLY_BASELINE)
+                                                    else None)
                 for cfg, proxy in proxies.items():
                     warm_up(proxy, fake, cfg, input_text)
                 log = FakeLog(fake.log_path)
