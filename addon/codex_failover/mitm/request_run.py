@@ -134,6 +134,8 @@ class RequestRun:
         except BaseException:
             loop.abandon()  # an attempt the client left (or a bug) must not keep its endpoint claimed
             raise
+        finally:  # the run sits in cycles a full collection breaks tens of requests later: its body goes now
+            self.maker.let_go()
 
     async def _follow(self, machine: RequestMachine) -> None:
         while True:
@@ -329,17 +331,6 @@ class RequestRun:
         if client_left(self.flow, self.client.hop, self.winner is not None):
             raise ClientGone()
 
-    def let_go(self) -> None:
-        """The run is over: what it kept for later attempts (the parsed body, the moved bodies, whole
-        answers) goes now, by reference counting. The run itself sits in reference cycles (its
-        client's abort callback, the hop) that only a full collection breaks, which under load comes
-        tens of finished requests later: each would keep its parsed body until then."""
-        maker = getattr(self, "maker", None)
-        if maker is not None:
-            maker.let_go()
-        self.body, self.whole = None, None
-        self.kept.clear()
-
 def client_left(flow: http.HTTPFlow, hop, committed: bool) -> bool:
     """Has the client left: closed (or half-closed) its connection, reset its HTTP/2 stream (h2's state,
     or the stream's error once mitmproxy handed it on)? The run asks before every dial and at every
@@ -383,7 +374,6 @@ def start_run(run: RequestRun, on_done) -> asyncio.Task:
                 run.client.internal_error("the request ended without an answer")
         finally:
             on_done(run)  # the held count and the task set, whatever happened above
-            run.let_go()
 
     run.task.add_done_callback(ended)
     return run.task
