@@ -27,6 +27,9 @@ REQUIREMENTS = {
     # zstd bodies (Codex's ChatGPT mode): the standard library's from Python 3.14 (compression.zstd), this before.
     "backports.zstd": "backports.zstd>=1.0; python_version < '3.14'",
 }
+# Looked for, not imported: used only where the pool file asks for it (a Redis state store), and importing
+# it at start cost every proxy 6.5 MiB of memory (docs/measurements.md, issue 45's budget).
+FOUND_ONLY = ("redis",)
 MITMPROXY_RANGE = REQUIREMENTS["mitmproxy"][len("mitmproxy"):]
 # What it starts on: any mitmproxy 12. A release outside the pinned range (the tested ones) runs on every
 # fallback of the seam (mitm/fallbacks.py), slower, and says so in one line; mitmproxy 13 may move the names the
@@ -92,6 +95,7 @@ def dependency_problem() -> str | None:
     """None when every runtime dependency imports and mitmproxy is a mitmproxy 12, else the one
     line to print: what is wrong and the command that fixes it."""
     import importlib
+    import importlib.util
     import shlex
 
     missing = []
@@ -99,7 +103,10 @@ def dependency_problem() -> str | None:
         if not _applies(requirement):
             continue
         try:
-            importlib.import_module(module)
+            if module not in FOUND_ONLY:
+                importlib.import_module(module)
+            elif importlib.util.find_spec(module) is None:
+                raise ImportError(module)
         except Exception:  # ImportError, or an install too broken to import: either way, install it
             missing.append(requirement)
     wrong_version = None

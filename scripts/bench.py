@@ -5,6 +5,9 @@ Configurations, each its own mitmdump process (temporary confdir), all against o
   (a) plain mitmdump, no addon, bodies streamed (--set stream_large_bodies=1; otherwise mitmproxy buffers)
   (b) mitmdump -s addon/failover.py with a pool (one spare), the client's own credential healthy
   (c) the addon, the client's own credential overloaded after response.created, the spare good
+  (p) with --pool-only: the addon in pool-only mode (`use_client_credential: false`): every attempt on the
+      pooled spare, over the addon's kept upstream connections (a second flow each), none on the client's
+      own stream; with --baseline too, (q) the baseline's addon in pool-only mode
 
 Each stream is a full Codex-like POST …/responses (absolute-form http:// URL, raw asyncio sockets, a
 16 KiB input, a unique credential and session-id per stream) answered with reasoning + text events.
@@ -24,9 +27,11 @@ Reported per configuration and concurrency (ms: median / p95):
 - live events: the fake wrote an event -> the client has it, for every event from the first output on
   (the per-event cost of streaming through the proxy once committed);
 - events/s through the proxy (events the clients received / wall time of the run);
-- CPU seconds of the mitmdump process (utime+stime from /proc/PID/stat) per 1,000 events delivered;
+- CPU of the mitmdump process (its threads' time on a CPU, /proc/PID/task/*/schedstat) per 1,000 events
+  delivered, and per request (the block's CPU / its streams);
 - memory: RSS before the run, peak during it (VmHWM, reset per block through /proc/PID/clear_refs),
-  RSS after (MiB); MB per concurrent stream = (peak - RSS before) / C (the block that grew most);
+  RSS after (MiB), and the peak's ratio to (a)'s; MB per concurrent stream = (peak - RSS before) / C
+  (the block that grew most);
 - proxy CPU: the mitmdump process's CPU time / wall time (its event loop is one thread: near 100%
   it is saturated and latencies are queueing); host busy: how busy all CPUs were during the run
   (/proc/stat; the fake, the client and anything else running count too);
@@ -34,10 +39,10 @@ Reported per configuration and concurrency (ms: median / p95):
 
 Timestamps from different processes are wall-clock (time.time()) on one machine.
 
-    scripts/bench [--quick] [--png docs/bench.png] [--json FILE]
-    scripts/bench --cost [--sessions N] [--baseline OTHER/addon/failover.py ...]   (scripts/bench_cost.py)
+    scripts/bench [--quick] [--pool-only] [--png docs/bench.png] [--json FILE]
+    scripts/bench --cost [--sessions N] [--pool-only] [--baseline OTHER/addon/failover.py ...]   (scripts/bench_cost.py)
     scripts/bench --instructions [--requests N] [--baseline OTHER/addon/failover.py ...]   (scripts/bench_instructions.py)
-    scripts/bench --ab OTHER/addon/failover.py [...] [--instances 3] [--length short]  (scripts/bench_ab.py)
+    scripts/bench --ab OTHER/addon/failover.py [...] [--instances 3] [--length short] [--pool-only]  (scripts/bench_ab.py)
     scripts/bench --session [--turns 10 30] [--uplink-mbit 10] [--rtt-ms 30]       (scripts/bench_session.py)
 """
 
@@ -67,6 +72,8 @@ CONFIGS = {
 }
 FAILING = ("c", "e")  # the configurations whose first credential is overloaded
 BASELINE = {"d": "baseline, healthy", "e": "baseline, 1st cred overloaded"}  # with --baseline
+POOL_ONLY = {"p": "addon, pool only"}  # with --pool-only: use_client_credential false
+POOL_ONLY_BASELINE = {"q": "baseline, pool only"}  # with --pool-only and --baseline
 SPARE_KEY = "sk-test-spare-good"
 OUTPUT_TYPES = {"response.reasoning_summary_text.delta", "response.output_text.delta"}
 STREAM_TIMEOUT = 60.0  # seconds one stream may take at most
@@ -76,6 +83,7 @@ SETTLE = 0.3  # seconds for the fake's last trace lines to reach its log after t
 GOAL_FIRST_OUTPUT_MS = 5.0  # (b) median time to first output at most this much above (a)'s
 GOAL_THROUGHPUT_RATIO = 0.7  # (b) events/s at least this fraction of (a)'s (fast pace)
 GOAL_MB_PER_STREAM = 1.0  # (b), (c) peak memory growth per concurrent stream at the highest concurrency
+GOAL_PEAK_RATIO = 1.3  # (b), (p) peak RSS at the highest concurrency at most this times (a)'s (issue 45)
 
 
 @dataclass
@@ -309,6 +317,10 @@ class Result:
     def mb_per_stream(self) -> float:
         return self.growth / self.concurrency
 
+    @property
+    def cpu_ms_per_request(self) -> float:
+        return self.cpu_s / self.ok * 1000 if self.ok else math.nan
+
 
 def merge(parts: list[Result]) -> Result:
     """One result from the blocks of a configuration at a concurrency (run interleaved with the others')."""
@@ -371,13 +383,13 @@ def run_once(pace: Pace, config: str, proxy: ProxyProcess, fake: FakeUpstreamPro
     log.read_new()  # skip whatever came before
     rss_before = stats.mem()["VmRSS"]
     stats.reset_peak()
-    cpu0 = stats.cpu()
+    cpu0 = stats.run_time()
     host0 = stats.host_jiffies()
     t0 = time.time()
     spread = pace.seconds * pace.events_per_stream if pace.stagger else 0.0
     streams = asyncio.run(drive(proxy.port, fake.port, config, run, concurrency, rounds, input_text, spread))
     t1 = max((s.chunks[-1][0] for s in streams if s.chunks), default=time.time())
-    cpu1 = stats.cpu()
+    cpu1 = stats.run_time()
     host1 = stats.host_jiffies()
     mem = stats.mem()
     time.sleep(SETTLE)
@@ -463,11 +475,14 @@ def print_tables(results: list[Result], paces: list[Pace], body_kib: int) -> Non
                   f"{mp(r.failover_ms)}")
         print()
         print(f"{'C':>3} {'config':<30} {'events/s':>9} {'vs a':>6} {'CPU s/1k ev':>11} {'vs a':>6} "
-              f"{'RSS before':>10} {'peak':>7} {'RSS after':>9} {'MB/stream':>9} {'proxy CPU':>9} {'host busy':>9}")
+              f"{'CPU ms/req':>10} {'vs a':>6} {'RSS before':>10} {'peak':>7} {'vs a':>6} {'RSS after':>9} "
+              f"{'MB/stream':>9} {'proxy CPU':>9} {'host busy':>9}")
         for c, cfg, r, a in _rows(by, pace):
             print(f"{c:>3} ({cfg}) {CONFIGS[cfg]:<26} {r.events_per_s:9.0f} "
                   f"{ratio(r.events_per_s, a.events_per_s) if a else '-':>6} {r.cpu_per_1k:11.3f} "
-                  f"{ratio(r.cpu_per_1k, a.cpu_per_1k) if a else '-':>6} {r.rss_before:10.1f} {r.peak:7.1f} "
+                  f"{ratio(r.cpu_per_1k, a.cpu_per_1k) if a else '-':>6} {r.cpu_ms_per_request:10.2f} "
+                  f"{ratio(r.cpu_ms_per_request, a.cpu_ms_per_request) if a else '-':>6} {r.rss_before:10.1f} "
+                  f"{r.peak:7.1f} {ratio(r.peak, a.peak) if a else '-':>6} "
                   f"{r.rss_after:9.1f} {r.mb_per_stream:9.2f} {r.cpu_s / r.wall_s * 100 if r.wall_s else 0:8.0f}% "
                   f"{r.host_busy * 100:8.0f}%")
 
@@ -496,6 +511,11 @@ def checks(results: list[Result], paces: list[Pace]) -> list[tuple[bool, str]]:
                     f"({cfg}) peak memory growth at most {GOAL_MB_PER_STREAM:g} MB per concurrent stream, "
                     f"pace {real.seconds * 1000:g} ms, C={top}: {r.mb_per_stream:.2f} MB/stream "
                     f"(+{r.growth:.1f} MB; (a): {a.mb_per_stream:.2f} MB/stream)"))
+    for cfg in [c for c in ("b", "p") if (real.name, top, c) in by]:
+        r, a = by[(real.name, top, cfg)], by[(real.name, top, "a")]
+        out.append((r.peak <= GOAL_PEAK_RATIO * a.peak,
+                    f"({cfg}) peak RSS at most {GOAL_PEAK_RATIO:g}x (a)'s, pace {real.seconds * 1000:g} ms, C={top}: "
+                    f"{r.peak:.0f} vs {a.peak:.0f} MiB ({r.peak / a.peak:.2f}x)"))
     return out
 
 
@@ -506,7 +526,8 @@ def chart(results: list[Result], paces: list[Pace], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     by = {(r.pace, r.concurrency, r.config): r for r in results}
-    colors = {"a": "#7f7f7f", "b": "#1f77b4", "c": "#ff7f0e", "d": "#2ca02c", "e": "#d62728"}
+    colors = {"a": "#7f7f7f", "b": "#1f77b4", "c": "#ff7f0e", "d": "#2ca02c", "e": "#d62728", "p": "#9467bd",
+              "q": "#8c564b"}
     panels = [(p, "first_output") for p in paces] + [(p, "throughput") for p in paces if p.name == "fast"]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.3))
     for ax, (pace, what) in zip(axes, panels, strict=False):
@@ -586,12 +607,19 @@ def main() -> int:
     ap.add_argument("--png", type=Path, help="chart path (default docs/bench.png; with --quick a file in the temp dir)")
     ap.add_argument("--json", type=Path, help="also write every measurement to this file")
     ap.add_argument("--body-kib", type=int, default=16, help="size of each request's input text (default 16)")
+    ap.add_argument("--pool-only", action="store_true",
+                    help="also run the addon in pool-only mode (use_client_credential: false) as (p): every attempt "
+                         "over the kept upstream connections, none on the client's own stream")
     ap.add_argument("--baseline", type=Path, metavar="FAILOVER_PY",
                     help="also run another checkout's addon (`git archive OLD addon rules | tar -x -C /tmp/old`, then "
                          "/tmp/old/addon/failover.py) as (d) healthy and (e) overloaded: an A/B in one run")
     args = ap.parse_args()
     if args.baseline is not None:
         CONFIGS.update(BASELINE)  # the tables, the chart and the turns take every configuration
+    if args.pool_only:
+        CONFIGS.update(POOL_ONLY)
+        if args.baseline is not None:
+            CONFIGS.update(POOL_ONLY_BASELINE)
     paces = plan(args.quick)
     png = args.png or (Path(tempfile.gettempdir()) / "codex-failover-bench-quick.png" if args.quick
                        else ROOT / "docs" / "bench.png")
@@ -609,13 +637,17 @@ def main() -> int:
             proxies: dict[str, ProxyProcess] = {}
             try:
                 text, env = pool_yaml(fake.base, [("spare", SPARE_KEY)], overload_cooldown="1s")
+                pool_only, _ = pool_yaml(fake.base, [("spare", SPARE_KEY)], overload_cooldown="1s",
+                                         use_client_credential=False)
                 for cfg in CONFIGS:
                     d = tmp / pace.name / cfg
                     d.mkdir()
                     if cfg == "a":
                         proxies[cfg] = ProxyProcess(d, None, addon=False, extra=["--set", "stream_large_bodies=1"])
                     else:
-                        proxies[cfg] = ProxyProcess(d, text, env, script=args.baseline if cfg in BASELINE else None)
+                        proxies[cfg] = ProxyProcess(d, pool_only if cfg in (*POOL_ONLY, *POOL_ONLY_BASELINE) else text,
+                                                    env, script=args.baseline if cfg in (*BASELINE, *POOL_ONLY_BASELINE)
+                                                    else None)
                 for cfg, proxy in proxies.items():
                     warm_up(proxy, fake, cfg, input_text)
                 log = FakeLog(fake.log_path)

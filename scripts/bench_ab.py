@@ -1,6 +1,8 @@
 """An A/B of CPU per request that resolves a few hundredths of a millisecond: checkouts of the addon
 against each other and plain mitmdump, each configuration run as `--instances` mitmdump processes.
-Run as `scripts/bench --ab OTHER/addon/failover.py [MORE/addon/failover.py ...] [--length short]`.
+Run as `scripts/bench --ab OTHER/addon/failover.py [MORE/addon/failover.py ...] [--length short] [--pool-only]`
+(`--pool-only`: every checkout in pool-only mode, `use_client_credential: false`: every attempt over the
+addon's kept upstream connections, none on the client's own stream).
 
 Why a tool of its own: `scripts/bench --cost` runs one process per configuration, and one process's
 own layout (where its objects and code landed, its hash seed) moves its CPU per request by 0.03-0.05 ms
@@ -77,6 +79,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--block", type=int, default=25, help="requests in one process's turn")
     ap.add_argument("--length", choices=sorted(LENGTHS), default="short", help="the streams' length")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
+    ap.add_argument("--pool-only", action="store_true",
+                    help="every checkout in pool-only mode (use_client_credential: false)")
     args = ap.parse_args(argv)
     for path in args.checkouts:
         if (why := not_an_addon(path)) is not None:
@@ -110,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             fake = FakeUpstreamProcess(tmp / "fake", "--pace", "0", "--deltas", str(LENGTHS[args.length]))
             os.sched_setaffinity(fake.proc.pid, others)
-            text, env = pool_text({args.length: fake})
+            text, env = pool_text({args.length: fake}, pool_only=args.pool_only)
             for k in range(args.instances):
                 start(procs, "plain", tmp / f"plain-{k}", None, addon=False, extra=["--set", "stream_large_bodies=1"])
                 for i, (label, path) in enumerate(zip(labels, args.checkouts, strict=True)):
@@ -139,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
             if fake is not None:
                 fake.stop()
     where = f"proxies on CPU {proxy_cpu}" if proxy_cpu is not None else "proxies unpinned (one CPU)"
-    print(f"{args.length} streams, {args.instances} processes per configuration, turns of {args.block} requests, {where}")
+    mode = ", pool-only mode" if args.pool_only else ""
+    print(f"{args.length} streams{mode}, {args.instances} processes per configuration, turns of {args.block} requests, {where}")
     print(f"{'configuration':48} {'median ms':>9}  {'p10..p90':>13}  ratio   turns")
     base = statistics.median(per["plain"])
     figures = {}

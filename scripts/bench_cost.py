@@ -8,6 +8,9 @@ Configurations, each its own mitmdump process, all against the same fake upstrea
             what "idle like plain mitmdump with a script" is measured against
   addon     mitmdump -s addon/failover.py (this checkout), a pool of two spares, the default SQLite store
   base-<commit>  (each --baseline) the same with another checkout's addon/failover.py: an A/B in one run
+  ... pool-only  (with --pool-only) each addon configuration again in pool-only mode (`use_client_credential:
+            false`): every attempt on a pooled spare over the addon's kept upstream connections, a second
+            flow each, none on the client's own stream
 
 Every request is a Codex-like streamed POST .../responses (absolute-form http:// URL) on a kept-alive
 client connection, with its own `session-id` (a day of Codex sessions), answered healthy by the
@@ -142,11 +145,14 @@ def load_average() -> str:
         return " ".join(fh.read().split()[:3])
 
 
-def pool_text(fakes: dict[str, FakeUpstreamProcess]) -> tuple[str, dict[str, str]]:
+def pool_text(fakes: dict[str, FakeUpstreamProcess], pool_only: bool = False) -> tuple[str, dict[str, str]]:
+    """A pool of one spare per fake; `pool_only`: `use_client_credential: false` (pool-only mode)."""
     lines, env = ["credentials:"], {}
     for name, fake in fakes.items():
         env[f"KEY_{name.upper()}"] = f"sk-test-spare-{name}"
         lines += [f"  - name: spare-{name}", f"    api_key_env: KEY_{name.upper()}", f"    base_url: {fake.base}/v1"]
+    if pool_only:
+        lines += ["policy:", "  use_client_credential: false"]
     return "\n".join(lines) + "\n", env
 
 
@@ -178,6 +184,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     ap.add_argument("--block", type=int, default=BLOCK, help="requests in one configuration's turn")
     ap.add_argument("--pin", action="store_true", help="the proxies on the last CPU, the clients on the others")
+    ap.add_argument("--pool-only", action="store_true",
+                    help="each addon configuration also in pool-only mode (use_client_credential: false): every "
+                         "attempt over the kept upstream connections")
     args = ap.parse_args(argv)
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     proxy_cpu = cpus[-1] if len(cpus) >= 2 and args.pin else None
@@ -194,14 +203,20 @@ def main(argv: list[str]) -> int:
         proxies: dict[str, ProxyProcess] = {}
         try:
             text, env = pool_text(fakes)
+            pool_only, _ = pool_text(fakes, pool_only=True)
             proxies["plain"] = ProxyProcess(tmp / "plain", None, addon=False, extra=["--set", "stream_large_bodies=1"])
             (tmp / "empty.py").write_text("addons = []\n")
             proxies["script"] = ProxyProcess(tmp / "script", None, addon=False,
                                              extra=["--set", "stream_large_bodies=1", "-s", str(tmp / "empty.py")])
             proxies["addon"] = ProxyProcess(tmp / "addon", text, env)
+            if args.pool_only:
+                proxies["pool-only"] = ProxyProcess(tmp / "pool-only", pool_only, env)
             for path in args.baseline:
                 name = f"base-{checkout_label(path)}"
                 proxies[name] = ProxyProcess(tmp / name, text, env, addon=False, extra=["-s", str(path.resolve())])
+                if args.pool_only:
+                    proxies[f"{name} pool-only"] = ProxyProcess(tmp / f"{name}-pool-only", pool_only, env, addon=False,
+                                                                extra=["-s", str(path.resolve())])
             if proxy_cpu is not None:
                 for proxy in proxies.values():
                     pin(proxy.proc.pid, proxy_cpu)
@@ -248,18 +263,18 @@ def main(argv: list[str]) -> int:
           f"host busy {busy:.0%}, {time.monotonic() - began:.0f} s")
     phases = ["fresh", f"after {args.sessions}"]
     print(f"\nCPU per request, ms (ratio to plain mitmdump); {args.requests} requests per cell, each a new session")
-    print(f"{'':<14}" + "".join(f"{p + ' ' + length:>22}" for p in phases for length in LENGTHS))
+    print(f"{'':<24}" + "".join(f"{p + ' ' + length:>22}" for p in phases for length in LENGTHS))
     for cfg in proxies:
         cells = []
         for p in phases:
             for length in LENGTHS:
                 v, base = out[cfg][f"{p} {length}"], out["plain"][f"{p} {length}"]
                 cells.append(f"{v:8.2f} ({v / base:4.2f}x)")
-        print(f"{cfg:<14}" + "".join(f"{c:>22}" for c in cells))
-    print(f"\n{'':<14}{'idle CPU ms/s':>15}{'wakeups/s':>11}{'RSS fresh':>11}{'RSS after':>11}{'RSS idle':>10}{'state KiB':>11}")
+        print(f"{cfg:<24}" + "".join(f"{c:>22}" for c in cells))
+    print(f"\n{'':<24}{'idle CPU ms/s':>15}{'wakeups/s':>11}{'RSS fresh':>11}{'RSS after':>11}{'RSS idle':>10}{'state KiB':>11}")
     for cfg in proxies:
         o = out[cfg]
-        print(f"{cfg:<14}{o['idle ms/s']:>15.2f}{o['idle wakeups/s']:>11.1f}{o['rss fresh']:>11.0f}{o[f'rss after {args.sessions}']:>11.0f}"
+        print(f"{cfg:<24}{o['idle ms/s']:>15.2f}{o['idle wakeups/s']:>11.1f}{o['rss fresh']:>11.0f}{o[f'rss after {args.sessions}']:>11.0f}"
               f"{o['rss idle']:>10.0f}{o['state file KiB']:>11.0f}")
     if args.json:
         args.json.write_text(json.dumps({"load": loads, "host_busy": busy, "figures": out}, indent=1))

@@ -1,5 +1,5 @@
-"""A smoke run of `scripts/bench --cost` (e2e): every configuration measured in every phase, the proxies
-on a CPU of their own with `--pin` when the host has two, the figures in its JSON."""
+"""A smoke run of `scripts/bench --cost` (e2e): every configuration (pool-only mode's too) measured in every
+phase, the proxies on a CPU of their own with `--pin` when the host has two, the figures in its JSON."""
 
 from __future__ import annotations
 
@@ -18,13 +18,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_bench_cost_measures_every_cell(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_cost.py"), "--sessions", "10", "--requests", "25",
                            "--idle", "0.5", "--json", str(tmp_path / "cost.json"),
-                           "--pin", "--block", "20", "--baseline", str(ROOT / "addon" / "failover.py")],
+                           "--pin", "--block", "20", "--baseline", str(ROOT / "addon" / "failover.py"), "--pool-only"],
                           capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     pinned = len(os.sched_getaffinity(0)) >= 2
     assert ("proxies on CPU" in proc.stdout) == pinned and "turns of 20 requests" in proc.stdout, proc.stdout
     figures = json.loads((tmp_path / "cost.json").read_text())["figures"]
-    assert set(figures) == {"plain", "script", "addon", next(k for k in figures if k.startswith("base-"))}
+    base = next(k for k in figures if k.startswith("base-") and not k.endswith("pool-only"))
+    assert set(figures) == {"plain", "script", "addon", base, "pool-only", f"{base} pool-only"}
     for cfg, cells in figures.items():
         for phase in ("fresh", "after 10"):
             for length in ("short", "long"):

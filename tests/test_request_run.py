@@ -375,3 +375,68 @@ def test_the_connect_deadline_runs_from_the_attempts_start(tmp_path, monkeypatch
     status, _ = asyncio.run(answer_of(run))
     assert status == 200
     assert [(e.verdict, e.reason) for e in run.log.history] == [("commit", "output")]
+
+
+def test_a_finished_run_lets_its_parsed_body_go_while_the_run_is_still_referenced(tmp_path, monkeypatch):
+    """A run sits in reference cycles that only a full collection breaks, which under load comes
+    tens of finished requests later: its parsed body (a Codex request is the whole conversation)
+    must be freed by reference counting when the run ends, not then."""
+    import gc
+    import weakref
+
+    from codex_failover.mitm.request_run import start_run
+
+    class Body(dict):  # a dict that can be watched
+        pass
+
+    engine = ScriptedEngine([stream(sse_answer("sk-client"))])
+    shared = shared_for(tmp_path, monkeypatch, engine)
+    body = Body(stream=True, input=[{"type": "message", "role": "user", "content": "x" * 10_000}])
+    run = RequestRun(client_flow(), shared, body, "r1")
+    watched = weakref.ref(body)
+    del body
+
+    async def go():
+        task = start_run(run, lambda _run: None)
+        await asyncio.wait_for(task, 10)
+        await asyncio.sleep(0)  # its done callback
+
+    gc.disable()  # no collection may free it: only the run's own letting go
+    try:
+        asyncio.run(go())
+        assert run.client.hop.is_answered
+        assert watched() is None, "the finished run still holds its parsed body"
+    finally:
+        gc.enable()
+
+
+def test_a_committed_stream_lets_its_parsed_body_go_while_it_is_still_live(tmp_path, monkeypatch):
+    """No attempt follows a commit, and a committed stream lives as long as its answer (minutes for
+    a long Codex turn, whose body is the whole conversation): the parsed body goes at the commit."""
+    import weakref
+
+    class Body(dict):  # a dict that can be watched
+        pass
+
+    chunks = sse_answer("sk-client")
+    engine = ScriptedEngine([[("head", 200, SSE), ("chunks", chunks[:-1])]])  # no end yet: the stream is live
+    shared = shared_for(tmp_path, monkeypatch, engine)
+    body = Body(stream=True, input=[{"type": "message", "role": "user", "content": "x" * 10_000}])
+    run = RequestRun(client_flow(), shared, body, "r1")
+    watched = weakref.ref(body)
+    del body
+
+    async def go():
+        task = asyncio.get_running_loop().create_task(run.run())
+        for _ in range(200):
+            if run.winner is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert run.winner is not None, "the stream was not committed"
+        assert watched() is None, "a committed stream still holds its parsed body"
+        engine.made[0].queue.put_nowait(Item(CHUNK, chunks[-1]))
+        engine.made[0].queue.put_nowait(Item(END))
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(go())
+    assert run.client.hop.is_answered

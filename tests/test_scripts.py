@@ -26,7 +26,7 @@ SMOKES = {
     "framer": [ROOT / "scripts" / "bench_framer.py", "--quick", "--repeat", "1"],
     "affinity": [ROOT / "scripts" / "measure_affinity.py", "--sessions", "6", "--turns", "4"],
     "websocket": [ROOT / "scripts" / "measure_websocket.py", "--quick"],
-    "bench": [ROOT / "scripts" / "bench.py", "--quick", "--png"],  # + the chart's path (the fixture's folder)
+    "bench": [ROOT / "scripts" / "bench.py", "--quick", "--pool-only", "--png"],  # + the chart's path (the fixture's folder)
     "session": [ROOT / "scripts" / "bench.py", "--session", "--turns", "2", "4", "--sessions", "1", "--rtt-ms", "0",
                 "--uplink-mbit", "1000"],
 }
@@ -121,6 +121,7 @@ def test_bench_quick_runs_side_by_side(smoke):
     tmp_path = smoke.folder
     assert "(a) plain mitmdump" in out, out[-2000:]
     assert "(b) addon, healthy" in out, out[-2000:]
+    assert "(p) addon, pool only" in out and "CPU ms/req" in out, out[-2000:]  # pool-only mode, CPU per request
     assert "goals:" in out, out[-2000:]
     assert (tmp_path / "bench.png").stat().st_size > 1000
 

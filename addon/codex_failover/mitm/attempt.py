@@ -92,11 +92,17 @@ async def end_unsent(flow: http.HTTPFlow, message: str) -> None:
 
 class Capture:
     """The opening bytes of a streamed body (bounded), kept to show on its flow in mitmweb: a
-    streamed response has no content of its own, and mitmweb cannot show (or serve) none."""
+    streamed response has no content of its own, and mitmweb cannot show (or serve) none.
+
+    Once kept on its message (the flow's final hook), the capture holds no buffer of its own: the
+    message's stream attribute keeps the Capture for as long as the flow lives (mitmweb's view, or
+    until a collection frees a finished connection), and a second copy of up to 64 KiB per flow
+    was the largest thing a finished held stream left behind."""
 
     def __init__(self, limit: int = CAPTURE_LIMIT, on_first=None):
         self.data, self.limit = bytearray(), limit
         self.on_first = on_first  # called once, as the first chunk goes to the client
+        self._kept: bytes | None = None  # what went on the message, once kept
 
     def __call__(self, chunk: bytes) -> bytes:  # a mitmproxy stream callable
         if self.on_first is not None:
@@ -107,8 +113,12 @@ class Capture:
         return chunk
 
     def keep_on(self, response: http.Message | None) -> None:
+        """The bytes captured become `response`'s content (the same bytes again if called twice);
+        the capture's own buffer goes, and nothing more is kept."""
         if response is not None:
-            response.raw_content = bytes(self.data)
+            if self._kept is None:
+                self._kept, self.data, self.limit = bytes(self.data), bytearray(), 0
+            response.raw_content = self._kept
 
 
 class Connections(Protocol):

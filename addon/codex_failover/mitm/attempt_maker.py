@@ -87,6 +87,12 @@ class AttemptMaker:
             self.bodies[key] = remove_members(decoded or b"", self.body, cuts)
         return self.bodies[key]
 
+    def let_go(self) -> None:
+        """No attempt follows (a commit, or the run's end): the parsed body and the moved bodies go.
+        A committed stream lives as long as its answer (minutes, for a long Codex turn), and Codex's
+        body is the whole conversation: 64 streams kept 64 parsed conversations (issue 45's budget)."""
+        self.body, self.bodies = None, {}
+
     async def via(self, ep: Endpoint | None):
         return await via_of(ep, self.shared.bridges)
 

@@ -134,6 +134,8 @@ class RequestRun:
         except BaseException:
             loop.abandon()  # an attempt the client left (or a bug) must not keep its endpoint claimed
             raise
+        finally:  # the run sits in cycles a full collection breaks tens of requests later: its body goes now
+            self.maker.let_go()
 
     async def _follow(self, machine: RequestMachine) -> None:
         while True:
@@ -277,6 +279,7 @@ class RequestRun:
                         self.log.entry.tokens_from = lambda made=state.view.made: made.tokens
                     live.commit(self.client, attempt, state, commit, self.shared.metrics,
                                 functools.partial(self._cut, attempt, state))
+                    self.maker.let_go()  # no attempt follows a commit: the parsed body is not needed again
                     if commit.first:
                         await self.client.first_output()  # the client's first output before the bookkeeping
                         self.log.first_output()
