@@ -43,6 +43,8 @@ class ScriptedAttempt:
     """What the driver uses of attempt.Attempt, playing `script`: ("head", status, headers),
     ("chunks", [bytes...]), ("end",) or ("error", message)."""
 
+    direct = False  # (a kept-connection attempt, as attempt.Attempt says)
+
     def __init__(self, client_flow, request, label, n, script):
         self.flow, self.n, self.label, self.script = client_flow.copy(), n, label, script
         self.flow.request = request

@@ -4,7 +4,7 @@ turn on it is held and classified like an SSE stream.
 The addon owns the upstream side. At the upgrade it opens its own upstream WebSocket with the
 first credential that can serve it (credential swapped, through that credential's route); when
 none can, the upgrade is answered 426 and Codex continues on SSE. The client's flow is then answered
-in its own layers (mitm/client_hop.py's stand-in answers 101 with the upstream's headers; ws/client_pipe.py),
+in its own layers (mitm/held_stream.py: the stand-in answers 101 with the upstream's headers; ws/client_pipe.py),
 or, as the fallback, pointed at the loopback relay, which does the same over a socket; a `GateSession`
 runs between the two sides. Owning both ends keeps order and exactly-once delivery
 trivial, lets a moved turn continue on another credential's socket, and closes the client with a
@@ -39,8 +39,8 @@ from ..core.usage import from_event
 from ..core.ws_turns import TurnGate
 from ..mitm import client_answers
 from ..mitm.attempt import hide_secrets
-from ..mitm.client_hop import ClientHop
 from ..mitm.held_client import point_at_relay
+from ..mitm.held_stream import HeldStream
 from ..net.relay import Relay
 from ..shared import Shared
 from .client_pipe import serve_in_process
@@ -87,7 +87,9 @@ class WebsocketGate:
         if session is None:
             flow.response = client_answers.websocket_downgrade(f"failover_websocket=gate: {why}")
             return
-        hop = ClientHop.attach(flow, session.abort)
+        hop = HeldStream.attach(flow, session.abort)
+        if hop is not None:
+            hop.decide(False)  # (never attempt 1 on the stream: the stand-in answers 101)
         if hop is None:  # the fallback: the client's flow goes to the loopback relay, which serves it
             point_at_relay(flow, relay.port, relay.register(session))
             return
