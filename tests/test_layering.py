@@ -323,6 +323,12 @@ PRIVATE_REACHES = {
     # bounds the inflate of the WebSocket layers mitmproxy runs (tests/test_ws_layer_socket.py; a passed-through
     # socket's, tests/test_e2e_closed_doors.py); both are seam modules (docs/architecture.md#the-seam).
     ("mitm/warm_conn.py", "_proto"), ("mitm/client_conns.py", "_proto"),
+    # ...and the held stream's inside WebSocket layer speaks uncompressed after its 101 (held_layer.py's
+    # `inside_uncompressed`, tests/test_e2e_ws_client_hop.py); a mode layer hands its events on through a
+    # bound `_handle_event`, the only way down to a flow's stream (`_children`); h2 keeps the streams it
+    # closed only in `_closed_streams`, how a reset stream is told from one never opened (`stream_reset`,
+    # tests/test_e2e_closed_doors.py). All in the seam.
+    ("mitm/held_layer.py", "_proto"), ("mitm/held_layer.py", "_handle_event"), ("mitm/held_layer.py", "_closed_streams"),
     # pyOpenSSL refuses to change a context once used, and has no call to add a trust store then: OpenSSL's
     # own function on the context, as mitmproxy's tlsconfig calls it (docs/mitmproxy-12.3.1-replay-notes.md
     # §8; tests/test_e2e_machine_proxy.py::test_upstream_tls_trusts_the_system_store).
