@@ -188,11 +188,11 @@ def test_a_line_the_quiet_filter_would_drop_is_not_made(level, message, verbose,
 
 
 def test_the_held_streams_lines_are_made_only_when_shown():
-    """HopState.written hands the stream's held lines to the connection handler only when the
+    """StreamWire.written hands the stream's held lines to the connection handler only when the
     quiet filter would let them through: a dropped line is never made."""
     from mitmproxy.proxy import commands
 
-    from codex_failover.mitm.hop_state import SERVER_LOG, HopState
+    from codex_failover.mitm.held_layer import SERVER_LOG, StreamWire
 
     class Handler:
         def __init__(self):
@@ -211,16 +211,22 @@ def test_the_held_streams_lines_are_made_only_when_shown():
     SERVER_LOG.setLevel(logging.DEBUG)
     SERVER_LOG.propagate = False
     try:
-        hop = HopState(Handler(), 1, lambda: None)
-        hop._deferred = [commands.Log("Streaming response from api.openai.com.", logging.INFO),
-                         commands.Log("HTTP/2 protocol error", logging.WARNING)]
-        hop._first_handed = True
-        hop.written()
-        assert hop.handler.lines == [("HTTP/2 protocol error", logging.WARNING)]
+        class Held:
+            def first_written(self):
+                pass
+
+        wire = StreamWire(Handler(), conn=None, stream_id=1, layers=[], via=None)
+        wire.held = Held()
+        wire.join_first()  # the head waits for the body: its lines are held
+        assert wire.keep_back(commands.Log("Streaming response from api.openai.com.", logging.INFO))
+        assert wire.keep_back(commands.Log("HTTP/2 protocol error", logging.WARNING))
+        wire.written(final=True)
+        assert wire.handler.lines == [("HTTP/2 protocol error", logging.WARNING)]
         quiet.configure(options(failover_verbose=True))
-        hop._deferred = [commands.Log("Streaming response from api.openai.com.", logging.INFO)]
-        hop.written()
-        assert hop.handler.lines[-1] == ("Streaming response from api.openai.com.", logging.INFO)
+        wire.join_first()
+        wire.keep_back(commands.Log("Streaming response from api.openai.com.", logging.INFO))
+        wire.written(final=True)
+        assert wire.handler.lines[-1] == ("Streaming response from api.openai.com.", logging.INFO)
     finally:
         SERVER_LOG.removeHandler(info)
         SERVER_LOG.setLevel(before[0])
