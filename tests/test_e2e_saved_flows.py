@@ -210,7 +210,7 @@ def test_a_silent_proxy_route_shows_no_secret_and_fails_over_before_dispatch(tmp
             head = sock.recv(65536)
             sock.close()
             assert head.startswith(b"HTTP/1.1 200"), head[:200]
-            # The winner's log line follows its first output to the client (architecture.md#the-hop).
+            # The winner's log line follows its first output to the client (architecture.md#the-held-stream).
             log = wait_until(lambda: web.log() if "verdict=commit" in web.log() else None, what="the commit's log line")
             assert "credential=a route=corp[0]" in log, log
             assert "reason=pre_dispatch" in log, log

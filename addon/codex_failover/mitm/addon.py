@@ -307,7 +307,7 @@ class FailoverAddon:
 
     async def _hold(self, flow: http.HTTPFlow, body: object, client_auth: AuthMaterial) -> None:
         """Start the held request's run and return: the client flow gets its stand-in server
-        connection at once, which answers when the run decides (docs/architecture.md#the-hop)."""
+        connection at once, which answers when the run decides (docs/architecture.md#the-held-stream)."""
         n = next(self._ids)
         await self.relay.start()
         self._held += 1

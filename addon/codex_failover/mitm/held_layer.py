@@ -171,7 +171,7 @@ class StreamWire:
     async def turn(self, what: str) -> None:
         await self.handler.server_event(DirectTurn(self.conn, what))
 
-    # -- head and first output in one write (one TLS record: docs/architecture.md#the-hop) --------
+    # -- head and first output in one write (one TLS record: docs/architecture.md#the-held-stream) --------
 
     def join_first(self) -> None:
         self._joined = []

@@ -96,7 +96,7 @@ class RequestRun:
         self.client_auth = client_auth  # the client's own credential (read from its request when not given)
 
     def hold(self) -> http.Request:
-        """Give the client flow its hop now, before any attempt (docs/architecture.md#the-hop): its request, as it came."""
+        """Give the client flow its hop now, before any attempt (docs/architecture.md#the-held-stream): its request, as it came."""
         self.original = copy_request(self.flow.request)  # the flow shows no secret from here on
         self.client.hold()
         return self.original
