@@ -29,6 +29,7 @@ from mitmproxy import http
 from ..core.attempt_events import Scope
 from ..core.provenance import artifacts_of_message
 from ..core.turn_machine import (
+    Reconnects,
     TurnMachine,
     client_close_after_upstream,
     client_close_at_end,
@@ -62,6 +63,7 @@ TICK = _Tick.TICK  # the hold's time budget ran out while waiting for the upstre
 class WebsocketGate:
     def __init__(self, run: str = "") -> None:
         self.sessions: dict[str, GateSession] = {}
+        self.reconnects = Reconnects(time.monotonic)  # sessions whose socket closed exhausted: 426 at their next upgrade
         self._ids = itertools.count(1)
         self._prefix = f"{run}-" if run else ""  # the proxy's run id (core/run_ids.py)
 
@@ -117,6 +119,7 @@ class GateSession(TurnEnds):
     serving: asyncio.Task | None = None  # in process: the task that serves the client (the relay's otherwise)
 
     def __post_init__(self) -> None:
+        self.reconnects = self.owner.reconnects
         self.dialer = Dialer(self.sid, self.flow, self.shared, self.history)
         self.story = SocketStory(self.sid, self.flow, self.history, self.shared.activity, self.dialer.session)
         policy = self.shared.pool.policy
@@ -131,6 +134,11 @@ class GateSession(TurnEnds):
 
     async def connect_first(self) -> str | None:
         """At the upgrade: the first candidate whose upstream accepts. None, or why none did."""
+        if self.reconnects.downgrade(self.dialer.session):
+            why = ("its last socket closed because nothing could serve its turn: over SSE, the exhausted "
+                   "answer says when to try again")
+            self.story.note(f"upgrade answered 426, Codex continues on SSE ({why})")
+            return why
         self.up = await self.dialer.open_next()
         if self.up is None:
             why = "; ".join(self.history) or "every credential is cooling or out of rotation"
