@@ -216,6 +216,13 @@ class DirectAttempt(Attempt):
     def cut_ended(self) -> None:
         self.mode = CUT
 
+    def done_streaming(self) -> None:
+        """Its released stream ended (the client flow's last hook): nothing more is taken, and the
+        committed machine is let go (a finished request is freed by reference counting)."""
+        if self.mode in (RELEASED, CUTTING):
+            self.mode = CUT
+        self.live_feed = None
+
     def set_reading(self, on: bool, shared_too: bool = False) -> None:
         """Pause or resume reading its upstream (an HTTP/2 one, which other streams of the client's
         may share, only when `shared_too`: a client that does not read its own stream)."""
@@ -323,8 +330,7 @@ class DirectAttempt(Attempt):
 
     def on_data(self, data: bytes) -> bytes:
         """A chunk of its answer; released, what the stream gets of it now (whole events)."""
-        if self.mode is RELEASED:
-            self.captured(data)
+        if self.mode is RELEASED:  # (the client's flow is its record: its capture is the stream's own)
             return self._feed(data)
         if self.streaming:
             self._on_chunk(data)

@@ -301,9 +301,14 @@ class HeldStream:
         _by_flow.pop(self.flow_id, None)
         self.wire.end(claimed=self.taken)
         self._move(E.END)
+        self.abort = _nothing  # (the run's: a finished request is freed by reference counting, not the collector)
 
     def stream_reset(self) -> bool:
         return self.wire.stream_reset()
+
+
+def _nothing() -> None:
+    return None
 
 
 def _later(coro) -> None:
@@ -320,6 +325,7 @@ def direct_ended(flow: http.HTTPFlow) -> None:
         if not held.direct.ended.is_set():  # the stream ended without its upstream's end (the client left)
             held.direct.client_left(flow.error.msg if flow.error else "the stream ended")
         held.detach()
+        held.direct.done_streaming()
 
 
 def flow_ended_unclaimed(flow: http.HTTPFlow) -> None:
