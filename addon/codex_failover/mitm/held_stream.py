@@ -25,6 +25,7 @@ from ..net.relay import UNCLAIMED_TTL, UpstreamBroken
 from . import fallbacks
 from .attempt import Capture
 from .client_answers import client_response
+from .direct import CUT, CUTTING, RELEASED
 from .held_layer import StreamWire
 
 log = logging.getLogger("codex_failover")
@@ -117,7 +118,8 @@ class HeldStream:
         """Commit the direct attempt: the stream gets the whole events held (`held`), then its
         upstream's rest through `live_feed` (held_client.HeldClient.commit)."""
         self._move(E.RELEASE)
-        if self.state is S.ENDED:  # the client left meanwhile
+        if self.state is S.ENDED:  # the client left meanwhile: nothing goes out, and the stream is forgotten
+            self.detach()
             return
         self.status = 200 if attempt.flow.response is None else attempt.flow.response.status_code
         attempt.live_feed, self.held_bytes = live_feed, held
@@ -174,7 +176,8 @@ class HeldStream:
         """The head and `first` go to the client together; then `body`, chunk by chunk."""
         self.decide(False)  # answered before any attempt rode the stream (no pool credential, say)
         self.status, self.reason, self.headers, self.body, self.first = status, reason, headers, body, first
-        if self.state is S.ENDED:  # the client left meanwhile
+        if self.state is S.ENDED:  # the client left meanwhile: nothing goes out, and the stream is forgotten
+            self.detach()
             return
         self._move(E.ANSWER)
         self.pump = asyncio.get_running_loop().create_task(self._pump())
@@ -321,7 +324,8 @@ def _later(coro) -> None:
 def direct_ended(flow: http.HTTPFlow) -> None:
     """The client flow's `response` or `error` hook: a released direct attempt's stream is done."""
     held = _by_flow.get(flow.id)
-    if held is not None and held.state is S.DIRECT_RELEASED and held.direct is not None:
+    # Released: its attempt's mode says so, whatever the stream's state (ENDED if the client left first).
+    if held is not None and held.direct is not None and held.direct.mode in (RELEASED, CUTTING, CUT):
         if not held.direct.ended.is_set():  # the stream ended without its upstream's end (the client left)
             held.direct.client_left(flow.error.msg if flow.error else "the stream ended")
         held.detach()
