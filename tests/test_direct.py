@@ -271,6 +271,28 @@ def test_a_served_attempt_has_no_hook_of_its_own_and_marks_the_clients_flow():
     assert watch.seen == [f"requestheaders {PLACEHOLDER}", "request", "responseheaders", "response ✅"]
 
 
+def test_a_served_attempt_whose_stream_ended_before_its_verdict_still_has_no_hook_of_its_own():
+    """A short stream may reach its end (the client flow's response hook: done_streaming) before the
+    run records the commit: the attempt served all the same, and its record is the client's flow."""
+    from mitmproxy.test import taddons
+
+    watch = Watch()
+
+    async def go():
+        with taddons.context(watch):
+            attempt = make(Hop())
+            sent(attempt)
+            held_layer._take(attempt, http_layers.ResponseData(1, b"data: {}\n\n"))
+            attempt.release(lambda data: Released(data or b""), b"")
+            held_layer._take(attempt, http_layers.ResponseEndOfMessage(1))
+            attempt.done_streaming()  # the stream's end came first
+            attempt.judge("✅", "won", None)
+            await turns()
+            assert attempt.served and attempt.client_flow.marked == "✅"
+    asyncio.run(go())
+    assert watch.seen == []
+
+
 def test_a_losers_record_is_its_own_copy_and_gets_an_attempts_hooks_once_it_ended():
     """At the verdict a loser's record gets a request and a response of its own (the client flow's
     request and the stream's head stay as they are): placeholders, no proxy credential, the time it

@@ -255,3 +255,41 @@ def test_a_line_is_made_when_another_filter_may_change_it():
     alone.addFilter(quiet)
     assert would_log(alone, logging.INFO, "Streaming response from api.openai.com.") is False
     assert would_log(alone, logging.INFO, b"not a str") is False  # (as the filter reads it: str(msg))
+
+
+def test_whether_an_addon_listens_is_asked_of_the_addon_tree_at_most_once_a_second():
+    """quiet_log.listened walks mitmproxy's addon tree (the add_log filter asks it for every line): the
+    answer holds for LISTENED_FOR seconds while the top-level addons stay the same; an addon nested
+    deeper (a script's) is seen at the next walk."""
+    from mitmproxy.test import taddons
+
+    from codex_failover.mitm import quiet_log
+
+    class Clock:
+        now = 100.0
+
+        def __call__(self):
+            return self.now
+
+    class Listener:
+        def probe_hook(self, *_):
+            pass
+
+    class Tree:
+        def __init__(self):
+            self.addons = []
+
+    clock = Clock()
+    quiet_log._listened.clear()
+    tree = Tree()
+    with taddons.context(tree) as tctx:
+        assert quiet_log.listened("probe_hook", clock) is False
+        tree.addons.append(Listener())  # nested: the chain is the same
+        clock.now += quiet_log.LISTENED_FOR / 2
+        assert quiet_log.listened("probe_hook", clock) is False  # remembered
+        clock.now += quiet_log.LISTENED_FOR
+        assert quiet_log.listened("probe_hook", clock) is True  # asked again
+        tree.addons.clear()
+        tctx.master.addons.add(Listener())  # a top-level addon: seen at once
+        assert quiet_log.listened("probe_hook", clock) is True
+    quiet_log._listened.clear()

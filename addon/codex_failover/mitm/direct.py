@@ -152,7 +152,7 @@ class DirectAttempt(Attempt):
         and bytes), it marks the client's flow, which is its record then. Answered through the hop
         (recovery's heartbeat; a whole answer the run sends on) or given once its record began to show,
         it keeps a record of its own, settled now: the stream's request and response stay as they are."""
-        if error is None and self.mode is RELEASED and not self.settled:
+        if error is None and self.mode in (RELEASED, CUTTING, CUT) and not self.settled:  # (its stream may have ended already)
             self.served = True
             self.client_flow.marked = mark
             self.over.set()  # no hook of its own to wait for

@@ -118,8 +118,7 @@ class HeldStream:
         """Commit the direct attempt: the stream gets the whole events held (`held`), then its
         upstream's rest through `live_feed` (held_client.HeldClient.commit)."""
         self._move(E.RELEASE)
-        if self.state is S.ENDED:  # the client left meanwhile: nothing goes out, and the stream is forgotten
-            self.detach()
+        if self.state is S.ENDED:  # the client left meanwhile
             return
         self.status = 200 if attempt.flow.response is None else attempt.flow.response.status_code
         attempt.live_feed, self.held_bytes = live_feed, held
