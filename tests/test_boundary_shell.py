@@ -68,7 +68,8 @@ def test_proxyauth_makes_it_the_token_rule():
     from mitmproxy.addons.proxyauth import ProxyAuth
 
     with taddons.context(ProxyAuth(), found) as tctx:
-        tctx.configure(found, proxyauth="me:token")
+        tctx.options.update(proxyauth="me:token")
+        found.apply_options({"proxyauth"})  # (from the addon's own configure: not a hook of its own)
         assert found.rule == TOKEN
         assert found.is_own(client(50001)) is True and reads == []
 

@@ -716,19 +716,28 @@ def _errors(codex: CodexRun) -> list[str]:
     return [e.get("message", "") for e in codex.events if e.get("type") == "error"]
 
 
+@pytest.mark.parametrize("websocket", ["gate", "downgrade"])
 def test_real_codex_with_the_whole_pool_overloaded_stops_with_a_clear_message_within_the_bound(tmp_path, codex_bin,
-                                                                                               capsys):
+                                                                                               capsys, websocket):
     """Every credential overloaded (resting 15 s or more, the first of an overload streak): the answer
     has no Retry-After (nothing is back within max_retry_after), so Codex stops after its quick re-sends
-    with "Selected model is at capacity" in seconds, not minutes (docs/decisions.md#answers-that-tell-the-time)."""
-    codex = run_codex(tmp_path, codex_bin, [("spare", "sk-test-spare-overload")], extra=DOWNGRADE)
+    with "Selected model is at capacity" in seconds, not minutes (docs/decisions.md#answers-that-tell-the-time).
+    On the gate, the turn's socket closes with 1012 once; Codex's reconnect is answered 426 (its last
+    socket closed exhausted: core/turn_machine.Reconnects), and the HTTP path answers the re-send
+    (before: a 1012 at each of Codex's five reconnects)."""
+    codex = run_codex(tmp_path, codex_bin, [("spare", "sk-test-spare-overload")],
+                      extra=["--set", f"failover_websocket={websocket}"])
     errors = _errors(codex)
     with capsys.disabled():
-        print(f"\n[codex-cli] whole pool overloaded: codex exec took {codex.took:.2f}s, exit {codex.run.returncode}, "
-              f"{len(codex.fake.model_requests())} model requests upstream; errors: {errors}")
+        print(f"\n[codex-cli] whole pool overloaded ({websocket}): codex exec took {codex.took:.2f}s, exit "
+              f"{codex.run.returncode}, {len(codex.fake.model_requests())} model requests upstream, "
+              f"{codex.proxy_log.count('closing the client socket with 1012')} close(s) 1012; errors: {errors}")
     assert codex.run.returncode != 0, codex.context
     assert errors and "at capacity" in errors[-1], codex.context
     assert codex.took < 15.0, codex.context
+    if websocket == "gate":
+        assert codex.proxy_log.count("closing the client socket with 1012") == 1, codex.context
+        assert "its last socket closed because nothing could serve its turn" in codex.proxy_log, codex.context
 
 
 def test_real_codex_with_the_whole_pool_at_its_usage_limit_prints_when_to_try_again(tmp_path, codex_bin, capsys):

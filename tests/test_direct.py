@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import pytest
 from mitmproxy import http
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.test import tflow
@@ -190,265 +189,172 @@ def test_the_wire_gets_the_clients_own_values_and_no_proxy_authorization():
     attempt._hide_secrets()
     shown = http.Headers([(b"authorization", PLACEHOLDER.encode()), (b"proxy-authorization", b"Basic eDp5"),
                           (b"x-other", b"1")])
-    wire = attempt.wire_headers(shown)
+    wire = attempt.wire_head(shown)
     assert wire["authorization"] == "Bearer sk-the-clients-own"
     assert "proxy-authorization" not in wire and wire["x-other"] == "1"
     assert shown["authorization"] == PLACEHOLDER  # the flow's own headers are untouched
 
 
-@pytest.mark.parametrize("runs, joined", [
-    ([b"a", b"b"], [b"ab"]),
-    ([b"a", None, b"b"], [b"a", None, b"b"]),
-])
-def test_runs_of_data_are_joined_into_one_write(runs, joined):
-    events = [http_layers.ResponseData(1, d) if d is not None else http_layers.ResponseEndOfMessage(1) for d in runs]
-    out = held_layer._merged(events)
-    assert [e.data if isinstance(e, http_layers.ResponseData) else None for e in out] == joined
-
-
 REJECTED = "codex-failover: rejected: overloaded"
+
+
+class Watch:
+    """The hooks a record flow gets, in order, and what its request showed then."""
+
+    def __init__(self):
+        self.seen: list[str] = []
+
+    def requestheaders(self, flow):
+        self.seen.append(f"requestheaders {flow.request.headers.get('authorization')}")
+
+    def request(self, flow):
+        self.seen.append("request")
+
+    def responseheaders(self, flow):
+        self.seen.append("responseheaders")
+
+    async def response(self, flow):  # a hook that waits: the rest follows it
+        await asyncio.sleep(0)
+        self.seen.append(f"response {flow.marked or 'unmarked'}")
+
+    def error(self, flow):
+        self.seen.append(f"error {flow.marked} {flow.error.msg}")
+
+
+def sent(attempt: DirectAttempt, end_stream: bool = False) -> None:
+    attempt.flow.request.headers["proxy-authorization"] = PLACEHOLDER  # what the client sent the proxy
+    attempt.start()
+    attempt.head_sent(attempt.flow.request, "upstream-conn")
+    held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=end_stream))
+
+
+async def turns(n: int = 3) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
 
 
 def test_a_served_attempt_has_no_hook_of_its_own_and_marks_the_clients_flow():
     """The client's flow is a served direct attempt's record (its request left, its answer came back):
-    no hook runs for the attempt's own flow, the client's flow gets the mark, the attempt is over and
-    out of the run's registry."""
+    no hook runs for the attempt's own flow, nothing is copied for it, the client's flow gets the mark,
+    the attempt is over and out of the run's registry once its stream ended. Served through the hop
+    (recovery's heartbeat), the client's flow holds the hop's answer: its own record is shown."""
     from mitmproxy.test import taddons
 
-    seen: list[str] = []
-
-    class Watch:
-        def requestheaders(self, flow):
-            seen.append("requestheaders")
-
-        def response(self, flow):
-            seen.append("response")
+    watch = Watch()
 
     async def go():
-        with taddons.context(Watch()):
+        with taddons.context(watch):
             attempt = make(Hop())
             attempt.registry = {attempt.flow.id: attempt}
-            attempt.start()
-            attempt.head_sent(attempt.flow.request, None)
-            held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=False))
+            sent(attempt)
+            stream_head = attempt.kept[0].response
             held_layer._take(attempt, http_layers.ResponseData(1, b"data: {}\n\n"))
-            for _ in range(3):
-                await asyncio.sleep(0)
-            assert not attempt.over.is_set()  # the verdict decides what it shows
             attempt.release(lambda data: Released(data or b""), b"")  # the commit: the stream gets its head and bytes
             attempt.judge("✅", "won", None)
-            assert attempt.over.is_set() and attempt.done and attempt.client_flow.marked == "✅" and attempt.served
+            assert attempt.over.is_set() and attempt.client_flow.marked == "✅" and attempt.served
+            assert attempt.flow.request is attempt.client_flow.request and attempt.flow.response is stream_head
+            await turns()
             assert attempt.registry == {attempt.flow.id: attempt}  # in flight while its stream goes on
             held_layer._take(attempt, http_layers.ResponseEndOfMessage(1))
+            await turns()
             assert attempt.registry == {}
             await attempt.cancel()
-            for _ in range(3):
-                await asyncio.sleep(0)
+            await turns()
 
-            # Served through the hop (the run sent the whole answer on, recovery's heartbeat): the client's
-            # flow holds the hop's answer, not this attempt's: its own record is shown, marked served.
             through_hop = make(Hop())
-            through_hop.start()
-            through_hop.head_sent(through_hop.flow.request, None)
-            held_layer._take(through_hop, http_layers.ResponseHeaders(1, sse_head(), end_stream=True))
+            sent(through_hop, end_stream=True)
             through_hop.commit_through_hop()
             through_hop.judge("✅", "won", None)
             await asyncio.wait_for(through_hop.over.wait(), 5)
             assert not through_hop.served and through_hop.client_flow.marked == ""
     asyncio.run(go())
-    assert seen == ["requestheaders", "response"]
+    assert watch.seen == [f"requestheaders {PLACEHOLDER}", "request", "responseheaders", "response ✅"]
 
 
-def test_a_losers_record_gets_an_attempts_hooks_in_order_once_its_verdict_is_in():
-    """Nothing while it moves; at the verdict requestheaders, request and responseheaders (its head is
-    in), the final hook once it ended, with the verdict's error; each once. A verdict that never came
-    (the run ended without one: start_run gives it) shows the record too."""
+def test_a_served_attempt_whose_stream_ended_before_its_verdict_still_has_no_hook_of_its_own():
+    """A short stream may reach its end (the client flow's response hook: done_streaming) before the
+    run records the commit: the attempt served all the same, and its record is the client's flow."""
     from mitmproxy.test import taddons
 
-    seen: list[str] = []
-
-    class Watch:
-        def requestheaders(self, flow):
-            seen.append("requestheaders")
-
-        def request(self, flow):
-            seen.append("request")
-
-        def responseheaders(self, flow):
-            seen.append("responseheaders")
-
-        async def response(self, flow):  # a hook that waits: the rest follows it
-            await asyncio.sleep(0)
-            seen.append(f"response {flow.marked or 'unmarked'}")
-
-        def error(self, flow):
-            seen.append(f"error {flow.marked} {flow.error.msg}")
-
-    async def turns(n: int = 3) -> None:
-        for _ in range(n):
-            await asyncio.sleep(0)
+    watch = Watch()
 
     async def go():
-        with taddons.context(Watch()):
+        with taddons.context(watch):
             attempt = make(Hop())
-            attempt.start()
-            attempt.head_sent(attempt.flow.request, None)
-            held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=False))
+            sent(attempt)
             held_layer._take(attempt, http_layers.ResponseData(1, b"data: {}\n\n"))
+            attempt.release(lambda data: Released(data or b""), b"")
+            held_layer._take(attempt, http_layers.ResponseEndOfMessage(1))
+            attempt.done_streaming()  # the stream's end came first
+            attempt.judge("✅", "won", None)
             await turns()
-            assert seen == []  # no verdict yet
-            attempt.judge("❌", "lost", REJECTED)
-            await turns()
-            assert seen == ["requestheaders", "request", "responseheaders"]  # the final hook waits for the end
-            assert attempt.client_flow.marked == "" and not attempt.served
-            await attempt.cancel()  # the run stops it: ended
-            await asyncio.wait_for(attempt.over.wait(), 5)
-            assert seen[-1] == f"error ❌ {REJECTED}" and len(seen) == 4
+            assert attempt.served and attempt.client_flow.marked == "✅"
+    asyncio.run(go())
+    assert watch.seen == []
 
-            seen.clear()
+
+def test_a_losers_record_is_its_own_copy_and_gets_an_attempts_hooks_once_it_ended():
+    """At the verdict a loser's record gets a request and a response of its own (the client flow's
+    request and the stream's head stay as they are): placeholders, no proxy credential, the time it
+    left. Its hooks run once it ended, in an attempt's order through mitmproxy's dispatch, the final
+    one with the verdict's error. An attempt that never sent gets a server connection of its own; a
+    verdict that never came (start_run gives `judged` when its run ends) shows the record too; an
+    attempt never started gets no hook (its record still holds the real credentials)."""
+    from mitmproxy.test import taddons
+
+    watch = Watch()
+
+    async def go():
+        with taddons.context(watch):
+            loser = make(Hop())
+            sent(loser)
+            stream_head = loser.kept[0].response
+            stream_head.timestamp_end = None  # (as a streamed head arrives: its end is still to come)
+            await turns()
+            loser.judge("❌", "lost", REJECTED)
+            record = loser.flow.request
+            assert record is not loser.client_flow.request and "proxy-authorization" not in record.headers
+            assert record.headers["authorization"] == PLACEHOLDER and record.timestamp_start == loser.sent_at
+            assert loser.flow.response is not stream_head and loser.flow.response.status_code == 200
+            await turns()
+            assert watch.seen == [] and loser.client_flow.marked == ""  # the hooks wait for its end
+            await loser.cancel()  # the run stops it: ended
+            await asyncio.wait_for(loser.over.wait(), 5)
+            assert watch.seen == [f"requestheaders {PLACEHOLDER}", "request", "responseheaders", f"error ❌ {REJECTED}"]
+            assert stream_head.timestamp_end is None and loser.flow.response.timestamp_end is not None
+
+            watch.seen.clear()
+            unsent = make(Hop())
+            unsent.start()
+            unsent.connect_failed("connection refused")
+            unsent.judge("🔌", "refused", "codex-failover: failed: refused")
+            await asyncio.wait_for(unsent.over.wait(), 5)
+            assert unsent.flow.server_conn is not unsent.client_flow.server_conn
+            assert unsent.flow.server_conn.address == (unsent.flow.request.host, unsent.flow.request.port)
+            assert watch.seen == [f"requestheaders {PLACEHOLDER}", "request", "error 🔌 codex-failover: failed: refused"]
+
+            watch.seen.clear()
             silent = make(Hop())
-            silent.start()
-            held_layer._take(silent, http_layers.ResponseHeaders(1, sse_head(), end_stream=True))  # ended at once
-            await turns()
-            assert seen == []
-            silent.judged.set()  # no verdict came (start_run gives this when its run ends)
+            sent(silent, end_stream=True)
+            silent.judged.set()  # no verdict came
             await asyncio.wait_for(silent.over.wait(), 5)
-            assert seen == ["requestheaders", "request", "responseheaders", "response unmarked"]
+            assert watch.seen == [f"requestheaders {PLACEHOLDER}", "request", "responseheaders", "response unmarked"]
+
+            watch.seen.clear()
+            unstarted = make(Hop())
+            unstarted.registry = {unstarted.flow.id: unstarted}
+            unstarted.judge("❌", "lost", REJECTED)
+            await asyncio.wait_for(unstarted.cancel(timeout=5), 1)  # nothing to wait for
+            await turns()
+            assert watch.seen == [] and unstarted.registry == {}
     asyncio.run(go())
 
 
-def test_a_verdict_given_without_a_running_loop_holds_nothing_up_and_no_hook_runs_before_the_start():
-    """`judge` from synchronous code (no loop) neither raises nor blocks the record's later hooks; an
-    attempt never started gets no hook (its record still holds the real credentials) and its cancel
-    does not wait for one."""
-    import time as _time
-
-    from mitmproxy.test import taddons
-
-    seen: list[str] = []
-
-    class Watch:
-        def requestheaders(self, flow):
-            seen.append(f"requestheaders {flow.request.headers['authorization']}")
-
-        def response(self, flow):
-            seen.append("response")
-
-    unstarted = make(Hop())
-    unstarted.judge("❌", "lost", REJECTED)  # no loop: nothing raised, nothing scheduled
-
-    async def go():
-        with taddons.context(Watch()):
-            began = _time.monotonic()
-            await unstarted.cancel(timeout=5)
-            assert _time.monotonic() - began < 1 and seen == []
-            attempt = make(Hop())
-            attempt.start()
-            attempt.head_sent(attempt.flow.request, None)
-            held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=True))
-            for _ in range(3):
-                await asyncio.sleep(0)
-            attempt.judged.set()
-            for _ in range(3):
-                await asyncio.sleep(0)
-            assert attempt.over.is_set() and attempt.done
-    asyncio.run(go())
-    assert seen == [f"requestheaders {PLACEHOLDER}", "response"]
-
-
-def test_moments_that_come_while_a_hook_waits_are_taken_in_order_after_it():
-    """The head and the end arrive while a loser's record's `request` hook awaits: no second run of
-    the hooks starts beside it; after it, responseheaders and the final hook, each once."""
-    from mitmproxy.test import taddons
-
-    seen: list[str] = []
-    gate = asyncio.Event()
-
-    class Watch:
-        def requestheaders(self, flow):
-            seen.append("requestheaders")
-
-        async def request(self, flow):
-            seen.append("request")
-            await gate.wait()
-
-        def responseheaders(self, flow):
-            seen.append("responseheaders")
-
-        def error(self, flow):
-            seen.append("error")
-
-    async def go():
-        with taddons.context(Watch()):
-            attempt = make(Hop())
-            attempt.start()
-            attempt.head_sent(attempt.flow.request, None)
-            attempt.judge("❌", "lost", REJECTED)
-            for _ in range(3):
-                await asyncio.sleep(0)
-            assert seen == ["requestheaders", "request"]  # and waiting
-            held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=True))
-            for _ in range(3):
-                await asyncio.sleep(0)
-            assert seen == ["requestheaders", "request"]
-            gate.set()
-            await asyncio.wait_for(attempt.over.wait(), 5)
-            for _ in range(3):
-                await asyncio.sleep(0)
-    asyncio.run(go())
-    assert seen == ["requestheaders", "request", "responseheaders", "error"]
-
-
-def test_a_losers_record_is_settled_into_copies_of_its_own_and_a_served_ones_never_is():
-    """Until its record is shown, a direct attempt's flow holds the client flow's request, the stream's
-    response head and the stand-in server (a served attempt's is never shown: nothing is copied for
-    it). Shown (a loser), it gets its own request as it left (placeholders, no proxy credential, the
-    time it left), its own response (what the stream gets is not changed by the record's end), and a
-    server of its own when its head never left. The wire's secret is masked in any log either way."""
+def test_the_wire_secret_is_masked_in_any_log_once_started():
     from codex_failover.mitm import secret_guard
-
-    def sent(attempt: DirectAttempt) -> None:
-        attempt.flow.request.headers["proxy-authorization"] = PLACEHOLDER  # what the client sent the proxy
-        attempt.start()
-        attempt.head_sent(attempt.flow.request, "upstream-conn")
-        held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=False))
-
-    async def go():
-        served = make(Hop())
-        sent(served)
-        assert served.flow.request is served.client_flow.request
-        stream_head = served.kept[0].response
-        assert served.flow.response is stream_head and served.flow.server_conn == "upstream-conn"
-        served.release(lambda data: Released(data or b""), b"")
-        served.judge("✅", "won", None)
-        assert served.flow.request is served.client_flow.request and served.flow.response is stream_head
-
-        loser = make(Hop())
-        sent(loser)
-        stream_head = loser.kept[0].response
-        stream_head.timestamp_end = None  # (as a streamed head arrives: its end is still to come)
-        loser.judge("❌", "lost", REJECTED)
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)  # its hooks began: settled
-        record = loser.flow.request
-        assert record is not loser.client_flow.request and "proxy-authorization" not in record.headers
-        assert record.headers["authorization"] == PLACEHOLDER and record.timestamp_start == loser.sent_at
-        assert loser.flow.response is not stream_head and loser.flow.response.status_code == 200
-        await loser.cancel()
-        await asyncio.wait_for(loser.over.wait(), 5)
-        assert stream_head.timestamp_end is None and loser.flow.response.timestamp_end is not None
-
-        unsent = make(Hop())
-        unsent.start()
-        unsent.connect_failed("connection refused")
-        unsent.judge("🔌", "refused", "codex-failover: failed: refused")
-        await asyncio.wait_for(unsent.over.wait(), 5)
-        assert unsent.flow.server_conn is not unsent.client_flow.server_conn
-        assert unsent.flow.server_conn.address == (unsent.flow.request.host, unsent.flow.request.port)
 
     secret_guard.install()
     try:
-        run_with_master(go)
         flow = tflow.tflow()
         flow.request.headers["authorization"] = "Bearer opaque7f3e9a1c"  # no key shape: masked only if armed
         original = copy_request(flow.request)
@@ -472,8 +378,7 @@ def test_a_verdict_that_serves_after_the_record_began_to_show_leaves_that_record
         attempt.head_sent(attempt.flow.request, None)
         held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=False))
         attempt.judge("🔄", "retried", "codex-failover: retried: no terminal event")
-        for _ in range(3):
-            await asyncio.sleep(0)
+        await turns()
         attempt.release(lambda data: Released(data or b""), b"")
         attempt.judge("✅", "delivered", None)
         assert not attempt.served and attempt.client_flow.marked == ""

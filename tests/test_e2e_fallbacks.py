@@ -11,7 +11,7 @@ from harness import ProxyProcess, pool_yaml, post_responses
 
 # (wsleg is the gated WebSocket's: its failover on the fallback is in tests/test_e2e_websocket.py's
 # BOTH_STACKS cases; here, that it starts with its one line and leaves HTTP's failover as it is.)
-@pytest.mark.parametrize("forced", ["hooks", "hop", "goaway", "wsleg", "engine", "hooks,hop,goaway,engine"])
+@pytest.mark.parametrize("forced", ["hop", "goaway", "wsleg", "engine", "hop,goaway,engine"])
 def test_a_forced_fallback_still_fails_over(fake, tmp_path, forced):
     text, env = pool_yaml(fake.base, [("spare", "sk-test-spare-good")])
     proxy = ProxyProcess(tmp_path, text, {**env, "CODEX_FAILOVER_FALLBACK": forced})
@@ -35,7 +35,7 @@ def test_an_unknown_fallback_name_is_one_clear_line(fake, tmp_path):
     proxy = ProxyProcess(tmp_path, text, {**env, "CODEX_FAILOVER_FALLBACK": "hop,enigne"})
     try:
         assert post_responses(proxy.port, f"{fake.base}/v1/responses", "sk-test-client-good").status == 200
-        assert "CODEX_FAILOVER_FALLBACK: unknown name(s) enigne (known: hooks, hop, goaway, wsleg, engine)" in proxy.log()
+        assert "CODEX_FAILOVER_FALLBACK: unknown name(s) enigne (known: hop, goaway, wsleg, engine)" in proxy.log()
     finally:
         proxy.stop()
 
@@ -55,7 +55,7 @@ def test_an_untested_mitmproxy_12_starts_on_every_fallback_and_still_fails_over(
         assert reply.status == 200 and "Hello from sk-test-spare-good" in reply.body.decode(), reply.body[-300:]
         log = proxy.log()
         why = (f"codex-failover: mitmproxy {release} is not a release the seam was tested on (12.0.0 to 12.3.1): "
-               f"every part runs on mitmproxy's public API instead (hooks, hop, goaway, wsleg, engine; ")
+               f"every part runs on mitmproxy's public API instead (hop, goaway, wsleg, engine; ")
         assert log.count(why) == 1, log[-2000:]  # one line says it all
         assert "codex-failover: hooks: " not in log
         assert "verdict=failover reason=overloaded" in log and "sk-test-" not in log

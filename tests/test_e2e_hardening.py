@@ -53,7 +53,7 @@ def test_a_client_that_reads_nothing_does_not_make_the_proxy_buffer_the_stream(t
 def test_an_http2_client_that_opens_no_window_does_not_make_the_proxy_buffer_the_stream(tmp_path):
     """The same over HTTP/2, where the client's socket keeps draining but the stream's flow-control
     window stays shut: mitmproxy's HTTP/2 layer would buffer everything it is handed, so the hop
-    hands over no more past 1 MiB buffered (client_hop.H2_HIGH). It grew by ~200 MB before."""
+    hands over no more past 1 MiB buffered (held_layer.H2_HIGH). It grew by ~200 MB before."""
     from h2_client import H2Client
 
     fake = FakeUpstreamProcess(tmp_path / "fake", "--tls", "--flood-mib", "200")

@@ -1,4 +1,4 @@
-"""End to end: the held flow's hop (mitm/client_hop.py). Its head and first output leave in one write.
+"""End to end: the held flow's hop (mitm/held_stream.py). Its head and first output leave in one write.
 Its hooks run as mitmproxy runs every flow's hooks: when one awaits (an async addon, a flow
 intercepted in mitmweb), the answer still arrives whole, also through a CONNECT tunnel (Codex's way
 with HTTPS_PROXY)."""

@@ -124,15 +124,21 @@ def test_an_overload_after_output_ends_the_stream_for_a_resend_that_moves(fake, 
     client = f"sk-test-client-{scenario}"
     pool = [("spare", "sk-test-spare-good")] if own else [("first", f"sk-test-first-{scenario}"), ("spare", "sk-test-spare-good")]
     proxy = start_proxy(fake, pool, use_client_credential=own)
+    first = client if own else f"sk-test-first-{scenario}"
     reply = post_responses(proxy.port, url(fake), client)
     assert reply.status == 200
     kinds = types(reply)
+    assert not {"error", "response.failed"} & set(kinds), kinds  # never the rejection
+    if "response.completed" in kinds:
+        # The overload came in the same read as the first output: seen before anything went out, an
+        # ordinary failover (core/attempt_machine.py `_after_output`); which read it comes in is timing.
+        assert "Hello from sk-test-spare-good" in reply.body.decode()
+        assert [r["credential"] for r in fake.model_requests()] == [first, "sk-test-spare-good"]
+        return
     assert first_type in kinds, kinds
-    assert not {"error", "response.failed", "response.completed"} & set(kinds), kinds
     assert reply.body.endswith(b"\n\n")  # whole events only
     again = post_responses(proxy.port, url(fake), client)
     assert again.status == 200 and "response.completed" in types(again)
-    first = client if own else f"sk-test-first-{scenario}"
     assert [r["credential"] for r in fake.model_requests()] == [first, "sk-test-spare-good"]
     assert "rejected after its output began" in proxy.log()
 

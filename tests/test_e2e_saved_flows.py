@@ -210,7 +210,7 @@ def test_a_silent_proxy_route_shows_no_secret_and_fails_over_before_dispatch(tmp
             head = sock.recv(65536)
             sock.close()
             assert head.startswith(b"HTTP/1.1 200"), head[:200]
-            # The winner's log line follows its first output to the client (architecture.md#the-hop).
+            # The winner's log line follows its first output to the client (architecture.md#the-held-stream).
             log = wait_until(lambda: web.log() if "verdict=commit" in web.log() else None, what="the commit's log line")
             assert "credential=a route=corp[0]" in log, log
             assert "reason=pre_dispatch" in log, log
@@ -296,7 +296,7 @@ def test_no_other_addon_ever_sees_a_secret_on_an_attempt(tmp_path):
 
 def test_a_held_flow_keeps_its_real_url_and_is_answered_in_process(tmp_path):
     """The held client flow's answer comes through a stand-in server connection inside the
-    client's own layers (client_hop.py): mid-stream, mitmweb shows the real URL, and no
+    client's own layers (held_stream.py): mid-stream, mitmweb shows the real URL, and no
     connection to the loopback relay is made."""
     fake = FakeUpstreamProcess(tmp_path, "--stall", "30")
     spare_key = "sk-proj-SPARESECRET2-stall-after-output"  # streams one delta, then waits

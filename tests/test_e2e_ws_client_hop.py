@@ -1,4 +1,4 @@
-"""End to end: a gated WebSocket's client side is answered in its own layers (mitm/client_hop.py's
+"""End to end: a gated WebSocket's client side is answered in its own layers (mitm/held_stream.py's
 101, ws/client_pipe.py), not through the loopback relay; the relay stays as the `hop` fallback.
 
 A recording script logs every server connection the proxy opens: in process, none goes to the
@@ -86,10 +86,10 @@ def test_a_gated_socket_is_answered_in_its_own_layers_and_the_relay_is_the_fallb
 PROBE = r'''
 import asyncio, os
 from mitmproxy import ctx, http
-from codex_failover.mitm import hop_state
+from codex_failover.mitm import held_stream
 
 MODE = os.environ.get("PROBE_MODE", "")
-hop_state.UNCLAIMED_TTL = 1.0  # how long a hop waits for its stream to ask for it (30 s in use)
+held_stream.UNCLAIMED_TTL = 1.0  # how long a held stream waits for its stream to ask for it (30 s in use)
 CLIENT_FLOWS = []
 
 

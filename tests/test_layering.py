@@ -76,7 +76,7 @@ def test_module_and_class_sizes_stay_readable():
                       stacklevel=1)
 
 
-SEAM = {"mitm/warm_conn.py", "mitm/client_hop.py", "mitm/held_layer.py", "mitm/client_conns.py"}  # the attempts' kept connections; the held client's hop and its layer; the proxy servers' client connections
+SEAM = {"mitm/warm_conn.py", "mitm/held_layer.py", "mitm/client_conns.py"}  # the attempts' kept connections; the held client stream in its layers; the proxy servers' client connections
 
 
 def test_only_the_seam_touches_mitmproxys_proxy_core():
@@ -103,10 +103,6 @@ def test_only_the_seam_touches_mitmproxys_proxy_core():
 # bookkeeping; wsproto's state inside mitmproxy's WebSocket layer.
 PROXY_CORE_INTERNALS = {"timeout_watchdog", "handle_hook", "_proto", "command_sources", "waiting_for_establishment",
                         "transports", "layers", "layer", "LegacyLogEvents"}
-# Outside the seam, in the held client stream: hook_chain.client_handle_hook is the handler's
-# handle_hook that client_hop.py patches in, under the handler's watchdog. The held-stream rewrite
-# (a rejected direct attempt's record through mitmproxy's own dispatch) removes it, and this entry.
-HELD_STREAM_PENDING_INTERNALS = {("mitm/hook_chain.py", "timeout_watchdog")}
 NOT_PROXY_CORE = {
     # mitmproxy.log's handler that turns log records into the deprecated `add_log` addon event: made by
     # mitmproxy's Master (master.py), not by the proxy core, which never sees it; quiet_log.py only asks
@@ -139,19 +135,14 @@ def test_only_the_seam_reaches_into_mitmproxys_proxy_core_objects():
     handler, a layer, a WebSocket connection) carries its internals with it. Outside the seam, no
     module reads them; what it needs is a public function of a seam module, pinned by a contract
     test (e.g. `WarmConnection.extensions` for the WebSocket layer's deflate state, tests/test_ws_layer_socket.py)."""
-    found, pending = [], set()
+    found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         where = str(path.relative_to(PACKAGE))
         if where in SEAM:
             continue
-        for line, name in _internals_used(ast.parse(path.read_text())):
-            if (where, name) in HELD_STREAM_PENDING_INTERNALS:
-                pending.add((where, name))
-            elif (where, name) not in NOT_PROXY_CORE:
-                found.append(f"{where}:{line}: {name}")
+        found += [f"{where}:{line}: {name}" for line, name in _internals_used(ast.parse(path.read_text()))
+                  if (where, name) not in NOT_PROXY_CORE]
     assert found == [], found
-    assert sorted(HELD_STREAM_PENDING_INTERNALS - pending) == [], "gone: take them off HELD_STREAM_PENDING_INTERNALS"
-    assert {w for w, _ in HELD_STREAM_PENDING_INTERNALS} <= HELD_STREAM
 
 
 def test_the_internals_check_sees_each_way_in():
@@ -260,24 +251,13 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-# The held client stream (mitm/client_hop.py, held_layer.py, direct.py, record_hooks.py and the rest)
-# is being rewritten as one object with a named lifecycle; until then its two circles stand. The
-# held-stream rewrite removes them, and this list with them.
-HELD_STREAM_PENDING = [
-    ["codex_failover.mitm.client_hop", "codex_failover.mitm.held_layer"],
-    ["codex_failover.mitm.direct", "codex_failover.mitm.record_hooks"],
-]
-
-
 def test_no_import_cycle_between_the_packages_modules():
     """A cycle hides which module depends on which: a lazy import inside a function only hides it,
     and so does one under `if TYPE_CHECKING:` (both counted). The lower module knows what it needs of
     the higher one as a `typing.Protocol` of its own (mitm/carried.py, attempt.Connections,
     token_refresher.Owner), or is handed the values (attempt_maker.AttemptMaker), or the shared
-    record moves down (story.AttemptLog)."""
-    cycles = _cycles(_import_graph())
-    assert [c for c in cycles if c not in HELD_STREAM_PENDING] == [], "import cycles"
-    assert [c for c in HELD_STREAM_PENDING if c not in cycles] == [], "gone: take it off HELD_STREAM_PENDING"
+    record moves down (story.AttemptLog); the held client stream's layers know it as `held_layer.Held`."""
+    assert _cycles(_import_graph()) == [], "import cycles"
 
 
 def test_the_import_graph_counts_what_only_annotations_import():
@@ -337,25 +317,18 @@ def test_a_name_means_one_thing():
         assert len(defined.get(name, [])) == 1, (name, defined.get(name))
 
 
-HELD_STREAM = {f"mitm/{name}.py" for name in ("client_hop", "hop_state", "held_layer", "live", "record_hooks",
-                                               "hook_chain", "parts", "direct", "held_client")}
-
-# The held client stream's private names read across its files (the review's "one object spread over
-# seven files"): its rewrite as one object removes them, and this list with them.
-HELD_STREAM_PENDING_PRIVATE = {
-    ("mitm/client_hop.py", "_UNCLAIMED"), ("mitm/client_hop.py", "_Deliver"), ("mitm/client_hop.py", "_Direct"),
-    ("mitm/client_hop.py", "_HeldHttpLayer"), ("mitm/client_hop.py", "_routes"), ("mitm/client_hop.py", "_stream_of"),
-    ("mitm/client_hop.py", "_sweep"), ("mitm/client_hop.py", "_paused"), ("mitm/client_hop.py", "_set_reading"),
-    ("mitm/client_hop.py", "_closed_streams"), ("mitm/client_hop.py", "_proto"),
-    ("mitm/held_layer.py", "_joined"), ("mitm/held_layer.py", "_body_started"), ("mitm/held_layer.py", "_handle_event"),
-    ("mitm/record_hooks.py", "_keep_capture"),
-}
 # Private names of other projects that have no public way to do the same, each pinned by a test:
 PRIVATE_REACHES = {
     # wsproto's Connection keeps its extensions (the deflate state) only as `_proto.extensions`: the seam
     # bounds the inflate of the WebSocket layers mitmproxy runs (tests/test_ws_layer_socket.py; a passed-through
     # socket's, tests/test_e2e_closed_doors.py); both are seam modules (docs/architecture.md#the-seam).
     ("mitm/warm_conn.py", "_proto"), ("mitm/client_conns.py", "_proto"),
+    # ...and the held stream's inside WebSocket layer speaks uncompressed after its 101 (held_layer.py's
+    # `inside_uncompressed`, tests/test_e2e_ws_client_hop.py); a mode layer hands its events on through a
+    # bound `_handle_event`, the only way down to a flow's stream (`_children`); h2 keeps the streams it
+    # closed only in `_closed_streams`, how a reset stream is told from one never opened (`stream_reset`,
+    # tests/test_e2e_closed_doors.py). All in the seam.
+    ("mitm/held_layer.py", "_proto"), ("mitm/held_layer.py", "_handle_event"), ("mitm/held_layer.py", "_closed_streams"),
     # pyOpenSSL refuses to change a context once used, and has no call to add a trust store then: OpenSSL's
     # own function on the context, as mitmproxy's tlsconfig calls it (docs/mitmproxy-12.3.1-replay-notes.md
     # §8; tests/test_e2e_machine_proxy.py::test_upstream_tls_trusts_the_system_store).
@@ -400,17 +373,27 @@ def test_no_private_name_is_used_across_modules():
     """A name with a leading underscore is its module's own: another module neither imports it nor
     reads or calls it on the module's objects. What is shared gets a public name (a part that needs
     another's insides is one part, or has a seam)."""
-    found, pending = [], set()
+    found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         where = str(path.relative_to(PACKAGE))
-        for line, name, how in _private_names_used_across_modules(ast.parse(path.read_text())):
-            if (where, name) in HELD_STREAM_PENDING_PRIVATE:
-                pending.add((where, name))
-            elif (where, name) not in PRIVATE_REACHES:
-                found.append(f"{where}:{line}: {how} {name}")
+        found += [f"{where}:{line}: {how} {name}" for line, name, how in _private_names_used_across_modules(ast.parse(path.read_text()))
+                  if (where, name) not in PRIVATE_REACHES]
     assert found == [], found
-    assert sorted(HELD_STREAM_PENDING_PRIVATE - pending) == [], "gone: take them off HELD_STREAM_PENDING_PRIVATE"
-    assert not HELD_STREAM_PENDING_PRIVATE & PRIVATE_REACHES and {w for w, _ in HELD_STREAM_PENDING_PRIVATE} <= HELD_STREAM
+
+
+def test_hooks_go_through_mitmproxys_own_dispatch():
+    """No copy of mitmproxy's AddonManager dispatch and no patched connection handler: nothing sets a
+    handler's `handle_hook`, reads its `timeout_watchdog` or cuts a traceback as the dispatch does."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if any(isinstance(t, ast.Attribute) and t.attr == "handle_hook" for t in targets):
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: sets handle_hook")
+            name = getattr(node, "attr", getattr(node, "id", getattr(node, "name", None)))
+            if isinstance(node, (ast.Attribute, ast.Name, ast.alias)) and name in ("timeout_watchdog", "cut_traceback"):
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {name}")
+    assert found == [], found
 
 
 def test_the_private_name_check_sees_each_way_in():
@@ -423,14 +406,14 @@ def test_the_private_name_check_sees_each_way_in():
 
 def test_mypy_checks_the_shell_and_the_core_strictly():
     """mypy (scripts/test) reads every function body of the shell and holds core/ to strict's flags;
-    only the held client stream's modules are left out, until their rewrite."""
+    no module is left out."""
     import tomllib
 
     config = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())["tool"]["mypy"]
     assert config["check_untyped_defs"] is True and config["files"] == ["addon/codex_failover"]
     overrides = config.get("overrides", [])
     ignored = {m for o in overrides if o.get("ignore_errors") for m in o["module"]}
-    assert ignored == {"codex_failover." + w.removesuffix(".py").replace("/", ".") for w in HELD_STREAM}, ignored
+    assert ignored == set(), ignored
     core = next(o for o in overrides if o["module"] == ["codex_failover.core.*"])
     assert all(core.get(flag) is True for flag in ("disallow_untyped_defs", "disallow_any_generics", "warn_return_any",
                                                    "disallow_untyped_calls", "strict_equality", "no_implicit_reexport"))

@@ -188,11 +188,11 @@ def test_a_line_the_quiet_filter_would_drop_is_not_made(level, message, verbose,
 
 
 def test_the_held_streams_lines_are_made_only_when_shown():
-    """HopState.written hands the stream's held lines to the connection handler only when the
+    """StreamWire.written hands the stream's held lines to the connection handler only when the
     quiet filter would let them through: a dropped line is never made."""
     from mitmproxy.proxy import commands
 
-    from codex_failover.mitm.hop_state import SERVER_LOG, HopState
+    from codex_failover.mitm.held_layer import SERVER_LOG, StreamWire
 
     class Handler:
         def __init__(self):
@@ -211,16 +211,22 @@ def test_the_held_streams_lines_are_made_only_when_shown():
     SERVER_LOG.setLevel(logging.DEBUG)
     SERVER_LOG.propagate = False
     try:
-        hop = HopState(Handler(), 1, lambda: None)
-        hop._deferred = [commands.Log("Streaming response from api.openai.com.", logging.INFO),
-                         commands.Log("HTTP/2 protocol error", logging.WARNING)]
-        hop._first_handed = True
-        hop.written()
-        assert hop.handler.lines == [("HTTP/2 protocol error", logging.WARNING)]
+        class Held:
+            def first_written(self):
+                pass
+
+        wire = StreamWire(Handler(), conn=None, stream_id=1, layers=[], via=None)
+        wire.held = Held()
+        wire.join_first()  # the head waits for the body: its lines are held
+        assert wire.keep_back(commands.Log("Streaming response from api.openai.com.", logging.INFO))
+        assert wire.keep_back(commands.Log("HTTP/2 protocol error", logging.WARNING))
+        wire.written(final=True)
+        assert wire.handler.lines == [("HTTP/2 protocol error", logging.WARNING)]
         quiet.configure(options(failover_verbose=True))
-        hop._deferred = [commands.Log("Streaming response from api.openai.com.", logging.INFO)]
-        hop.written()
-        assert hop.handler.lines[-1] == ("Streaming response from api.openai.com.", logging.INFO)
+        wire.join_first()
+        wire.keep_back(commands.Log("Streaming response from api.openai.com.", logging.INFO))
+        wire.written(final=True)
+        assert wire.handler.lines[-1] == ("Streaming response from api.openai.com.", logging.INFO)
     finally:
         SERVER_LOG.removeHandler(info)
         SERVER_LOG.setLevel(before[0])
@@ -249,3 +255,41 @@ def test_a_line_is_made_when_another_filter_may_change_it():
     alone.addFilter(quiet)
     assert would_log(alone, logging.INFO, "Streaming response from api.openai.com.") is False
     assert would_log(alone, logging.INFO, b"not a str") is False  # (as the filter reads it: str(msg))
+
+
+def test_whether_an_addon_listens_is_asked_of_the_addon_tree_at_most_once_a_second():
+    """quiet_log.listened walks mitmproxy's addon tree (the add_log filter asks it for every line): the
+    answer holds for LISTENED_FOR seconds while the top-level addons stay the same; an addon nested
+    deeper (a script's) is seen at the next walk."""
+    from mitmproxy.test import taddons
+
+    from codex_failover.mitm import quiet_log
+
+    class Clock:
+        now = 100.0
+
+        def __call__(self):
+            return self.now
+
+    class Listener:
+        def probe_hook(self, *_):
+            pass
+
+    class Tree:
+        def __init__(self):
+            self.addons = []
+
+    clock = Clock()
+    quiet_log._listened.clear()
+    tree = Tree()
+    with taddons.context(tree) as tctx:
+        assert quiet_log.listened("probe_hook", clock) is False
+        tree.addons.append(Listener())  # nested: the chain is the same
+        clock.now += quiet_log.LISTENED_FOR / 2
+        assert quiet_log.listened("probe_hook", clock) is False  # remembered
+        clock.now += quiet_log.LISTENED_FOR
+        assert quiet_log.listened("probe_hook", clock) is True  # asked again
+        tree.addons.clear()
+        tctx.master.addons.add(Listener())  # a top-level addon: seen at once
+        assert quiet_log.listened("probe_hook", clock) is True
+    quiet_log._listened.clear()

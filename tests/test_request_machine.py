@@ -632,3 +632,24 @@ def test_an_exhausted_turn_is_answered_with_its_own_rejection_while_its_socket_i
     assert exhausted_answer(own, True, dial) is own
     assert exhausted_answer(own, False, dial) is dial  # the socket closed: the last failed upgrade's
     assert exhausted_answer(own, False, None) is own
+
+
+def test_a_session_whose_socket_closed_exhausted_goes_over_http_at_its_next_upgrade():
+    """core/turn_machine.Reconnects: once, within its window, bounded."""
+    from codex_failover.core.turn_machine import Reconnects
+
+    clock = Clock()
+    book = Reconnects(clock, window=60.0, limit=2)
+    assert book.downgrade("s1") is False  # nothing closed: gated
+    book.closed_exhausted("s1")
+    clock.now += 59
+    assert book.downgrade("s1") is True  # its reconnect: 426, Codex re-sends over HTTP
+    assert book.downgrade("s1") is False  # once: the session's next upgrade is gated again
+    book.closed_exhausted("s1")
+    clock.now += 61
+    assert book.downgrade("s1") is False  # long ago: gated
+    for session in ("a", "b", "c"):
+        book.closed_exhausted(session)
+    assert book.downgrade("a") is False and book.downgrade("c") is True  # the oldest forgotten past the limit
+    book.closed_exhausted(None)
+    assert book.downgrade(None) is False  # no session known: nothing to remember

@@ -43,6 +43,8 @@ class ScriptedAttempt:
     """What the driver uses of attempt.Attempt, playing `script`: ("head", status, headers),
     ("chunks", [bytes...]), ("end",) or ("error", message)."""
 
+    direct = False  # (a kept-connection attempt, as attempt.Attempt says)
+
     def __init__(self, client_flow, request, label, n, script):
         self.flow, self.n, self.label, self.script = client_flow.copy(), n, label, script
         self.flow.request = request
@@ -317,7 +319,7 @@ def test_a_run_that_ends_without_a_verdict_gives_its_attempt_one_and_its_bookkee
 
 
 def test_a_direct_attempt_whose_run_ended_without_a_verdict_is_given_one(tmp_path, monkeypatch):
-    """Its record's hooks wait for a verdict on no timer (record_hooks.py): the run's end gives it."""
+    """Its record's hooks wait for a verdict on no timer (direct.py): the run's end gives it."""
     from codex_failover.mitm.request_run import start_run
 
     run, _, _ = make_run(tmp_path, monkeypatch, [stream(sse_answer("client"))])

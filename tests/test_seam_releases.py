@@ -29,7 +29,7 @@ from codex_failover.mitm import fallbacks
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("CODEX_FAILOVER_CODEX_CACHE", Path.home() / ".cache" / "codex-failover-tests"))
-CONTRACT_TESTS = ["tests/test_warm_conn_contract.py", "tests/test_client_hop.py", "tests/test_hook_chain.py",
+CONTRACT_TESTS = ["tests/test_warm_conn_contract.py", "tests/test_held_stream.py",
                   "tests/test_ws_layer_socket.py"]
 INSTALL_TIMEOUT = 300.0
 RUN_TIMEOUT = 300.0

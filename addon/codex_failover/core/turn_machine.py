@@ -157,6 +157,34 @@ class TurnMachine:
         return TurnEvent.BACKOFF_LEFT
 
 
+class Reconnects:
+    """The sessions whose socket the gate closed with RECONNECT_CLOSE because nothing could serve their
+    turn (exhausted: no credential ready, the backoff spent). Codex reconnects up to five times, and
+    each new socket would meet the same exhaustion (the pool keeps one credential back from a burst,
+    so the upgrade itself succeeds) and close again: the session's next upgrade within `window` is
+    answered 426 instead, and Codex re-sends over HTTP at once, where the exhausted answer says when to
+    try again (503 with Retry-After, or 429 with the reset time). Bounded: at most `limit` sessions,
+    the oldest forgotten first. Pure, on an injected clock."""
+
+    def __init__(self, clock: Callable[[], float], window: float = 60.0, limit: int = 4096):
+        self.clock, self.window, self.limit = clock, window, limit
+        self._closed: dict[str, float] = {}  # session -> when its socket closed exhausted (oldest first)
+
+    def closed_exhausted(self, session: str | None) -> None:
+        if session is None:
+            return
+        self._closed.pop(session, None)
+        self._closed[session] = self.clock()
+        while len(self._closed) > self.limit:
+            del self._closed[next(iter(self._closed))]
+
+    def downgrade(self, session: str | None) -> bool:
+        """At an upgrade: does this session go over HTTP now (its last socket closed exhausted, lately)?
+        Asked once: the session's next upgrade after this one is gated again."""
+        closed = self._closed.pop(session, None) if session is not None else None
+        return closed is not None and self.clock() - closed <= self.window
+
+
 def goes_home(stays_home: bool, home: str, current: str) -> bool:
     """A turn bound to one account (a compaction item, the pin) that arrived on another account's
     socket goes to a new socket on `home` (the credential holding its state) before it is sent."""

@@ -1,5 +1,5 @@
-"""Cooldowns that end when the account is back (core/cooldown_end.py decides): a part of the addon
-(parts.py) that watches Codex's reset-credit redemptions go by, re-checks long usage-limit cooldowns through each
+"""Cooldowns that end when the account is back (core/cooldown_end.py decides): a nested addon
+of FailoverAddon that watches Codex's reset-credit redemptions go by, re-checks long usage-limit cooldowns through each
 account's own usage endpoint, and ends one by `failover.reset NAME` (the addon's command). Each ending is one log line
 and shows on the status page."""
 

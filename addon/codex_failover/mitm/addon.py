@@ -37,7 +37,16 @@ from ..state_keeper import StateKeeper, close_keeper, open_keeper
 from ..ws.conn import WsConn
 from ..ws.gate import WebsocketGate
 from ..ws.upstream import upstream_tls
-from . import bounded_body, client_answers, client_conns, client_hop, fallbacks, quiet_log, secret_guard, status_page
+from . import (
+    bounded_body,
+    client_answers,
+    client_conns,
+    fallbacks,
+    held_stream,
+    quiet_log,
+    secret_guard,
+    status_page,
+)
 from .account_back import AccountBack
 from .attempt import ATTEMPT_TAG, Attempt, AttemptHooks
 from .boundary import ClientBoundary
@@ -47,7 +56,6 @@ from .engine import WarmConnections
 from .file_watch import FileWatch
 from .held_client import RelayHops
 from .model_view import ModelView
-from .parts import PartHooks
 from .pass_stream import PassStream
 from .passthrough_redact import PassThroughRedaction
 from .proxyauth_notice import ProxyAuthNotice
@@ -88,14 +96,15 @@ def _say_start(clients: ClientAccess) -> None:
 
 
 def _parts(addon: "FailoverAddon", usage: UsageAnswer) -> list:
-    """The addon's parts, in the order their hooks run (parts.py)."""
+    """The addon's parts, nested as mitmproxy nests addons: each hook reaches the addon first, then
+    them in this order."""
     return [addon.guard, addon.limits, addon.tls, AttemptHooks(addon.attempts), addon.hops, addon.boundary,
             addon.back, ProxyAuthNotice(), usage,
             PassThroughRedaction(lambda host: addon.tls.scope.intercepts(host, host)),
             ConnTrouble(), PassStream(addon, usage)]
 
 
-class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks from it (parts.py)
+class FailoverAddon:
     def __init__(self) -> None:
         self.pool = PoolConfig()
         self.rules = load_rules()
@@ -119,15 +128,15 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self._tasks: set[asyncio.Task] = set()
         self.ws_gate = WebsocketGate(self.run)
         self.quiet = quiet_log.QuietLog()
-        self.tls = TlsScope()  # a part (parts.py): which TLS connections are decrypted, and upstream trust
-        self.hops = RelayHops()  # parts, each for the flows of one kind (parts.py)
+        self.tls = TlsScope()  # a nested addon: which TLS connections are decrypted, and upstream trust
+        self.hops = RelayHops()  # nested addons, each for the flows of one kind
         self.listener = MetricsListener()
         self.guard = SelfGuard(self.listener.addresses)  # never a dial to its own listeners, never its own socket a client
         self.boundary = ClientBoundary(is_self=self.guard.is_own_socket)  # whose requests are the user's own programs'
         self.back, self.limits = AccountBack(self), ClientLimits(self.boundary)  # cooldowns that end early, failover.reset; connections per client
         self.refresher = TokenRefresher(self)  # pooled ChatGPT logins' tokens (token_refresher.py)
         self.activity, self.usage_poller, self.view = Activity(), UsagePoller(self), ModelView()  # dashboard, failover_view
-        self._wire(_parts(self, UsageAnswer(self)))
+        self.addons = _parts(self, UsageAnswer(self))
         self.clients = ClientAccess()
         self._running = False  # before `running`, a configuration error ends the process (one line)
         self.seen_clients = SeenClients()
@@ -145,7 +154,8 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
     def configure(self, updated: set[str]) -> None:
         try:
             self._configure(updated)
-            self.configure_parts(updated)  # the boundary's (the proxy token too), the connection limits'
+            self.limits.apply_options(updated)  # (here, not as their hook: a bad value at start is this one line)
+            self.boundary.apply_options(updated)  # the proxy token too
         except exceptions.OptionsError as exc:
             if self._running:
                 raise  # a runtime change: rejected, the proxy goes on with what it had
@@ -205,7 +215,6 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         self.back.start()
         self.refresher.start()
         _say_start(self.clients)
-        self.boundary.running()  # a part's, after the addon's own (as mitmproxy ran a nested addon's)
 
     def done(self) -> None:
         # Before mitmproxy's Save writes the flows still in flight (it comes after scripts).
@@ -298,7 +307,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
 
     async def _hold(self, flow: http.HTTPFlow, body: object, client_auth: AuthMaterial) -> None:
         """Start the held request's run and return: the client flow gets its stand-in server
-        connection at once, which answers when the run decides (docs/architecture.md#the-hop)."""
+        connection at once, which answers when the run decides (docs/architecture.md#the-held-stream)."""
         n = next(self._ids)
         await self.relay.start()
         self._held += 1
@@ -329,7 +338,7 @@ class FailoverAddon(PartHooks):  # one leaf addon: its parts get their hooks fro
         """Pool health and in-flight counters, as data (no secrets)."""
         counters = {"held_requests": self._held, "attempts_in_flight": len(self.attempts), "relay_port": self.relay.port,
                     "upstream_connections": self.warm.stats(), "upstream_dials": self.warm.dials,
-                    "relay_unclaimed": self.relay.pending, "relay_streaming": self.relay.streaming + client_hop.streaming(),
+                    "relay_unclaimed": self.relay.pending, "relay_streaming": self.relay.streaming + held_stream.streaming(),
                     "recovery_buffering": self.recovery_slots.used, "artifacts_known": len(self.provenance), "websockets": self.ws_gate.report(), "counts": self.activity.counts()}
         return status.build(self.pool, self.health, self.usage, self.seen_clients, self.route_health, self.bridges,
                             counters, self.back.report())

@@ -20,12 +20,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, TypeVar
 
-from mitmproxy import flow as mitmflow, hooks, http
+from mitmproxy import ctx, flow as mitmflow, hooks, http
 
 from ..core.codex_request import held_as_stream
 from ..core.routes import Endpoint
 from ..core.warm_book import WarmKey
-from .hook_chain import run_hook
 from .secret_guard import arming
 from .warm_conn import WarmConnection, server_at
 
@@ -84,10 +83,11 @@ def copy_request(message: M) -> M:
 async def end_unsent(flow: http.HTTPFlow, message: str) -> None:
     """The hooks mitmproxy runs for a request whose connection failed, in its order: for an attempt
     cancelled before it was handed to a connection (not one byte of it left)."""
-    await run_hook(hooks.all_hooks["requestheaders"](flow))
-    await run_hook(hooks.all_hooks["request"](flow))
+    addons = ctx.master.addons  # mitmproxy's own dispatch, as its layers run a flow's hooks
+    await addons.handle_lifecycle(hooks.all_hooks["requestheaders"](flow))
+    await addons.handle_lifecycle(hooks.all_hooks["request"](flow))
     flow.error = mitmflow.Error(message)
-    await run_hook(hooks.all_hooks["error"](flow))
+    await addons.handle_lifecycle(hooks.all_hooks["error"](flow))
 
 
 class Capture:
@@ -278,17 +278,21 @@ class Attempt:
             self.queue.put_nowait(Item(CHUNK, data))
             self.queued += len(data)
             if self.queued > QUEUE_HIGH:  # again each time: asyncio's StreamReader may have resumed it
-                self._set_reading(False)
+                self.set_reading(False)
         return data
 
     def _took(self, item: Item) -> Item:
         if item.kind == CHUNK:
             self.queued -= len(item.data)
             if self._paused and self.queued <= QUEUE_LOW:
-                self._set_reading(True)
+                self.set_reading(True)
         return item
 
-    def _set_reading(self, on: bool) -> None:
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def set_reading(self, on: bool) -> None:
         """Pause or resume reading the upstream socket: TCP's window then slows the upstream down,
         as mitmproxy's own streaming does. (The relay drains its writes to the client.)"""
         self._paused = not on
@@ -368,7 +372,7 @@ class Attempt:
 
 
 class AttemptHooks:
-    """A part of FailoverAddon (parts.py): an attempt flow's response hooks feed its Attempt."""
+    """A nested addon of FailoverAddon: an attempt flow's response hooks feed its Attempt."""
 
     def __init__(self, attempts: dict[str, Attempt]):
         self.attempts = attempts  # attempt flow id -> Attempt (the driver adds them)

@@ -1,4 +1,4 @@
-"""The client boundary's shell: a part of the addon (parts.py) that tells the request hook which requests are the
+"""The client boundary's shell: a nested addon of FailoverAddon that tells the request hook which requests are the
 user's own programs' and may be lent the pool. The rules are core/client_boundary.py's; this reads
 /proc/net/tcp and /proc/net/tcp6 (once per client connection), keeps the rule in force for the
 options, and forgets a refused key the upstream served after all. docs/machine-proxy.md, "Who may
@@ -58,7 +58,8 @@ class ClientBoundary:
 
     # -- hooks -------------------------------------------------------------------------------
 
-    def configure(self, updated: set[str]) -> None:
+    def apply_options(self, updated: set[str]) -> None:
+        """The addon's `configure` calls it inside its check of the options (not a hook of its own)."""
         if proxy_token.OPTION in updated or not updated:
             try:
                 value = proxy_token.token(getattr(ctx.options, proxy_token.OPTION, ""), os.environ)

@@ -1,4 +1,4 @@
-"""A part of FailoverAddon (parts.py): descriptors are not for the taking. The decisions are
+"""A nested addon of FailoverAddon: descriptors are not for the taking. The decisions are
 core/conn_budget.py's; this counts each client connection against its peer (its uid, read from the
 kernel's socket table, or its address), refuses one over `failover_max_connections`, drops a client
 that has not sent a whole request head within `failover_head_timeout`, and raises the soft
@@ -50,7 +50,8 @@ class ClientLimits:
         self._said = {"refused": 0.0, "dropped": 0.0}
         self._counts = {"refused": 0, "dropped": 0}
 
-    def configure(self, updated: set[str]) -> None:
+    def apply_options(self, updated: set[str]) -> None:
+        """The addon's `configure` calls it inside its check of the options (not a hook of its own)."""
         if "failover_head_timeout" in updated:
             try:
                 self.head_timeout = parse_duration(ctx.options.failover_head_timeout)

@@ -1,6 +1,6 @@
 """Connection trouble as the log tells it: a client that keeps failing its TLS handshake with the proxy
 (core/handshake_watch.py decides when that is news), and an upstream the proxy could not connect to,
-with its host. A part of FailoverAddon (parts.py); mitmproxy's own lines for both name neither the
+with its host. A nested addon of FailoverAddon; mitmproxy's own lines for both name neither the
 pattern nor the host and are lowered to debug (quiet_log.py)."""
 
 from __future__ import annotations

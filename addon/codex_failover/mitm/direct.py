@@ -9,7 +9,7 @@ client's own credential, straight to the URL the client asked for: that one need
 
 A `DirectAttempt` is an `Attempt` (the run drives it the same way: items in its queue, a verdict,
 cancel) whose bytes are the client stream's. mitmproxy's layers give the stream its connection and
-write the request (with the real credential only while they write its head, client_hop.py); each
+write the request (with the real credential only while they write its head, held_layer.py); each
 response event that reaches the stream from that connection is handed here first (`on_event`):
 - holding (until the verdict): kept, and queued for the run as the attempt's items;
 - released (a commit): what was kept goes to the stream, and from then on every event passes, each
@@ -22,9 +22,9 @@ When it serves on the client's stream (the run commits it: released), the client
 record: that flow's request is the one that left and its answer the one this attempt received, so it
 gets the attempt's mark and nothing is shown twice (`judge`). Otherwise (failed over, retried, timed
 out, cancelled, or answered through the hop), its flow
-(`self.flow`, a record never run by the layers) gets the hooks an attempt gets once the verdict is
-in (requestheaders, request, responseheaders, then error or response once it ended), so mitmweb shows
-it and `-w` saves it as it shows every other attempt (record_hooks.py).
+(`self.flow`, a record never run by the layers) gets the hooks an attempt gets, through mitmproxy's own
+dispatch once the verdict is in and it ended (requestheaders, request, responseheaders, then error or
+response: `_record`), so mitmweb shows it and `-w` saves it as it shows every other attempt.
 """
 
 from __future__ import annotations
@@ -34,25 +34,51 @@ import contextlib
 import enum
 import logging
 import time
+from collections.abc import Callable
 
-from mitmproxy import flow as mitmflow, http
+from mitmproxy import ctx, flow as mitmflow, hooks, http
 
+from ..core.after_output import Released
 from ..core.codex_request import held_as_stream
 from . import bounded_body
 from .attempt import Attempt, Item, copy_request, hide_secrets, secrets_in
-from .record_hooks import SENT_HOOKS, RecordHooks, Signal
 from .secret_guard import arming
 from .warm_conn import server_at
 
 log = logging.getLogger("codex_failover")
+_records: set[asyncio.Task] = set()  # the records waiting for their verdict and end (`DirectAttempt._record`)
 
+
+async def _shown(flow: http.HTTPFlow, verdict_error: str | None, keep_capture) -> None:
+    """A record's hooks, in an attempt's order, through mitmproxy's own dispatch (as its layers run a
+    flow's): requestheaders, request, responseheaders (a head came), then error or response."""
+    addons = ctx.master.addons
+    await addons.handle_lifecycle(hooks.all_hooks["requestheaders"](flow))
+    await addons.handle_lifecycle(hooks.all_hooks["request"](flow))
+    if flow.response is not None:
+        await addons.handle_lifecycle(hooks.all_hooks["responseheaders"](flow))
+        keep_capture()  # what the stream began with (bounded), for mitmweb
+        if flow.response.timestamp_end is None:
+            flow.response.timestamp_end = time.time()
+    if verdict_error is not None or flow.error is not None:
+        flow.error = mitmflow.Error(verdict_error or (flow.error.msg if flow.error else ""))
+        await addons.handle_lifecycle(hooks.all_hooks["error"](flow))
+    else:
+        await addons.handle_lifecycle(hooks.all_hooks["response"](flow))
 
 
 class Mode(enum.Enum):
-    HOLDING = enum.auto()  # the stream's response events are kept; the run reads them as items
-    RELEASED = enum.auto()  # committed: they pass to the stream
-    ITEMS = enum.auto()  # committed, answered by the hop: items only, the events are dropped
-    DROPPED = enum.auto()  # the stream went to its hop: nothing more is taken
+    """What becomes of the response events its upstream gives the stream (`_take` in held_layer.py):
+
+        HOLDING ──release──▶ RELEASED ──a rejection after output──▶ CUTTING ──its end passed──▶ CUT
+           ├──commit through the stand-in──▶ ITEMS
+           └──cancel, a failed connection──▶ DROPPED
+    """
+
+    HOLDING = enum.auto()  # kept for the stream; the run reads them as items
+    RELEASED = enum.auto()  # committed: they pass to the stream, through the committed machine
+    ITEMS = enum.auto()  # committed, answered by the stand-in (recovery's heartbeat): items only
+    DROPPED = enum.auto()  # the stream went to its stand-in: nothing more is taken
     CUTTING = enum.auto()  # released, then a rejection after its output began: the stream's end is due
     CUT = enum.auto()  # ...and it ended there (its upstream reset): nothing more is taken
 
@@ -67,8 +93,8 @@ class DirectAttempt(Attempt):
     direct = True
 
     def __init__(self, client_flow: http.HTTPFlow, label: str, n: int, hop, original: http.Request):
-        # Its record shows the client's own request and (until it is shown: `settle`) its stand-in server:
-        # a served attempt's record is never shown, and copies made for it would be thrown away.
+        # Its record shows the client's own request and its stand-in server until the verdict: a served
+        # attempt's record is the client's flow; a loser's gets copies of its own then (`_settle`).
         super().__init__(client_flow, client_flow.request, label, n, None,  # type: ignore[arg-type]
                          server=client_flow.server_conn)
         self.hop, self.original = hop, original  # the client's request as it came: the wire's secrets
@@ -76,17 +102,16 @@ class DirectAttempt(Attempt):
         self.served = False  # the run committed it: the client's flow is its record (`judge`)
         self.registry: dict | None = None  # the attempts by flow id it is registered in (the run's)
         self.sent_at: float | None = None  # when its head was written
-        self._own_response = False  # its record holds a response of its own (not the stream's)
+        self.settled = False  # its record holds a request and a response of its own (`_settle`)
         self.mode = HOLDING
         self.server = None  # the upstream connection mitmproxy gave the stream
         self.kept: list = []  # the response events held for the stream
         self.kept_bytes = 0
         self.overflow = False  # what it held passed failover_max_body
         self.whole: list[bytes] = []  # a body that is not streamed, for the run's ReadWhole (the kept events' own bytes)
-        self.live_feed = None  # after a release: each chunk to the committed machine (None: the end), what passes
-        self.record = RecordHooks(self)  # the record flow's hooks, as it moves
-        self.ended = Signal(self.record)  # its response ended, failed or was stopped
-        self.judged = Signal(self.record)  # the run's verdict is on the record (Attempt.judge)
+        self.live_feed: Callable[[bytes | None], Released] | None = None  # after a release: each chunk (None: the end) to the committed machine, what passes
+        self.ended = asyncio.Event()  # its response ended, failed or was stopped
+        self.record: asyncio.Task | None = None  # its record's coroutine, from its start (`_record`)
 
     # -- the run's side ---------------------------------------------------------------------
 
@@ -96,28 +121,28 @@ class DirectAttempt(Attempt):
         self.hop.decide(True)
         if self.on_sent is not None:  # the request hook need not wait: the head leaves once it returns
             self.on_sent()
-        self.record.started = True
-        if self.sent or self.ended.is_set():  # (it moved before it started: its hooks now)
-            self.record.moved()
+        self.record = asyncio.get_running_loop().create_task(self._record())
+        _records.add(self.record)  # (the loop holds a task only weakly)
+        self.record.add_done_callback(_records.discard)
 
     async def cancel(self, timeout: float = 5.0) -> None:
         """Hand the stream to its hop (the next answer comes from there); the upstream stream is reset
         unless the whole response is in. A released winner is mitmproxy's stream: nothing to do."""
-        if not self.record.started and self.registry is not None:  # never started: no hook will take it out
+        if self.record is None and self.registry is not None:  # never started: no hook will take it out
             self.registry.pop(self.flow.id, None)
         self.judged.set()
         if self.mode in (RELEASED, DROPPED, CUTTING, CUT):
             return
         self._drop("attempt cancelled by codex-failover" if not self.finished else None)
         await self.hop.cancel_direct()
-        if self.record.started and not self.over.is_set():  # its record's last hook (RecordHooks)
+        if self.record is not None and not self.over.is_set():  # its record's last hook (`_record`)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.over.wait(), timeout)
 
     def _drop(self, error: str | None) -> None:
         self.mode = DROPPED
         self.kept.clear()
-        self._set_reading(True)
+        self.set_reading(True)
         if error is not None and not self.ended.is_set():
             self.flow.error = mitmflow.Error(error)
             self.ended.set()
@@ -126,12 +151,13 @@ class DirectAttempt(Attempt):
         """The verdict. Served on the client's own stream (released: the stream got this attempt's head
         and bytes), it marks the client's flow, which is its record then. Answered through the hop
         (recovery's heartbeat; a whole answer the run sends on) or given once its record began to show,
-        it keeps a record of its own. A loser's response is its own from here: the stream's stays as it is."""
-        if error is None and self.mode is RELEASED and self.record.stage == SENT_HOOKS:
+        it keeps a record of its own, settled now: the stream's request and response stay as they are."""
+        if error is None and self.mode in (RELEASED, CUTTING, CUT) and not self.settled:  # (its stream may have ended already)
             self.served = True
             self.client_flow.marked = mark
-        elif error is not None and self.flow.response is not None and not self._own_response:
-            self.flow.response, self._own_response = copy_request(self.flow.response), True
+            self.over.set()  # no hook of its own to wait for
+        else:
+            self._settle()
         super().judge(mark, comment, error)
 
     def release(self, live_feed, held: bytes) -> tuple[list, bytes]:
@@ -152,7 +178,7 @@ class DirectAttempt(Attempt):
             body += self._feed(bytes(unseen))
         if ended and self.mode is RELEASED:
             body += self._feed(None)
-        self._set_reading(True)
+        self.set_reading(True)
         kept, self.kept = self.kept, []
         return kept, bytes(body)
 
@@ -166,7 +192,38 @@ class DirectAttempt(Attempt):
         self.mode = ITEMS
         self.kept.clear()
 
-    def _set_reading(self, on: bool, shared_too: bool = False) -> None:
+    # -- what the layers ask of it ------------------------------------------------------------
+
+    @property
+    def holding(self) -> bool:
+        return self.mode is HOLDING
+
+    @property
+    def takes_events(self) -> bool:
+        """Does its upstream's next event mean anything (not dropped, not cut)?"""
+        return self.mode in (HOLDING, RELEASED, ITEMS)
+
+    @property
+    def passing(self) -> bool:
+        """Released: its upstream's events pass to the stream."""
+        return self.mode is RELEASED
+
+    @property
+    def cutting(self) -> bool:
+        """Its stream is to end now, before a rejection after the output began."""
+        return self.mode is CUTTING
+
+    def cut_ended(self) -> None:
+        self.mode = CUT
+
+    def done_streaming(self) -> None:
+        """Its released stream ended (the client flow's last hook): nothing more is taken, and the
+        committed machine is let go (a finished request is freed by reference counting)."""
+        if self.mode in (RELEASED, CUTTING):
+            self.mode = CUT
+        self.live_feed = None
+
+    def set_reading(self, on: bool, shared_too: bool = False) -> None:
         """Pause or resume reading its upstream (an HTTP/2 one, which other streams of the client's
         may share, only when `shared_too`: a client that does not read its own stream)."""
         self._paused = not on
@@ -175,7 +232,7 @@ class DirectAttempt(Attempt):
 
     # -- from the client's layers (synchronous) ------------------------------------------------
 
-    def wire_headers(self, headers: http.Headers) -> http.Headers:
+    def wire_head(self, headers: http.Headers) -> http.Headers:
         """The head as the wire gets it: the client's own secret values where the flow shows
         placeholders, and no Proxy-Authorization (it was for this proxy)."""
         wire = headers.copy()
@@ -199,12 +256,13 @@ class DirectAttempt(Attempt):
         self.sent_at = time.time()
         self.flow.server_conn = self.server = server
         self.sent = self.connected = True
-        self.record.moved()
 
-    def settle(self) -> None:
-        """Its record is to be shown (it did not serve): a request and a response of its own, copies of
-        what left (without the proxy's credential, never sent: `wire_headers`) and of what came, and a
-        server connection of its own if its head never left."""
+    def _settle(self) -> None:
+        """Once, for a record to be shown: copies of what left (no proxy credential: `wire_headers`) and of
+        what came, and a server connection of its own if its head never left."""
+        if self.settled:
+            return
+        self.settled = True
         record = copy_request(self.flow.request)
         record.headers.pop("proxy-authorization", None)
         if self.sent_at is not None:
@@ -213,17 +271,30 @@ class DirectAttempt(Attempt):
         self.flow.request = record
         if not self.sent:  # (until then it shows the client's stand-in)
             self.flow.server_conn = server_at((record.host, record.port))
-        if self.flow.response is not None and not self._own_response:
-            self.flow.response, self._own_response = copy_request(self.flow.response), True
+        if self.flow.response is not None and self.streaming:  # (a body read whole is its own already)
+            self.flow.response = copy_request(self.flow.response)
+
+    async def _record(self) -> None:
+        """Its record: nothing for a served attempt (in flight until its stream ended); a loser's hooks once
+        it ended. On no timer: a cancel gives the verdict, as a run that ends without one (`start_run`)."""
+        try:
+            await self.judged.wait()
+            if not self.served:
+                self._settle()
+            await self.ended.wait()
+            if not self.served:
+                await _shown(self.flow, self.verdict_error, self._keep_capture)
+        finally:
+            self.over.set()
+            if self.registry is not None:
+                self.registry.pop(self.flow.id, None)
 
     def connect_failed(self, err: str) -> None:
-        if self.ended.is_set():  # stopped already (its record may have had its final hook)
-            self.mode = DROPPED
-            return
-        self.flow.error = mitmflow.Error(err)
         self.mode = DROPPED
-        self.queue.put_nowait(Item("error", err.encode()))
-        self.ended.set()
+        if not self.ended.is_set():  # (stopped already: its record may have had its final hook)
+            self.flow.error = mitmflow.Error(err)
+            self.queue.put_nowait(Item("error", err.encode()))
+            self.ended.set()
 
     def client_left(self, why: str) -> None:
         """The client reset or left the stream: whatever mode, the record ends (the run sees the hop's)."""
@@ -251,18 +322,15 @@ class DirectAttempt(Attempt):
     def on_head(self, response: http.Response, end_stream: bool) -> None:
         self.streaming = held_as_stream(response.status_code, response.headers.get("content-type"), self.wants_stream)
         # A body read whole is kept on the record's own copy; a stream's head is the stream's until the
-        # record is shown (`settle`: a served attempt's is never copied).
-        self._own_response = not self.streaming
-        self.flow.response = response if self.streaming else copy_request(response)
+        # verdict (`_settle`: a served attempt's is never copied).
+        self.flow.response = response if self.streaming and not self.settled else copy_request(response)
         self.queue.put_nowait(Item("head"))
-        self.record.moved()
         if end_stream:
             self.on_end()
 
     def on_data(self, data: bytes) -> bytes:
         """A chunk of its answer; released, what the stream gets of it now (whole events)."""
-        if self.mode is RELEASED:
-            self.captured(data)
+        if self.mode is RELEASED:  # (the client's flow is its record: its capture is the stream's own)
             return self._feed(data)
         if self.streaming:
             self._on_chunk(data)
@@ -284,7 +352,7 @@ class DirectAttempt(Attempt):
         self.ended.set()
         return out
 
-    def on_error(self, message: str) -> None:
+    def on_broken(self, message: str) -> None:
         if self.mode is not RELEASED:
             self.queue.put_nowait(Item("error", message.encode()))
         self.flow.error = mitmflow.Error(message)
@@ -293,6 +361,7 @@ class DirectAttempt(Attempt):
     def _feed(self, data: bytes | None) -> bytes:
         """A released chunk (None: the end) through the committed machine: what passes now. At a cut
         the attempt is over (CUT): the layers end the stream and reset its upstream."""
+        assert self.live_feed is not None, "released: its feed is set"
         try:
             released = self.live_feed(data)
         except Exception:  # noqa: BLE001 - the bookkeeping of a stream never breaks the stream

@@ -2,12 +2,11 @@
 
 Each part of the seam that leans on mitmproxy's internals has a fallback on its public API, used on a
 mitmproxy release the contract tests were not run on (tests/test_warm_conn_contract.py,
-tests/test_client_hop.py, tests/test_hook_chain.py, tests/test_ws_layer_socket.py; `scripts/test-mitmproxy`
+tests/test_held_stream.py, tests/test_ws_layer_socket.py; `scripts/test-mitmproxy`
 runs them on another release), or when forced by `CODEX_FAILOVER_FALLBACK` (a comma-separated list of
 the names below; for tests and for a user who suspects the seam):
 
-  hooks   mitmproxy's own AddonManager dispatches the attempts' and held flows' hooks (hook_chain.py)
-  hop     every held client is answered through the loopback relay, not in its own layers (client_hop.py)
+  hop     every held client is answered through the loopback relay, not in its own layers (held_stream.py)
   goaway  mitmproxy's own HTTP/2 GOAWAY handling: the whole connection closes (warm_conn.py)
   wsleg   the gated WebSocket's upstream sockets on the gate's own asyncio, TLS and wsproto stack
           (ws/upstream.py), not on mitmproxy's layers (ws/layer_socket.py)
@@ -26,10 +25,9 @@ from mitmproxy.version import VERSION
 # their range, and a release inside it that is not listed here gets every fallback.
 TESTED = ("12.0.0", "12.0.1", "12.1.0", "12.1.1", "12.1.2", "12.2.0", "12.2.1", "12.2.2", "12.2.3",
           "12.3.0", "12.3.1")
-NAMES = ("hooks", "hop", "goaway", "wsleg", "engine")
+NAMES = ("hop", "goaway", "wsleg", "engine")
 ENV = "CODEX_FAILOVER_FALLBACK"
-WHAT = {"hooks": "mitmproxy's own hook dispatch (slower per request, never different)",
-        "hop": "answers through the loopback relay (one more local connection per request)",
+WHAT = {"hop": "answers through the loopback relay (one more local connection per request)",
         "goaway": "mitmproxy's own GOAWAY handling (a GOAWAY cuts every stream of that connection)",
         "wsleg": "the gated WebSocket dials its upstream sockets itself (routes and other addons' hooks apply, "
                  "mitmproxy's upstream modes and its WebSocket layer do not)",

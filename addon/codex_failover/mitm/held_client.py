@@ -1,9 +1,11 @@
-"""The held client's side of one request: its hop, and every answer it gets.
+"""The held client's side of one request: its held stream, and every answer it gets.
 
-The client flow gets its stand-in server connection when the hold starts (client_hop.py; the
-loopback relay when that cannot be done, docs/architecture.md#the-hop); whatever the run decides
-(the winner's stream, a whole answer, recovery's heartbeat stream) reaches the client through the
-hop's `answer`, once.
+The client flow's stream is held when the hold starts (held_stream.py; the loopback relay when that
+cannot be done, docs/architecture.md#the-held-stream); whatever the run decides (the committed
+attempt's stream, a whole answer, recovery's heartbeat stream) reaches the client through it, once.
+A committed stream goes through its attempt's machine on its way (`commit`): the client gets whole
+events, the artifacts its credential made are learnt, and a rejection after the output began ends
+the stream there instead (core/after_output.py), without `response.completed`, so Codex re-sends it.
 """
 
 from __future__ import annotations
@@ -11,15 +13,21 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 
 from mitmproxy import ctx, http
 from mitmproxy.hooks import UpdateHook
 
-from ..net.relay import Relay, RelaySession
-from . import bounded_body, client_answers, client_hop, hook_chain
-from .attempt import PLACEHOLDER, SECRET_HEADERS, Capture
-from .client_hop import HOP_TAG, ClientHop
+from ..core.after_output import Released
+from ..core.attempt_events import Commit
+from ..core.attempt_machine import AttemptMachine
+from ..net.relay import Relay, RelaySession, UpstreamBroken
+from . import bounded_body, client_answers, held_stream, quiet_log
+from .attempt import CHUNK, END, PLACEHOLDER, SECRET_HEADERS, Attempt, Capture
+from .direct import DirectAttempt
 from .heartbeat import STREAM_HEADERS, HeartbeatSink
+from .held_layer import ended, relay_server
+from .held_stream import HOP_TAG, HeldStream
 
 RELAY_TAG = "codex_failover.relay"
 ERROR_BODY_CAP = 1024 * 1024  # an answer read in heartbeat mode for its error object only
@@ -27,9 +35,9 @@ ERROR_BODY_CAP = 1024 * 1024  # an answer read in heartbeat mode for its error o
 
 def shown_changed(flow: http.HTTPFlow) -> None:
     """Tell mitmweb (its view addon) that a live flow's comment or mark changed between hooks;
-    nothing to do when no addon listens (mitmdump)."""
+    nothing to send when no addon listens (mitmdump)."""
     try:
-        if hook_chain.listens(ctx.master.addons, "update"):
+        if quiet_log.listened("update"):
             ctx.master.addons.trigger(UpdateHook([flow]))
     except AttributeError:  # no master (unit tests without taddons)
         pass
@@ -50,27 +58,26 @@ def point_at_relay(flow: http.HTTPFlow, port: int, token: str) -> None:
     # The relay never reads the body (the attempts carry it): the hop forwards none.
     req.raw_content = b""
     req.headers["content-length"] = "0"
-    flow.server_conn = client_hop.relay_server(port)
+    flow.server_conn = relay_server(port)
 
 
 class HeldClient:
-    """One held client flow: given its hop from the start, answered once."""
+    """One held client flow: its stream held from the start, answered once."""
 
     def __init__(self, flow: http.HTTPFlow, relay: Relay, abort, metrics=None):
         self.flow, self.relay, self.metrics, self.abort = flow, relay, metrics, abort
         self.started = time.monotonic()
         self.decided = asyncio.Event()  # the answer is given (the client has, or will have, its head)
         self.sink: HeartbeatSink | None = None  # heartbeat mode: the client already has its headers
-        self.hop: ClientHop | RelaySession = RelaySession.held(abort)
+        self.hop: HeldStream | RelaySession = RelaySession.held(abort)
         self._released: float | None = None  # when a direct attempt was committed
 
     def hold(self) -> None:
-        """In the request hook: the in-process hop, or (when mitmproxy's layers are not as
-        expected) the loopback relay."""
-        hop = ClientHop.attach(self.flow, self.abort)
-        if hop is not None:
-            self.hop = hop
-            hop.may_go_direct()
+        """In the request hook: the stream held in its own layers (attempt 1 may ride it), or (when
+        mitmproxy's layers are not as expected) the loopback relay."""
+        held = HeldStream.attach(self.flow, self.abort)
+        if held is not None:
+            self.hop = held
         else:
             point_at_relay(self.flow, self.relay.port, self.relay.register(self.hop))
 
@@ -81,7 +88,7 @@ class HeldClient:
     async def first_output(self, timeout: float = 0.05) -> None:
         """Until the answer's first bytes went to the client (at most `timeout`): what the run does
         after a commit waits for the client's first output, never the other way round."""
-        if isinstance(self.hop, ClientHop) and not self.hop.first_out.is_set():
+        if isinstance(self.hop, HeldStream) and not self.hop.first_out.is_set():
             timer = asyncio.get_running_loop().call_later(timeout, self.hop.first_out.set)
             await self.hop.first_out.wait()
             timer.cancel()
@@ -92,7 +99,7 @@ class HeldClient:
     @property
     def can_go_direct(self) -> bool:
         """May the first attempt ride the client's own stream (mitm/direct.py)?"""
-        return isinstance(self.hop, ClientHop) and self.hop.choice is None and not self.hop.gone and \
+        return isinstance(self.hop, HeldStream) and self.hop.choosing and \
             bool(getattr(ctx.options, "failover_direct", True))
 
     def release(self, attempt, live_feed, held: bytes) -> None:
@@ -102,8 +109,48 @@ class HeldClient:
             self.metrics.hold_seconds(time.monotonic() - self.started)
         self._released = time.monotonic()  # its first output's time is taken in `first_output`
         self.decided.set()
-        assert isinstance(self.hop, ClientHop)
+        assert isinstance(self.hop, HeldStream)
         self.hop.release(attempt, live_feed, held)
+
+    def commit(self, attempt: Attempt, state: AttemptMachine, command: Commit, cut: Callable[[], None]) -> None:
+        """The committed attempt's way to the client: the whole events it held, then its live rest, each
+        chunk through its machine (`cut`: told once, should the stream end before a rejection after its
+        output began). Attempt 1 on the client's own stream is released there; any other attempt's
+        stream (or attempt 1's, when the stand-in answers already: recovery's heartbeat) is handed over
+        here, chunk by chunk."""
+        feed = _watched(state, cut)
+        if isinstance(attempt, DirectAttempt):
+            if self.sink is None:
+                return self.release(attempt, feed, command.held)
+            attempt.commit_through_hop()  # (recovery's heartbeat): the items go on
+        resp = attempt.flow.response
+        assert resp is not None, "committed: its head is in"
+        committed, metrics = time.monotonic(), self.metrics
+        sized = "content-length" in resp.headers
+
+        async def body():
+            if metrics is not None:  # the head and the held bytes (the first output) went out
+                metrics.first_output_to_client_seconds(time.monotonic() - committed)
+            if command.error is not None:
+                raise UpstreamBroken(command.error)
+            if command.ended:
+                return
+            while True:
+                item = await attempt.next_batch()
+                if item.kind not in (CHUNK, END):
+                    raise UpstreamBroken(item.data.decode(errors="replace"))
+                released = feed(item.data if item.kind == CHUNK else None)
+                if released.out:
+                    yield released.out
+                if released.cut is not None:
+                    await attempt.cancel()
+                    if sized:  # a body of a stated length is cut off (its client would wait for the rest)
+                        raise UpstreamBroken("the stream ends before a rejection after its output began")
+                    return
+                if item.kind == END:
+                    return
+
+        self.stream(resp.status_code, resp.reason, list(resp.headers.fields), body, command.held)
 
     def stream(self, status: int, reason: str, headers: list, body, first: bytes = b"") -> None:
         """The winner: its head and `first` (the held bytes) now, its live rest (`body`) as it
@@ -144,10 +191,22 @@ class HeldClient:
         if not self.decided.is_set() and self.metrics is not None:
             self.metrics.hold_seconds(time.monotonic() - self.started)
         self.decided.set()
-        if isinstance(self.hop, ClientHop):
+        if isinstance(self.hop, HeldStream):
             self.hop.answer(status, reason, headers, body, first)
         else:
             self.hop.answer(status, reason, headers, _prepend(first, body))
+
+
+def _watched(state: AttemptMachine, cut: Callable[[], None]) -> Callable[[bytes | None], Released]:
+    """Each chunk of a committed stream (None: its end) through its machine; `cut` told at a cut."""
+
+    def feed(data: bytes | None) -> Released:
+        released = state.live(data)
+        if released.cut is not None:
+            cut()
+        return released
+
+    return feed
 
 
 async def _nothing():
@@ -169,13 +228,14 @@ def _prepend(first: bytes, body):
 
 
 class RelayHops:
-    """A part of FailoverAddon (parts.py): a held client flow's answer is streamed live, its start kept
+    """A nested addon of FailoverAddon: a held client flow's answer is streamed live, its start kept
     for mitmweb; through the relay, the real (redacted) request is shown again once it ends."""
 
     def __init__(self):
         self.captures: dict[str, Capture] = {}  # client flow id -> what its relayed stream began with
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
+        assert flow.response is not None, "responseheaders: the head is in"
         if HOP_TAG in flow.metadata and flow.response.status_code != 101:  # the hop's own capture, unless replaced
             stream = flow.response.stream
             self.captures[flow.id] = stream if isinstance(stream, Capture) else Capture()
@@ -187,17 +247,17 @@ class RelayHops:
 
     def response(self, flow: http.HTTPFlow) -> None:
         if HOP_TAG in flow.metadata:
-            client_hop.direct_ended(flow)
-            client_hop.flow_ended_unclaimed(flow)  # another addon answered it: its run stops
+            held_stream.direct_ended(flow)
+            held_stream.flow_ended_unclaimed(flow)  # another addon answered it: its run stops
         self._restore(flow)
 
     def websocket_start(self, flow: http.HTTPFlow) -> None:
-        client_hop.ws_started(flow)
+        held_stream.ws_started(flow)
 
     def error(self, flow: http.HTTPFlow) -> None:
         if HOP_TAG in flow.metadata:
-            client_hop.direct_ended(flow)
-            client_hop.flow_ended_unclaimed(flow)
+            held_stream.direct_ended(flow)
+            held_stream.flow_ended_unclaimed(flow)
         self._restore(flow)
 
     def _restore(self, flow: http.HTTPFlow) -> None:
@@ -205,7 +265,7 @@ class RelayHops:
         if original is not None:  # show the real request in mitmweb, not the relay hop
             flow.request = http.Request.from_state(original)
         if flow.metadata.pop(HOP_TAG, None):
-            client_hop.ended(flow.server_conn)  # before `-w` saves the flow (its hook runs after ours)
+            ended(flow.server_conn)  # before `-w` saves the flow (its hook runs after ours)
         capture = self.captures.pop(flow.id, None)
         if capture is not None and flow.response is not None and flow.response.raw_content is None:
             capture.keep_on(flow.response)

@@ -1,110 +1,332 @@
-"""The held client's own HttpLayer and the stand-in's layer: the part of the hop (client_hop.py) that
-lives inside mitmproxy's layers, with a direct attempt's (direct.py) way through them.
+"""The held client stream inside mitmproxy's layers: the seam's side of mitm/held_stream.py.
 
-`attach` (client_hop.py) swaps the client's `HttpLayer` class for `_HeldHttpLayer` and registers a
-`HopLayer` for the held stream's stand-in server connection. Here:
-- a held stream asking for its connection gets its stand-in, or (a direct attempt: the run chose to
-  let attempt 1 ride the stream) mitmproxy's own connection, asked again once the run chose;
+`StreamWire.attach` puts a stand-in server connection (a `Server` never dialled, `via`
+`codex-failover.hop:<n>`) in the client's layers for one held flow: it swaps the client's `HttpLayer`
+class for `HeldHttpLayer` and registers a `HopLayer` for the stand-in. From then on:
+- the layers turn what happens to the stream into calls on its `Held` (the HeldStream): its request
+  given away, the client leaving, a WebSocket's frames after a 101;
+- a held stream asking for its connection gets its stand-in, or (attempt 1 rides the stream,
+  mitm/direct.py) mitmproxy's own connection, asked again once the run chose;
 - a direct stream's request head is written with the real credential (the flow shows placeholders);
-- what that connection answers the stream goes to the DirectAttempt first: held, released in one go
-  at a commit, or dropped when the stream is handed to its stand-in (a failover); the data of one
-  read from an upstream connection reaches a released stream as one chunk.
-docs/architecture.md#the-hop; the facts relied on: docs/mitmproxy-12.3.1-replay-notes.md §10, §15.
+  what its connection answers goes to the DirectAttempt first: held, released at a commit (whole
+  events, then the rest through the committed machine; ended before a rejection after the output
+  began), or dropped when the stream is handed to its stand-in (a failover);
+- the HeldStream drives the stream through its wire: the answer's events delivered by the stand-in's
+  layer, the direct attempt's turns (decide, release, cancel), the head and first output joined in one
+  write, the HTTP/2 buffer's backpressure.
+This module and warm_conn.py are the only ones that touch mitmproxy's proxy core
+(docs/architecture.md#the-held-stream; the facts relied on: docs/mitmproxy-12.3.1-replay-notes.md §10, §15).
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from mitmproxy import http
-from mitmproxy.connection import Server
-from mitmproxy.proxy import events, layer
+from mitmproxy.connection import ConnectionState, Server
+from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers import http as http_layers
-from mitmproxy.proxy.layers.http import HttpLayer, HttpStream
+from mitmproxy.proxy.layers.http import Http2Server, HttpLayer, HttpStream
 
+from . import quiet_log
 from .attempt import Capture, copy_request
-from .direct import Mode
-
-if TYPE_CHECKING:
-    from .client_hop import ClientHop
 
 _SEARCH_LIMIT = 256  # layers looked at to find a flow's stream (a client connection has a handful)
-_UNCLAIMED = object()  # a held stream whose hop was stopped before the stream asked for its connection
+UNCLAIMED: Any = object()  # a held stream whose answer ended before the stream asked for its connection
 UNCLAIMED_ERROR = "codex-failover: this held request was stopped before it reached its answer"
+HOP_HOST = "codex-failover.hop"  # the stand-in's `via`: never dialled, never resolved
+# An HTTP/2 client's stream that does not open its flow-control window makes mitmproxy buffer what it
+# is handed (BufferedH2Connection.stream_buffers), not its socket: past H2_HIGH buffered, nothing more
+# is handed over until it is under H2_LOW (and the attempt, queueing, pauses its upstream).
+H2_HIGH, H2_LOW, H2_POLL = 1024 * 1024, 256 * 1024, 0.02
+SERVER_LOG = logging.getLogger(quiet_log.CONNECTION_LOGGERS[0])  # where a connection handler's lines go
 _RESPONSE_EVENTS = (http_layers.ResponseHeaders, http_layers.ResponseData, http_layers.ResponseTrailers,
                     http_layers.ResponseEndOfMessage, http_layers.ResponseProtocolError)
+_numbers = itertools.count(1)
+
+
+class Held(Protocol):
+    """What the layers ask and tell a held stream (mitm/held_stream.py's HeldStream)."""
+
+    direct: Any  # attempt 1 on the stream (mitm/direct.py), once chosen
+    riding: bool  # the stream's connection is attempt 1's
+    gone: bool
+
+    @property
+    def ended(self) -> bool: ...
+    @property
+    def choosing(self) -> bool: ...
+    def gets_upstream(self) -> bool: ...
+    def request_taken(self) -> None: ...
+    def client_left(self, why: str) -> None: ...
+    def client_data(self, data: bytes) -> None: ...
+    def direct_failed(self) -> None: ...
+    def released(self) -> tuple[list, bytes]: ...
+    def handed(self) -> None: ...
+    def first_written(self) -> None: ...
 
 
 @dataclass
-class _Deliver(events.ConnectionEvent):
-    """Wakes the stand-in's layer: what the hop queued goes to the stream now."""
+class Deliver(events.ConnectionEvent):
+    """Wakes the stand-in's layer: what the wire queued goes to the stream now."""
 
 
 @dataclass
-class _Direct(events.ConnectionEvent):
-    """For the client's HttpLayer, about a held stream's direct attempt (direct.py): `what` is
-    "decide" (the run chose: answer the stream's parked connection request), "release" (a commit)
-    or "cancel" (the stream goes to its hop)."""
+class DirectTurn(events.ConnectionEvent):
+    """For the client's HttpLayer, about a held stream's direct attempt: `what` is "decide" (the run
+    chose: answer the stream's parked connection request), "release" (a commit) or "cancel" (the stream
+    goes to its stand-in)."""
 
     what: str = ""
+
+
+class StreamWire:
+    """One held stream's place in the client's layers, and what its HeldStream does through them."""
+
+    held: Held
+
+    def __init__(self, handler, conn: Server, stream_id: int, layers: list[HttpLayer], via):
+        self.handler, self.conn, self.stream_id = handler, conn, stream_id
+        self.layers = layers  # every HttpLayer the stand-in is registered in, outermost first; the last is the client's
+        self.via = via  # mitmproxy's own way upstream (its upstream mode's proxy), for a direct attempt
+        self.queue: list = []  # the events for the stream, handed over at the next delivery
+        self.waiting = None  # the stream's GetHttpConnection: parked (the run has not chosen), or asked (dialling)
+        self.delivering = False  # the stand-in's layer is handing the stream what was queued
+        self._joined: list[bytes] | None = None  # the head's bytes, while they wait for the first body bytes
+        self._deferred: list = []  # the stream's log lines (commands.Log) while the head waits for the body
+        self._first_handed = False  # the stream handed the first body bytes over (written once it returns)
+
+    @classmethod
+    def attach(cls, handler, flow: http.HTTPFlow) -> StreamWire | None:
+        """Register a stand-in for `flow` (in its request hook) in `handler`'s layers; None when the
+        layers are not what this module understands."""
+        stream = _stream_of(handler.layer, flow)
+        routes = _routes(stream)
+        if stream is None or routes is None:
+            return None
+        req = flow.request
+        conn = Server(address=(req.host, req.port), via=("http", (HOP_HOST, next(_numbers))))
+        conn.tls = req.scheme == "https"
+        conn.alpn = flow.client_conn.alpn  # an HTTP/2 client's stream only reuses an h2 connection
+        conn.timestamp_start = time.time()
+        conn.state = ConnectionState.OPEN
+        wire = cls(handler, conn, stream.stream_id, [h for h, _ in routes], flow.server_conn.via)
+        for http_layer, child in routes[:-1]:
+            http_layer.connections[conn] = child
+        inner = routes[-1][0]
+        _sweep(inner)
+        inner.connections[conn] = HopLayer(inner.context.fork(), wire)
+        if not isinstance(inner, HeldHttpLayer):
+            inner.__class__ = HeldHttpLayer  # (its streams and connections stay as they are)
+            assert isinstance(inner, HeldHttpLayer)
+            inner.held = {}
+        inner.held[stream.stream_id] = conn
+        flow.server_conn = conn
+        return wire
+
+    def end(self, claimed: bool) -> None:
+        """The answer ended. The stand-in stays registered while its stream lives (the stream may still
+        send it the client's error): `_sweep` removes it at a later attach."""
+        inner = self.layers[-1]
+        assert isinstance(inner, HeldHttpLayer)
+        held = inner.held
+        if claimed or self.stream_id not in held:
+            held.pop(self.stream_id, None)
+        else:  # stopped before its stream asked for it (held in mitmweb's intercept, say): never a real dial
+            held[self.stream_id] = UNCLAIMED
+        ended(self.conn)
+
+    # -- the answer's events, delivered by the stand-in's layer ---------------------------------
+
+    def head_events(self, response: http.Response, first: bytes) -> list:
+        sid = self.stream_id
+        return [http_layers.ResponseHeaders(sid, response, end_stream=False)] + \
+            ([http_layers.ResponseData(sid, first)] if first else [])
+
+    def data_event(self, data: bytes):
+        return http_layers.ResponseData(self.stream_id, data)
+
+    def end_event(self):
+        return http_layers.ResponseEndOfMessage(self.stream_id)
+
+    def error_event(self, message: str):
+        return http_layers.ResponseProtocolError(self.stream_id, message, http_layers.ErrorCode.GENERIC_SERVER_ERROR)
+
+    async def deliver(self, gone: Callable[[], bool]) -> None:
+        """What is queued goes to the stream; then the client's socket drains (a slow client slows the
+        attempt, never the proxy), and an HTTP/2 stream's buffer stays bounded."""
+        await self.handler.server_event(Deliver(self.conn))
+        io = self.handler.transports.get(self.handler.client)
+        if io is not None and io.writer is not None:
+            await io.writer.drain()
+        if self.h2_over():
+            await self.h2_drained(gone)
+
+    async def turn(self, what: str) -> None:
+        await self.handler.server_event(DirectTurn(self.conn, what))
+
+    # -- head and first output in one write (one TLS record: docs/architecture.md#the-held-stream) --------
+
+    def join_first(self) -> None:
+        self._joined = []
+
+    def body_started(self) -> None:
+        """The stream is handing the first body bytes over: `written` once the layers return, at the
+        latest on the loop's next turn."""
+        self._first_handed = True
+        asyncio.get_running_loop().call_soon(self.written)
+
+    def written(self, final: bool = False) -> None:
+        """What the stream handed over is written: the client has head and first output now."""
+        if final:
+            self._first_handed = True
+        if not self._first_handed:
+            return
+        self.held.first_written()
+        deferred, self._deferred = self._deferred, []
+        for command in deferred:  # (mitmproxy's ConnectionHandler.log, to its server logger)
+            if quiet_log.would_log(SERVER_LOG, command.level, command.message):
+                self.handler.log(command.message, command.level)
+
+    def keep_back(self, command: commands.Command) -> bool:
+        """Keep `command` back while the head waits for the body: bytes for the client (joined), and log
+        lines (mitmproxy's "Streaming response from ..."), logged once the first output is written."""
+        if self._joined is not None and isinstance(command, commands.Log):
+            self._deferred.append(command)
+        elif self._joined is not None and isinstance(command, commands.SendData) and command.connection is self.handler.client:
+            self._joined.append(command.data)
+        else:
+            return False
+        return True
+
+    def flush(self, final: bool) -> layer.CommandGenerator[None]:
+        """The joined bytes, in one write: once the first body bytes are in (or `final`)."""
+        if self._joined and (final or self._first_handed):
+            joined, self._joined = self._joined, None
+            yield commands.SendData(self.handler.client, b"".join(joined))
+
+    # -- what the layers know of the client and the upstream -----------------------------------
+
+    def set_reading(self, server, on: bool) -> None:
+        """Pause or resume reading the socket of `server`, one of the client's upstream connections."""
+        io = self.handler.transports.get(server)
+        transport = getattr(getattr(io, "writer", None), "transport", None)
+        if transport is not None and not transport.is_closing():
+            transport.resume_reading() if on else transport.pause_reading()
+
+    def stream_reset(self) -> bool:
+        """Has the client reset (or closed) its HTTP/2 stream? h2's own state, updated as the frame is
+        read: seen at once, while the stream's own events still wait for a hook and reach nobody."""
+        server = self.layers[-1].connections.get(self.handler.client)
+        if not isinstance(server, Http2Server):
+            return False
+        stream = server.h2_conn.streams.get(self.stream_id)
+        if stream is None:  # h2 forgets closed streams: a reset one, or one whose id it never opened
+            return self.stream_id in getattr(server.h2_conn, "_closed_streams", {self.stream_id: None})
+        return bool(stream.closed)
+
+    def h2_over(self) -> bool:
+        return self._h2_buffered() > H2_HIGH
+
+    async def h2_drained(self, stop: Callable[[], bool]) -> None:
+        while self._h2_buffered() > H2_LOW and not stop():
+            await asyncio.sleep(H2_POLL)
+
+    def _h2_buffered(self) -> int:
+        """Bytes of this stream that mitmproxy's HTTP/2 layer holds for the client's window."""
+        server = self.layers[-1].connections.get(self.handler.client)
+        if not isinstance(server, Http2Server):
+            return 0
+        return sum(len(item.data) for item in server.h2_conn.stream_buffers.get(self.stream_id, ()))
+
+    def inside_uncompressed(self) -> bool:
+        """After a 101: the inside side of the client flow's WebSocket layer (toward the stand-in) speaks
+        uncompressed, as the gate's end does (ws/client_pipe.py). False: the layers are not as pinned."""
+        stream = self.layers[-1].streams.get(self.stream_id)
+        proto = getattr(getattr(getattr(stream, "child_layer", None), "server_ws", None), "_proto", None)
+        extensions = getattr(proto, "extensions", None)
+        if not isinstance(extensions, list):
+            return False
+        extensions.clear()
+        return True
+
+
+def ended(conn: Server) -> None:
+    """The stand-in is done: closed, and without its `via`, so the flow as saved (`-w` writes it in the
+    `response` or `error` hook) or replayed goes to its URL like any other."""
+    if conn.via is not None and conn.via[1][0] == HOP_HOST:
+        conn.state = ConnectionState.CLOSED
+        conn.timestamp_end = time.time()
+        conn.via = None
+
+
+def relay_server(port: int) -> Server:
+    """The server connection that sends a flow to the loopback relay (the hop's fallback)."""
+    return Server(address=("127.0.0.1", port))
 
 
 class HopLayer(layer.Layer):
     """The stand-in server connection's layer: swallows the request, produces the answer."""
 
-    def __init__(self, context, hop: "ClientHop"):
+    def __init__(self, context, wire: StreamWire):
         super().__init__(context)
-        self.hop = hop
+        self.wire = wire
 
     def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
-        hop = self.hop
+        held = self.wire.held
         if isinstance(event, http_layers.RequestEndOfMessage):
-            hop.claimed = True
-            hop.requested.set()
+            held.request_taken()
         elif isinstance(event, http_layers.RequestProtocolError):  # the client left or reset its stream
-            hop.client_left(event.message)
-        elif hop.detached:
+            held.client_left(event.message)
+        elif held.ended:
             pass  # the answer ended: whatever the stream still sends is dropped
-        elif isinstance(event, _Deliver):
-            while hop.queue:
-                yield http_layers.ReceiveHttp(hop.queue.pop(0))
-        elif isinstance(event, http_layers.RequestData) and hop.on_data is not None:
-            hop.on_data(event.data)  # after a 101: the client's frames, from mitmproxy's WebSocket layer
+        elif isinstance(event, Deliver):
+            queue = self.wire.queue
+            while queue:
+                yield http_layers.ReceiveHttp(queue.pop(0))
+        elif isinstance(event, http_layers.RequestData):
+            held.client_data(event.data)  # after a 101: the client's frames, from mitmproxy's WebSocket layer
 
 
-class _HeldHttpLayer(HttpLayer):
-    """The client's HttpLayer (its class swapped in `attach`): a held stream gets its stand-in
-    whatever its URL is by then (another addon's request hook, map_remote say, may change it
-    after ours); every other stream gets a connection as mitmproxy would give it. A stream whose
-    first attempt rides it (direct.py) gets its connection as mitmproxy gives it, and what that
-    connection answers goes to its DirectAttempt first."""
+class HeldHttpLayer(HttpLayer):
+    """The client's HttpLayer (its class swapped in `attach`): a held stream gets its stand-in whatever
+    its URL is by then (another addon's request hook, map_remote say, may change it after ours); every
+    other stream gets a connection as mitmproxy would give it. A stream whose first attempt rides it
+    gets its connection as mitmproxy gives it, and what that connection answers goes to its
+    DirectAttempt first."""
 
-    held: dict[int, Server | object]  # stream id -> its stand-in (or _UNCLAIMED)
+    held: dict[int, Server | object]  # stream id -> its stand-in (or UNCLAIMED)
     _batch: dict | None = None  # while an upstream connection's event is handled: released data, by stream
 
-    def _hop(self, stream_id: int) -> "ClientHop | None":
+    def _wire(self, stream_id: int) -> StreamWire | None:
         conn = self.held.get(stream_id)
         hop_layer = self.connections.get(conn) if isinstance(conn, Server) else None
-        return hop_layer.hop if isinstance(hop_layer, HopLayer) else None
+        return hop_layer.wire if isinstance(hop_layer, HopLayer) else None
 
     def get_connection(self, event, *, reuse: bool = True) -> layer.CommandGenerator[None]:
         stream = self.command_sources.get(event)
         conn = self.held.get(stream.stream_id) if isinstance(stream, HttpStream) else None
-        if conn is None:
+        if conn is None or not isinstance(stream, HttpStream):
             yield from super().get_connection(event, reuse=reuse)
             return
-        hop = self._hop(stream.stream_id)
-        if hop is not None and hop.choice is None and not hop.gone:  # the run has not chosen: asked again then
-            hop.parked = event
+        wire = self._wire(stream.stream_id)
+        if wire is not None and wire.held.choosing:  # the run has not chosen: asked again then
+            wire.waiting = event
             return
-        if hop is not None and hop.choice and hop.direct is not None and hop.direct.mode is Mode.HOLDING and not hop.gone:
-            event.via = hop.via  # (the flow shows the stand-in, whose `via` the stream asked with)
-            hop.asked = event  # until it is answered (a dial that hangs: `_direct("cancel")` answers it)
+        if wire is not None and wire.held.gets_upstream():
+            event.via = wire.via  # (the flow shows the stand-in, whose `via` the stream asked with)
+            wire.waiting = event  # until it is answered (a dial that hangs: the cancel answers it)
             yield from super().get_connection(event, reuse=reuse)  # attempt 1 rides the stream
             return
         del self.command_sources[event]
-        if conn is _UNCLAIMED:  # mitmproxy answers the client 502 with this
+        reply: tuple[Server | None, str | None]
+        if conn is UNCLAIMED or not isinstance(conn, Server):  # mitmproxy answers the client 502 with this
             del self.held[stream.stream_id]
             reply = (None, UNCLAIMED_ERROR)
         else:
@@ -112,160 +334,162 @@ class _HeldHttpLayer(HttpLayer):
         yield from self.event_to_child(stream, http_layers.GetHttpConnectionCompleted(event, reply))
 
     def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
-        """An injected WebSocket message for a held flow goes to its stream (mitmproxy would look for
-        an HTTP/1 client layer behind the stand-in); a direct attempt's turns are taken here."""
-        if isinstance(event, _Direct):
+        """An injected WebSocket message for a held flow goes to its stream (mitmproxy would look for an
+        HTTP/1 client layer behind the stand-in); a direct attempt's turns are taken here."""
+        if isinstance(event, DirectTurn):
             hop_layer = self.connections.get(event.connection)
             if isinstance(hop_layer, HopLayer):
-                yield from self._direct(hop_layer.hop, event.what)
+                yield from self._turn(hop_layer.wire, event.what)
             return
         hop_layer = self.connections.get(event.flow.server_conn) if isinstance(event, events.MessageInjected) else None
-        if isinstance(hop_layer, HopLayer) and hop_layer.hop.stream_id in self.streams:
-            yield from self.event_to_child(self.streams[hop_layer.hop.stream_id], event)
+        if isinstance(hop_layer, HopLayer) and hop_layer.wire.stream_id in self.streams:
+            yield from self.event_to_child(self.streams[hop_layer.wire.stream_id], event)
         else:
             yield from super()._handle_event(event)
 
-    def _direct(self, hop: "ClientHop", what: str) -> layer.CommandGenerator[None]:
+    def _turn(self, wire: StreamWire, what: str) -> layer.CommandGenerator[None]:
         """The run's turn for a direct stream: it chose, it committed, or it stopped the attempt."""
         if what == "release":
-            yield from self._release(hop)
+            yield from self._release(wire)
         elif what == "cancel":
-            yield from self._cancel(hop)
-        elif hop.parked is not None:  # "decide": the stream's connection request, answered as chosen
-            parked, hop.parked = hop.parked, None
+            yield from self._cancel(wire)
+        elif wire.waiting is not None and wire.held.choosing is False:  # "decide": answered as chosen
+            parked, wire.waiting = wire.waiting, None
             if parked in self.command_sources:
                 yield from self.get_connection(parked)
 
-    def _release(self, hop: "ClientHop") -> layer.CommandGenerator[None]:
-        stream, direct = self.streams.get(hop.stream_id), hop.direct
+    def _release(self, wire: StreamWire) -> layer.CommandGenerator[None]:
+        held = wire.held
+        stream, direct = self.streams.get(wire.stream_id), held.direct
         if stream is None or direct is None:
             return
-        kept, body = direct.release(direct.live_feed, hop.held_bytes)
-        sid = hop.stream_id
+        kept, body = held.released()
+        sid = wire.stream_id
         heads = [event for event in kept if isinstance(event, http_layers.ResponseHeaders)]
         ends = [event for event in kept if not isinstance(event, (http_layers.ResponseHeaders, http_layers.ResponseData))]
         released = heads + ([http_layers.ResponseData(sid, body)] if body else [])
-        released += [] if direct.mode is Mode.CUTTING else ends
+        released += [] if direct.cutting else ends
         if body:
-            hop._joined = []  # head and first output in one write (ClientHop.keep_back)
+            wire.join_first()  # head and first output in one write
         for event in released:
-            if isinstance(event, http_layers.ResponseHeaders):  # first output: the hop's bookkeeping
-                event.response.stream = Capture(on_first=hop._body_started)
-            yield from self._pass(stream, hop, event)
-        yield from self._cut(stream, hop)
+            if isinstance(event, http_layers.ResponseHeaders):  # first output: the stream's bookkeeping
+                event.response.stream = Capture(on_first=wire.body_started)
+            yield from self._pass(stream, wire, event)
+        yield from self._cut(stream, wire)
 
-    def _reset_upstream(self, hop: "ClientHop") -> layer.CommandGenerator[None]:
-        """The direct stream's upstream stream is reset (HTTP/1.1: its connection closed): nothing
-        more of that answer is wanted."""
-        direct = hop.direct
+    def _reset_upstream(self, wire: StreamWire) -> layer.CommandGenerator[None]:
+        """The direct stream's upstream stream is reset (HTTP/1.1: its connection closed): nothing more of
+        that answer is wanted."""
+        direct = wire.held.direct
         conn_layer = self.connections.get(direct.server) if direct is not None and direct.server is not None else None
         if conn_layer is not None and not direct.finished:
-            error = http_layers.RequestProtocolError(hop.stream_id, "attempt cancelled by codex-failover",
+            error = http_layers.RequestProtocolError(wire.stream_id, "attempt cancelled by codex-failover",
                                                      http_layers.ErrorCode.CANCEL)
             yield from HttpLayer.event_to_child(self, conn_layer, error)
 
-    def _cancel(self, hop: "ClientHop") -> layer.CommandGenerator[None]:
+    def _cancel(self, wire: StreamWire) -> layer.CommandGenerator[None]:
         """From now on the stream's answer is its stand-in's: the connection request it is still to make,
         or is waiting on (a dial under way or hanging), gets the stand-in; a request that left is reset."""
-        direct, stream = hop.direct, self.streams.get(hop.stream_id)
+        held = wire.held
+        direct, stream = held.direct, self.streams.get(wire.stream_id)
         if direct is None or direct.server is None:
-            hop.choice = False
-            waiting, hop.parked, hop.asked = hop.parked or hop.asked, None, None
+            held.direct_failed()
+            waiting, wire.waiting = wire.waiting, None
             for queued in self.waiting_for_establishment.values():
-                if waiting in queued:
+                if waiting is not None and waiting in queued:
                     queued.remove(waiting)
             source = self.command_sources.pop(waiting, None) if waiting is not None else None
             if source is not None:
-                yield from self.event_to_child(source, http_layers.GetHttpConnectionCompleted(waiting, (hop.conn, None)))
+                yield from self.event_to_child(source, http_layers.GetHttpConnectionCompleted(waiting, (wire.conn, None)))
             return
         if stream is not None:
-            stream.context.server = stream.flow.server_conn = hop.conn
-            hop.claimed = True
-            hop.requested.set()
-        yield from self._reset_upstream(hop)
+            stream.context.server = stream.flow.server_conn = wire.conn
+            held.request_taken()
+        yield from self._reset_upstream(wire)
 
     def event_to_child(self, child, event: events.Event) -> layer.CommandGenerator[None]:
-        """A held stream's commands, with its head's bytes and log lines held while its head waits
-        for the first body bytes; the moment the layers return, what it wrote is sent
-        (`ClientHop.written`). A delivery (the stand-in's layer handing the stream what was queued)
-        ends with whatever is still joined. A direct attempt's head goes to its connection with the
-        real credential; what comes back goes to the attempt first."""
+        """A held stream's commands, with its head's bytes and log lines held while its head waits for
+        the first body bytes; the moment the layers return, what it wrote is sent (`StreamWire.written`).
+        A delivery (the stand-in's layer handing the stream what was queued) ends with whatever is still
+        joined. A direct attempt's head goes to its connection with the real credential; what comes back
+        goes to the attempt first."""
         if isinstance(child, HopLayer):
-            hop = child.hop
-            hop.delivering = True
+            wire = child.wire
+            wire.delivering = True
             try:
                 yield from super().event_to_child(child, event)
             finally:
-                hop.delivering = False
-            yield from hop.flush(final=True)
-            hop.written()
+                wire.delivering = False
+            yield from wire.flush(final=True)
+            wire.written()
             return
         if not isinstance(child, HttpStream):
-            hop = self._hop(event.stream_id) if isinstance(event, (http_layers.RequestHeaders,
-                                                                   http_layers.RequestProtocolError)) else None
-            if hop is not None and hop.direct is not None and hop.choice:
-                yield from self._to_upstream(hop, child, event)
+            upstream = self._wire(event.stream_id) if isinstance(event, (http_layers.RequestHeaders,
+                                                                         http_layers.RequestProtocolError)) else None
+            if upstream is not None and upstream.held.direct is not None and upstream.held.riding:
+                yield from self._to_upstream(upstream, child, event)
             else:
                 yield from self._from_connection(child, event)
             return
         conn = self.held.get(child.stream_id)
-        hop_layer = self.connections.get(conn) if conn is not None else None
+        hop_layer = self.connections.get(conn) if isinstance(conn, Server) else None
         if not isinstance(hop_layer, HopLayer):
             yield from super().event_to_child(child, event)
             return
-        hop = hop_layer.hop
-        direct = hop.direct
-        if isinstance(event, http_layers.RequestProtocolError) and (hop.choice is None or hop.asked is not None):
+        wire = hop_layer.wire
+        held = wire.held
+        direct = held.direct
+        if isinstance(event, http_layers.RequestProtocolError) and (held.choosing or wire.waiting is not None):
             # The stream waits for its connection (paused: it would queue this until then): the run stops now.
-            (direct or hop).client_left(event.message)
-        if direct is not None and hop.choice and not hop.delivering:
+            (direct or held).client_left(event.message)
+        if direct is not None and held.riding and not wire.delivering:
             if isinstance(event, http_layers.GetHttpConnectionCompleted):
-                event = self._connected(hop, event)
+                event = self._connected(wire, event)
             elif isinstance(event, _RESPONSE_EVENTS):
                 batch = self._batch
                 if isinstance(event, http_layers.ResponseData) and batch is not None:
-                    batch.setdefault(child.stream_id, (child, hop, bytearray()))[2].extend(event.data)
+                    batch.setdefault(child.stream_id, (child, wire, bytearray()))[2].extend(event.data)
                     return  # joined with the rest of this read (`_from_connection`)
                 if batch:
                     yield from self._joined_data(batch.pop(child.stream_id, None))
-                yield from self._released(child, hop, _take(direct, event))
+                yield from self._released(child, wire, _take(direct, event))
                 return
-        yield from self._pass(child, hop, event)
+        yield from self._pass(child, wire, event)
 
-    def _released(self, stream, hop: "ClientHop", passing: list) -> layer.CommandGenerator[None]:
+    def _released(self, stream, wire: StreamWire, passing: list) -> layer.CommandGenerator[None]:
         """What a direct stream gets of its upstream's event (nothing while held); at a cut (a rejection
         after the output began) its end, and its upstream's reset."""
         for event in passing:
-            yield from self._pass(stream, hop, event)
-        yield from self._cut(stream, hop)
+            yield from self._pass(stream, wire, event)
+        yield from self._cut(stream, wire)
 
-    def _cut(self, stream, hop: "ClientHop") -> layer.CommandGenerator[None]:
-        """A released stream whose machine saw a rejection after the output began (CUTTING): it ends
-        here for its client (`_cut_end`), and its upstream stream is reset."""
-        direct = hop.direct
-        if direct is None or direct.mode is not Mode.CUTTING:
+    def _cut(self, stream, wire: StreamWire) -> layer.CommandGenerator[None]:
+        """A released stream whose machine saw a rejection after the output began: it ends here for its
+        client (`_cut_end`), and its upstream stream is reset."""
+        direct = wire.held.direct
+        if direct is None or not direct.cutting:
             return
-        direct.mode = Mode.CUT
-        for event in _cut_end(direct, hop.stream_id):
-            yield from self._pass(stream, hop, event)
-        yield from self._reset_upstream(hop)
+        direct.cut_ended()
+        for event in _cut_end(direct, wire.stream_id):
+            yield from self._pass(stream, wire, event)
+        yield from self._reset_upstream(wire)
 
     def _joined_data(self, pending) -> layer.CommandGenerator[None]:
         """A read's data for a direct stream, as one event: to its attempt, and (released) on to the stream."""
         if pending is None:
             return
-        stream, hop, data = pending
-        direct = hop.direct
+        stream, wire, data = pending
+        direct = wire.held.direct
         if direct is None:
             return
-        passing = _take(direct, http_layers.ResponseData(hop.stream_id, bytes(data)))
-        if self.streams.get(hop.stream_id) is stream:
-            yield from self._released(stream, hop, passing)
+        passing = _take(direct, http_layers.ResponseData(wire.stream_id, bytes(data)))
+        if self.streams.get(wire.stream_id) is stream:
+            yield from self._released(stream, wire, passing)
 
     def _from_connection(self, child, event: events.Event) -> layer.CommandGenerator[None]:
-        """An upstream connection's event: the data it brings a direct stream is one chunk, for its
-        attempt (one item for the run) and, released, for the stream (mitmproxy hands a stream each
-        HTTP chunk of a read on its own: a write to the client and a pass through its layers each)."""
+        """An upstream connection's event: the data it brings a direct stream is one chunk, for its attempt
+        (one item for the run) and, released, for the stream (mitmproxy hands a stream each HTTP chunk of
+        a read on its own: a write to the client and a pass through its layers each)."""
         outer = self._batch
         if outer is not None:  # (within another connection's event: that one sends it)
             yield from super().event_to_child(child, event)
@@ -279,36 +503,36 @@ class _HeldHttpLayer(HttpLayer):
         for pending in batch.values():
             yield from self._joined_data(pending)
 
-    def _pass(self, child, hop: "ClientHop", event: events.Event) -> layer.CommandGenerator[None]:
+    def _pass(self, child, wire: StreamWire, event: events.Event) -> layer.CommandGenerator[None]:
         for command in super().event_to_child(child, event):
-            if hop.keep_back(command):
-                yield from hop.flush(final=False)
+            if wire.keep_back(command):
+                yield from wire.flush(final=False)
                 continue
-            yield from hop.flush(final=True)  # anything else keeps its place after the head
+            yield from wire.flush(final=True)  # anything else keeps its place after the head
             yield command  # executed (written) before the loop goes on
-        yield from hop.flush(final=not hop.delivering)
-        hop.written()
-        if hop.direct is not None and isinstance(event, http_layers.ResponseData) and not hop.delivering:
-            hop.direct_handed()
+        yield from wire.flush(final=not wire.delivering)
+        wire.written()
+        if wire.held.direct is not None and isinstance(event, http_layers.ResponseData) and not wire.delivering:
+            wire.held.handed()
 
-    def _connected(self, hop: "ClientHop", event):
+    def _connected(self, wire: StreamWire, event):
         """The direct stream's connection: the attempt's, or (it failed, or the attempt was stopped
         meanwhile) the stand-in, which then takes the request and answers what the run decides."""
-        direct = hop.direct
-        hop.asked = None
+        direct = wire.held.direct
+        wire.waiting = None
         conn, err = event.reply
-        if err is None and direct.mode is Mode.HOLDING:
+        if err is None and direct.holding:
             direct.server = conn
             return event
         if err is not None:
             direct.connect_failed(err)
-        hop.choice = False
-        return http_layers.GetHttpConnectionCompleted(event.command, (hop.conn, None))
+        wire.held.direct_failed()
+        return http_layers.GetHttpConnectionCompleted(event.command, (wire.conn, None))
 
-    def _to_upstream(self, hop: "ClientHop", child, event) -> layer.CommandGenerator[None]:
-        """A direct stream's request head, with the real secrets for the moment its layers write it;
-        a client that reset the stream ends the run (the hop's `client_left`)."""
-        direct = hop.direct
+    def _to_upstream(self, wire: StreamWire, child, event) -> layer.CommandGenerator[None]:
+        """A direct stream's request head, with the real secrets for the moment its layers write it; a
+        client that reset the stream ends the run."""
+        direct = wire.held.direct
         if isinstance(event, http_layers.RequestProtocolError):
             direct.client_left(event.message)
             yield from super().event_to_child(child, event)
@@ -316,22 +540,21 @@ class _HeldHttpLayer(HttpLayer):
         request = event.request
         # The wire's own copy of the request, with the real values: mitmproxy's HTTP/2 layer may write a
         # head it queued (the upstream's stream limit) later, from the event; the flow keeps placeholders.
-        wire = copy_request(request)
-        wire.headers = direct.wire_headers(request.headers)
-        yield from super().event_to_child(child, http_layers.RequestHeaders(event.stream_id, wire, event.end_stream))
-        stream = self.streams.get(hop.stream_id)
+        copy = copy_request(request)
+        copy.headers = direct.wire_head(request.headers)
+        yield from super().event_to_child(child, http_layers.RequestHeaders(event.stream_id, copy, event.end_stream))
+        stream = self.streams.get(wire.stream_id)
         direct.head_sent(request, stream.context.server if stream is not None else direct.server)
-        hop.claimed = True
-        hop.requested.set()
+        wire.held.request_taken()
 
 
 def _take(direct, event) -> list:
-    """A response event from a direct stream's upstream, told to its DirectAttempt: what the stream
-    gets now (released: whole events; an end after the last bytes), nothing while it is held or dropped."""
-    mode = direct.mode
-    if mode is Mode.DROPPED or mode is Mode.CUTTING or mode is Mode.CUT:
+    """A response event from a direct stream's upstream, told to its DirectAttempt: what the stream gets
+    now (released: whole events; an end after the last bytes), nothing while it is held or dropped."""
+    if not direct.takes_events:
         return []
-    if mode is Mode.HOLDING and not direct.keep(event, len(event.data) if isinstance(event, http_layers.ResponseData) else 0):
+    holding = direct.holding
+    if holding and not direct.keep(event, len(event.data) if isinstance(event, http_layers.ResponseData) else 0):
         return []  # past failover_max_body: dropped
     if isinstance(event, http_layers.ResponseHeaders):
         direct.on_head(event.response, event.end_stream)
@@ -341,16 +564,16 @@ def _take(direct, event) -> list:
     elif isinstance(event, http_layers.ResponseEndOfMessage):
         out = direct.on_end()
         last = [http_layers.ResponseData(event.stream_id, out)] if out else []
-        return last + [event] if direct.mode is Mode.RELEASED else last  # (cutting: `_cut` ends it)
+        return last + [event] if direct.passing else last  # (cutting: `_cut` ends it)
     elif isinstance(event, http_layers.ResponseProtocolError):
-        direct.on_error(event.message)
-    return [event] if direct.mode is Mode.RELEASED else []
+        direct.on_broken(event.message)
+    return [event] if direct.passing else []
 
 
 def _cut_end(direct, stream_id: int) -> list:
     """How a stream cut before a rejection ends for its client: as a stream ends (HTTP/1.1's last chunk,
-    HTTP/2's END_STREAM), without `response.completed`, which Codex re-sends; a body of a stated
-    length is cut off instead (its client would wait for the rest)."""
+    HTTP/2's END_STREAM), without `response.completed`, which Codex re-sends; a body of a stated length
+    is cut off instead (its client would wait for the rest)."""
     response = direct.flow.response
     if response is not None and "content-length" in response.headers:
         return [http_layers.ResponseProtocolError(stream_id, "codex-failover: the stream ends before a rejection "
@@ -358,25 +581,15 @@ def _cut_end(direct, stream_id: int) -> list:
     return [http_layers.ResponseEndOfMessage(stream_id)]
 
 
-def _merged(events_: list) -> list:
-    """`events_` with each run of data events joined into one (one write to the client, not one a chunk)."""
-    out: list = []
-    for event in events_:
-        if isinstance(event, http_layers.ResponseData) and out and isinstance(out[-1], http_layers.ResponseData):
-            out[-1] = http_layers.ResponseData(event.stream_id, out[-1].data + event.data)
-        else:
-            out.append(event)
-    return out
-
-
 def _sweep(inner: HttpLayer) -> None:
     """Forget the stand-ins of ended answers whose streams are gone (bounded by live streams)."""
     for conn, child in list(inner.connections.items()):
-        if isinstance(child, HopLayer) and child.hop.detached and child.hop.stream_id not in inner.streams:
-            for http_layer in child.hop.layers:
+        if isinstance(child, HopLayer) and child.wire.held.ended and child.wire.stream_id not in inner.streams:
+            for http_layer in child.wire.layers:
                 http_layer.connections.pop(conn, None)
-    for sid in [sid for sid, conn in getattr(inner, "held", {}).items() if conn is _UNCLAIMED and sid not in inner.streams]:
-        del inner.held[sid]
+    held: dict = getattr(inner, "held", {})
+    for sid in [sid for sid, conn in held.items() if conn is UNCLAIMED and sid not in inner.streams]:
+        del held[sid]
 
 
 def _children(node: layer.Layer):
@@ -403,8 +616,8 @@ def _stream_of(root: layer.Layer, flow: http.HTTPFlow) -> HttpStream | None:
 
 
 def _routes(stream: HttpStream | None) -> list[tuple[HttpLayer, layer.Layer]] | None:
-    """Each HttpLayer above `stream` with the child that leads to it, outermost first; the last
-    is the stream's own. None when the stack is not what this module understands."""
+    """Each HttpLayer above `stream` with the child that leads to it, outermost first; the last is the
+    stream's own. None when the stack is not what this module understands."""
     if stream is None:
         return None
     path = stream.context.layers

@@ -19,17 +19,21 @@ import ssl
 import time
 
 import h11
-from mitmproxy import flow as mitmflow, hooks, http
+from mitmproxy import ctx, flow as mitmflow, hooks, http
 
 from ..net.relay import HOP_BY_HOP
 from ..ws.upstream import Target, tunnel
-from .hook_chain import run_hook
 
 READ = 65536
 MAX_BODY = 64 * 1024 * 1024  # a whole (not streamed) answer kept in memory, at most
 MAX_HEAD = 1024 * 1024  # a response head, at most
 # Not copied from the flow's headers: hop-by-hop ones (the relay's list), and what the head writes itself.
 NOT_COPIED = HOP_BY_HOP | {b"te", b"host", b"proxy-authorization"}
+
+
+def run_hook(hook: hooks.Hook):
+    """A flow's hook through every addon, by mitmproxy's own dispatch (as its layers run a flow's hooks)."""
+    return ctx.master.addons.handle_lifecycle(hook)
 
 
 class OwnConnection:

@@ -1,4 +1,4 @@
-"""A part of FailoverAddon (parts.py), the last: every flow the addon will not hold goes on as a plain
+"""A nested addon of FailoverAddon, the last: every flow the addon will not hold goes on as a plain
 proxy sends it: a large body, one of unsaid size and an event stream are streamed (mitmproxy's
 `stream` on the request and the response, what its `stream_large_bodies` sets for a large body), a
 small one read whole (core/pass_through.py decides), so a passed-through body costs the proxy at most
@@ -25,8 +25,8 @@ from ..core.codex_request import is_websocket_upgrade
 from ..core.pass_through import ANSWERED_BODY, size_of, small_enough, streams
 from . import client_conns
 from .attempt import ATTEMPT_TAG, Capture
-from .client_hop import HOP_TAG
 from .held_client import RELAY_TAG
+from .held_stream import HOP_TAG
 from .usage_answer import UsageAnswer
 
 log = logging.getLogger("codex_failover")

@@ -1,4 +1,4 @@
-"""A part of FailoverAddon (parts.py): model hosts' flows the addon passes through untouched
+"""A nested addon of FailoverAddon: model hosts' flows the addon passes through untouched
 (`/backend-api/wham/*`, `/backend-api/codex/models`, analytics, a request without a stream) keep
 no credential once their request has left.
 

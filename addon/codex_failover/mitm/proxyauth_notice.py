@@ -1,6 +1,6 @@
 """One line for the first 407 each client address gets (mitmproxy's `--proxyauth` refused it): a
 program without the proxy's credentials otherwise fails with no trace in the log (Codex says
-"workspace routing discovery failed" 14 s later). A part of the addon (parts.py); the credentials a
+"workspace routing discovery failed" 14 s later). A nested addon of FailoverAddon; the credentials a
 client sent are never shown."""
 
 from __future__ import annotations

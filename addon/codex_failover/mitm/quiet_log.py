@@ -33,11 +33,12 @@ at every record; any other handler (the terminal's, mitmweb's event log, a user'
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 from mitmproxy import ctx
+from mitmproxy.addonmanager import traverse
 from mitmproxy.log import LegacyLogEvents
-
-from . import hook_chain
 
 # Everything a connection's layers log (connects, HTTP/2 resets, streaming) goes through the first;
 # replays started with mitmproxy's own client playback log through the second.
@@ -123,7 +124,7 @@ def would_log(logger: logging.Logger, level: int, message: object) -> bool:
     """Would a line get past `logger`'s level and its quiet filters? False: making the record (its
     caller looked up, the record built, then dropped by `QuietLog.filter`) can be skipped. Any other
     filter on the logger (a user's, another addon's) may change the record: then it is made, and the
-    filters decide as always. The held stream's own lines (`HopState.written`) ask, one a request."""
+    filters decide as always. The held stream's own lines (`StreamWire.written`) ask, one a request."""
     if not logger.isEnabledFor(level):
         return False
     for f in logger.filters:
@@ -158,10 +159,34 @@ def _legacy_handlers() -> list[LegacyLogEvents]:
 
 
 def _add_log_wanted() -> bool:
+    return listened("add_log")
+
+
+LISTENED_FOR = 1.0  # seconds an answer of `listened` holds while the addons stay the same
+_listened: dict[str, tuple[bool, float, tuple[int, ...]]] = {}  # hook -> (some addon takes it, when, the chain asked)
+
+
+def listened(hook: str, clock: Callable[[], float] = time.monotonic) -> bool:
+    """Does some addon implement `hook`? Asked before an event that no addon may take is sent (mitmproxy's
+    dispatch of one costs a coroutine or a context manager for each of mitmdump's ~36 addons, and the
+    `add_log` event is asked for every log line). The walk of the addon tree it takes is done at most
+    once a second per hook while the top-level addons stay the same (one added or removed is seen at
+    once; a script's own addons reloaded, within a second). An addon whose tree cannot be read might
+    implement it: True."""
     try:
-        return hook_chain.listens(ctx.master.addons, "add_log")
-    except AttributeError:  # no master (unit tests)
+        chain = ctx.master.addons.chain
+    except AttributeError:  # no master (unit tests): not remembered
         return True
+    now, ids = clock(), tuple(map(id, chain))
+    known = _listened.get(hook)
+    if known is not None and now - known[1] < LISTENED_FOR and known[2] == ids:
+        return known[0]
+    try:
+        found = any(getattr(addon, hook, None) for addon in traverse(chain))
+    except Exception:  # noqa: BLE001 - mitmproxy's dispatch logs that addon's error when it sends the event
+        found = True
+    _listened[hook] = (found, now, ids)
+    return found
 
 
 def replay_level(level: int, verbose: bool) -> int:

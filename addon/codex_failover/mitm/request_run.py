@@ -53,12 +53,12 @@ from ..core.run_log import RunLog
 from ..core.story import Skipped
 from ..core.vocabulary import AS_IT_CAME, CLIENT_GONE, Verdict
 from ..shared import Shared
-from . import bounded_body, client_answers, live, secret_guard
+from . import bounded_body, client_answers, secret_guard
 from .attempt import CHUNK, END, ERROR, Attempt, Item, copy_request, hide_secrets
 from .attempt_maker import AttemptMaker
-from .client_hop import ClientHop
 from .direct import DirectAttempt
 from .held_client import HeldClient, shown_changed
+from .held_stream import HeldStream
 
 log = logging.getLogger("codex_failover")
 
@@ -96,7 +96,7 @@ class RequestRun:
         self.client_auth = client_auth  # the client's own credential (read from its request when not given)
 
     def hold(self) -> http.Request:
-        """Give the client flow its hop now, before any attempt (docs/architecture.md#the-hop): its request, as it came."""
+        """Give the client flow its hop now, before any attempt (docs/architecture.md#the-held-stream): its request, as it came."""
         self.original = copy_request(self.flow.request)  # the flow shows no secret from here on
         self.client.hold()
         return self.original
@@ -198,12 +198,12 @@ class RequestRun:
         """Attempt `n`: the request on `cand`'s credential through `ep` (None: direct), fed to its
         machine until it is over (committed, answered, rejected or worth retrying)."""
         attempt = self.maker.make(cand, n, ep)
-        if not getattr(attempt, "direct", False) and isinstance(self.client.hop, ClientHop):
-            self.client.hop.decide(False)  # the stream takes its stand-in (the hop answers)
+        if not attempt.direct and isinstance(self.client.hop, HeldStream):
+            self.client.hop.decide(False)  # the stream takes its stand-in (it answers)
         attempt.on_sent = self.dispatched.set
         attempt.endpoint = ep
         self.shared.attempts[attempt.flow.id] = attempt
-        if isinstance(attempt, DirectAttempt):  # a served one has no final hook to take it out (record_hooks.py)
+        if isinstance(attempt, DirectAttempt):  # a served one has no final hook to take it out (direct.py)
             attempt.registry = self.shared.attempts
         self.current, self.whole, self.recorded = attempt, None, False
         state = machine.attempt
@@ -277,8 +277,7 @@ class RequestRun:
                     self.winner = attempt
                     if self.log.entry is not None:
                         self.log.entry.tokens_from = lambda made=state.view.made: made.tokens
-                    live.commit(self.client, attempt, state, commit, self.shared.metrics,
-                                functools.partial(self._cut, attempt, state))
+                    self.client.commit(attempt, state, commit, functools.partial(self._cut, attempt, state))
                     self.maker.let_go()  # no attempt follows a commit: the parsed body is not needed again
                     if commit.first:
                         await self.client.first_output()  # the client's first output before the bookkeeping
@@ -338,7 +337,7 @@ def client_left(flow: http.HTTPFlow, hop, committed: bool) -> bool:
     if not flow.client_conn.connected:
         return True
     return not committed and ((flow.error is not None and flow.error.msg.startswith(CLIENT_ERRORS))
-                              or (isinstance(hop, ClientHop) and hop.stream_reset()))
+                              or (isinstance(hop, HeldStream) and hop.stream_reset()))
 
 
 def _head(attempt: Attempt) -> Head:
@@ -369,7 +368,7 @@ def start_run(run: RequestRun, on_done) -> asyncio.Task:
         try:
             run.dispatched.set()
             if run.current is not None and run.current.direct:  # a verdict, if it had none (a bug): its record is shown
-                run.current.judged.set()  # (record_hooks.py waits on no timer; other attempts' hooks have one)
+                run.current.judged.set()  # (direct.py waits on no timer; other attempts' hooks have one)
             if not run.client.answered:  # the client left, or a bug: the relay hop must end too
                 run.client.internal_error("the request ended without an answer")
         finally:

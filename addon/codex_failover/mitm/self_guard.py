@@ -1,4 +1,4 @@
-"""A part of FailoverAddon (parts.py): the proxy never connects to its own listeners, and a socket of
+"""A nested addon of FailoverAddon: the proxy never connects to its own listeners, and a socket of
 its own is never a client. The decisions are core/own_sockets.py's; this resolves a target's name,
 asks the kernel which of its addresses are this machine's (a bind to it succeeds), and keeps the
 local ends of the proxy's own server connections.

@@ -1,4 +1,4 @@
-"""TLS for the machine-wide proxy, as a part of FailoverAddon (parts.py): which client connections are
+"""TLS for the machine-wide proxy, as a nested addon of FailoverAddon: which client connections are
 decrypted (scoped interception, docs/machine-proxy.md) and what upstream certificates are trusted
 (certifi plus the system store). The mitmproxy facts: docs/mitmproxy-12.3.1-replay-notes.md §8."""
 

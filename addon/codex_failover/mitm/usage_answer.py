@@ -2,7 +2,7 @@
 answered with the usage of the pooled credential its next turn would be placed on, asked with that
 credential's own token (core/usage_view.py decides). Only on a model host or a pool base URL's host,
 only for the user's own programs (the rule model requests follow: not a browser's, not another
-user's), and only the fields Codex reads. A part of FailoverAddon (parts.py); the own
+user's), and only the fields Codex reads. A nested addon of FailoverAddon; the own
 account's answer passes as it is whenever that account can send."""
 
 from __future__ import annotations

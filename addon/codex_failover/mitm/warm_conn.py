@@ -28,7 +28,6 @@ from mitmproxy.proxy.layers.websocket import WebsocketEndHook
 from ..core.warm_book import Slot, WarmKey
 from . import fallbacks
 from .carried import Carried, CarriedSocket
-from .hook_chain import run_hook
 from .http11 import as_http11
 from .quiet_log import replay_level
 
@@ -345,7 +344,7 @@ class WarmConnection(server.ConnectionHandler):
         socket = next((s for s in self.sockets.values() if s.flow is data), None) if self.sockets else None
         if socket is not None:
             socket.hooked(hook.name, before=True)
-        await run_hook(hook)
+        await ctx.master.addons.handle_lifecycle(hook)  # as mitmproxy's ProxyConnectionHandler runs it
         if isinstance(data, mitmflow.Flow):
             await data.wait_for_resume()
         if socket is not None:

@@ -1,5 +1,5 @@
 """The loopback relay: how a gated WebSocket reaches its client, and a held request's answer when
-the in-process hop cannot be used (mitm/client_hop.py, docs/architecture.md#the-hop).
+the in-process hop cannot be used (mitm/held_stream.py, docs/architecture.md#the-held-stream).
 
 mitmproxy sends a response that an addon sets in one piece, so the client flow is pointed at
 this server instead (127.0.0.1, ephemeral port), as soon as the hold starts: mitmproxy connects

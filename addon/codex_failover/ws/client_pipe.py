@@ -1,13 +1,13 @@
 """The gated socket's client side in process: the gate's `WsConn` reads and writes the client's own
-layers through the held flow's stand-in (mitm/client_hop.py's `upgrade`), not a loopback socket.
+layers through the held flow's stand-in (mitm/held_stream.py's `upgrade`), not a loopback socket.
 
 mitmproxy's WebSocket layer runs between Codex and the stand-in as it would between Codex and a
 server: it parses Codex's frames, runs `websocket_message` on the client flow, and sends the frames
 on toward the stand-in, whose bytes land here (`PipeReader.feed`); what the gate writes goes back
-the same way (`PipeWriter.write` -> `ClientHop.write`). Toward the client, permessage-deflate is
+the same way (`PipeWriter.write` -> `HeldStream.write`). Toward the client, permessage-deflate is
 negotiated when offered, as the relay did: mitmproxy's layer joins a frame's pieces quadratically, and
 a large compressed message arrives in far fewer pieces. The inside hop (mitmproxy's layer and the
-stand-in) is uncompressed: its deflate is cleared at `websocket_start` (`client_hop.ws_started`).
+stand-in) is uncompressed: its deflate is cleared at `websocket_start` (`held_stream.ws_started`).
 The relay (net/relay.py) is the fallback (`hop` in mitm/fallbacks.py).
 """
 

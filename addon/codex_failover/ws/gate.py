@@ -4,7 +4,7 @@ turn on it is held and classified like an SSE stream.
 The addon owns the upstream side. At the upgrade it opens its own upstream WebSocket with the
 first credential that can serve it (credential swapped, through that credential's route); when
 none can, the upgrade is answered 426 and Codex continues on SSE. The client's flow is then answered
-in its own layers (mitm/client_hop.py's stand-in answers 101 with the upstream's headers; ws/client_pipe.py),
+in its own layers (mitm/held_stream.py: the stand-in answers 101 with the upstream's headers; ws/client_pipe.py),
 or, as the fallback, pointed at the loopback relay, which does the same over a socket; a `GateSession`
 runs between the two sides. Owning both ends keeps order and exactly-once delivery
 trivial, lets a moved turn continue on another credential's socket, and closes the client with a
@@ -29,6 +29,7 @@ from mitmproxy import http
 from ..core.attempt_events import Scope
 from ..core.provenance import artifacts_of_message
 from ..core.turn_machine import (
+    Reconnects,
     TurnMachine,
     client_close_after_upstream,
     client_close_at_end,
@@ -39,8 +40,8 @@ from ..core.usage import from_event
 from ..core.ws_turns import TurnGate
 from ..mitm import client_answers
 from ..mitm.attempt import hide_secrets
-from ..mitm.client_hop import ClientHop
 from ..mitm.held_client import point_at_relay
+from ..mitm.held_stream import HeldStream
 from ..net.relay import Relay
 from ..shared import Shared
 from .client_pipe import serve_in_process
@@ -62,6 +63,7 @@ TICK = _Tick.TICK  # the hold's time budget ran out while waiting for the upstre
 class WebsocketGate:
     def __init__(self, run: str = "") -> None:
         self.sessions: dict[str, GateSession] = {}
+        self.reconnects = Reconnects(time.monotonic)  # sessions whose socket closed exhausted: 426 at their next upgrade
         self._ids = itertools.count(1)
         self._prefix = f"{run}-" if run else ""  # the proxy's run id (core/run_ids.py)
 
@@ -87,7 +89,9 @@ class WebsocketGate:
         if session is None:
             flow.response = client_answers.websocket_downgrade(f"failover_websocket=gate: {why}")
             return
-        hop = ClientHop.attach(flow, session.abort)
+        hop = HeldStream.attach(flow, session.abort)
+        if hop is not None:
+            hop.decide(False)  # (never attempt 1 on the stream: the stand-in answers 101)
         if hop is None:  # the fallback: the client's flow goes to the loopback relay, which serves it
             point_at_relay(flow, relay.port, relay.register(session))
             return
@@ -115,6 +119,7 @@ class GateSession(TurnEnds):
     serving: asyncio.Task | None = None  # in process: the task that serves the client (the relay's otherwise)
 
     def __post_init__(self) -> None:
+        self.reconnects = self.owner.reconnects
         self.dialer = Dialer(self.sid, self.flow, self.shared, self.history)
         self.story = SocketStory(self.sid, self.flow, self.history, self.shared.activity, self.dialer.session)
         policy = self.shared.pool.policy
@@ -129,6 +134,11 @@ class GateSession(TurnEnds):
 
     async def connect_first(self) -> str | None:
         """At the upgrade: the first candidate whose upstream accepts. None, or why none did."""
+        if self.reconnects.downgrade(self.dialer.session):
+            why = ("its last socket closed because nothing could serve its turn: over SSE, the exhausted "
+                   "answer says when to try again")
+            self.story.note(f"upgrade answered 426, Codex continues on SSE ({why})")
+            return why
         self.up = await self.dialer.open_next()
         if self.up is None:
             why = "; ".join(self.history) or "every credential is cooling or out of rotation"

@@ -102,7 +102,7 @@ class LayerSocket(Attempt):
             return None
         self.queued -= len(item[0])
         if self._paused and self.queued <= QUEUE_LOW:
-            self._set_reading(True)
+            self.set_reading(True)
         return item
 
     async def send(self, message: Message) -> None:
@@ -289,7 +289,7 @@ class LayerSocket(Attempt):
                 self.queued += len(content)
             message.drop()
             if self.queued > QUEUE_HIGH:
-                self._set_reading(False)
+                self.set_reading(False)
             elif not self._paused and self.conn is not None:
                 self.conn.set_reading(True)  # (paused while its hooks ran)
         self._raw = None

@@ -29,8 +29,8 @@ from mitmproxy import ctx, flow as mitmflow, hooks, http, websocket
 
 from .. import bounded_decode
 from ..core import story
-from ..mitm import hook_chain
 from ..mitm.attempt import ATTEMPT_TAG, PLACEHOLDER, copy_request, hide_secrets, secrets_in
+from ..mitm.quiet_log import listened
 from ..mitm.secret_guard import SECRETS, arming
 from ..mitm.warm_conn import server_at
 
@@ -258,7 +258,7 @@ async def _run(flow: http.HTTPFlow, *names: str) -> None:
         return
     for name in names:
         try:
-            await hook_chain.lifecycle(master.addons, hooks.all_hooks[name](flow))
+            await master.addons.handle_lifecycle(hooks.all_hooks[name](flow))
         except Exception as exc:  # noqa: BLE001 - an addon's failure is logged by the dispatch; this is ours
             log.error("codex-failover internal error running %s on a WebSocket leg: %r", name, exc)
 
@@ -266,5 +266,5 @@ async def _run(flow: http.HTTPFlow, *names: str) -> None:
 async def _update(flow: http.HTTPFlow) -> None:
     """mitmweb's view shows the flow as it is now (a verdict): the `update` hook, if any addon listens."""
     master = getattr(ctx, "master", None)
-    if master is not None and hook_chain.listens(master.addons, "update"):
-        await hook_chain.trigger(master.addons, hooks.all_hooks["update"]([flow]))
+    if master is not None and listened("update"):
+        await master.addons.trigger_event(hooks.all_hooks["update"]([flow]))

@@ -19,6 +19,7 @@ from ..core.turn_machine import (
     INTERNAL_CLOSE,
     NORMAL_CLOSE,
     RECONNECT_CLOSE,
+    Reconnects,
     TurnEvent,
     TurnMachine,
     TurnState,
@@ -48,6 +49,7 @@ class TurnEnds:
     gate: TurnGate
     turns: TurnMachine
     scope: Any  # attempt_events.Scope
+    reconnects: Reconnects  # the gate's: sessions whose socket closed exhausted
 
     @property
     def upstream(self) -> Upstream:
@@ -85,11 +87,12 @@ class TurnEnds:
             self._reconnect(up, turn, rejection, "it came after the turn's output began: Codex re-sends the whole "
                             "request, which starts the answer over elsewhere")
         elif state is TurnState.RECONNECTING and turn is not None:
+            spent = rejection.reason != STATE_LOST and not self.dialer.others_ready(up.cand.key)
             self._reconnect(up, turn, rejection, "its socket does not hold the response it continues"
                             if rejection.reason == STATE_LOST else
                             f"it cannot move ({turn.why_pinned}) and another credential is ready"
-                            if self.dialer.others_ready(up.cand.key) else
-                            f"it cannot move ({turn.why_pinned}) and its credential's retries are spent")
+                            if not spent else
+                            f"it cannot move ({turn.why_pinned}) and its credential's retries are spent", exhausted=spent)
         else:
             await self._exhausted(up, rejection)
 
@@ -98,9 +101,12 @@ class TurnEnds:
         gap = kind_gap(self.dialer.client_auth, self.shared.pool)
         return f"; {gap}" if gap else ""
 
-    def _reconnect(self, up: Upstream, turn: Turn, rejection: Rejection, why: str) -> None:
+    def _reconnect(self, up: Upstream, turn: Turn, rejection: Rejection, why: str, exhausted: bool = False) -> None:
         """The turn ends in a close Codex retries: it reconnects and re-sends the full request, which the
-        upgrade places anew (or answers 426: then the HTTP path answers it, its exhausted answer too)."""
+        upgrade places anew (or answers 426: then the HTTP path answers it, its exhausted answer too). An
+        exhausted turn's session is answered 426 at its next upgrade (core/turn_machine.Reconnects)."""
+        if exhausted:
+            self.reconnects.closed_exhausted(self.dialer.session)
         self.story.note(f"turn {turn.n} rejected ({rejection.reason}): {why}; closing the client socket with "
                         f"{RECONNECT_CLOSE} so Codex reconnects with the full request")
         up.conn.close(NORMAL_CLOSE)
@@ -114,7 +120,7 @@ class TurnEnds:
         async def none_opened() -> None:
             self.turns.fire(TurnEvent.NONE_OPENED)
             self.story.note(f"no other credential can serve turn {turn.n} now{self._kind_gap()}")
-            self._reconnect(old, turn, rejection, "no credential can serve it now")
+            self._reconnect(old, turn, rejection, "no credential can serve it now", exhausted=True)
 
         def opened(new: Upstream) -> str:
             self.turns.fire(TurnEvent.OPENED)
