@@ -266,6 +266,17 @@ def test_offline_after_a_pyproject_change_setup_keeps_the_venv_it_has(project):
     assert calls[-1].startswith("mitmdump "), calls
 
 
+def test_an_update_under_a_services_environment_uses_the_venvs_own_python(project):
+    """After a `git pull` changed pyproject.toml, the service (systemd's environment: PATH=/usr/bin:/bin,
+    no CODEX_FAILOVER_PYTHON, a Python >= 3.12 only in pyenv) restarts scripts/run: the update is made
+    with the .venv's interpreter, and the proxy starts (before: "no Python >= 3.12 found", exit 1)."""
+    assert installs(project("setup", "none")) == ""
+    with open(project.root / "pyproject.toml", "a") as f:
+        f.write("# changed\n")
+    calls = project("run", CODEX_FAILOVER_PYTHON="")
+    assert installs(calls) == "" and calls[-1].startswith("mitmdump "), calls
+
+
 def test_setup_reads_the_stamp_an_older_setup_wrote(project):
     """The stamp format is unchanged: a .venv set up before (`<pyproject> extras=test,bench`) is up to date."""
     assert installs(project("setup", "none")) == ""
