@@ -120,3 +120,12 @@ def test_a_stream_past_the_framers_bounds_passes_as_it_comes(rules):
     step = live.feed(b"\n\n" + OVERLOAD)
     assert step.out == b"\n\n" + OVERLOAD and step.cut is None  # nothing more is looked at
     assert live.feed(None).out == b""
+
+
+def test_a_cut_stream_of_a_stated_length_is_cut_off():
+    from mitmproxy import http
+
+    from codex_failover.core.after_output import cut_off
+
+    assert cut_off(http.Headers(content_length="120")) and cut_off({"content-length": "1"})
+    assert not cut_off(http.Headers(transfer_encoding="chunked")) and not cut_off({})

@@ -462,7 +462,7 @@ def test_the_stand_in_answers_while_attempt_1_rides_then_attempt_1_is_stopped(mo
             assert len(p.to_client()) == 1
             await attempt.cancel(timeout=0.5)  # the run fails over
             assert held.state is S.ANSWERING, "attempt 1 stopped: the stand-in answers on"
-            # (cancel_direct moves only a DIRECT_HELD stream: the table's ANSWERING-CANCEL row is not taken)
+            # (the table's ANSWERING-CANCEL row: the stand-in goes on answering)
             assert server in p.closed
 
             outcome.queue.put_nowait(EV2)
@@ -472,7 +472,7 @@ def test_the_stand_in_answers_while_attempt_1_rides_then_attempt_1_is_stopped(mo
             assert not any(b"usage_limit" in w or EV1 in w for w in p.to_client())
             assert len(opened(p)) == 1 and s.stopped == 0
     play(go)
-    assert moves == [(S.CHOOSING, E.DIRECT), (S.DIRECT_HELD, E.ANSWER), (S.ANSWERING, E.END)]
+    assert moves == [(S.CHOOSING, E.DIRECT), (S.DIRECT_HELD, E.ANSWER), (S.ANSWERING, E.CANCEL), (S.ANSWERING, E.END)]
 
 
 def test_attempt_1_committed_while_the_stand_in_answers_reaches_the_client_through_the_run(moves):

@@ -18,7 +18,7 @@ bounds break, everything not yet released goes out as it came and nothing more i
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 
 from .classifier import Decision, stream_error
@@ -122,6 +122,13 @@ class LiveSse:
         cut = len(whole) - pending
         self.unsent = whole[cut:]
         return Released(whole[:cut])
+
+
+def cut_off(headers: Container[str]) -> bool:
+    """How a stream cut before a rejection ends for its client: as a stream ends (HTTP/1.1's last
+    chunk, HTTP/2's END_STREAM), unless its body has a stated length (its client would wait for the
+    rest): then it is cut off (reset) instead. `headers`: the response's (case-insensitive)."""
+    return "content-length" in headers
 
 
 def _payload_of(event: Event) -> Callable[[], object]:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from mitmproxy import ctx, http
 from mitmproxy.hooks import UpdateHook
 
-from ..core.after_output import Released
+from ..core.after_output import Released, cut_off
 from ..core.attempt_events import Commit
 from ..core.attempt_machine import AttemptMachine
 from ..net.relay import Relay, RelaySession, UpstreamBroken
@@ -104,7 +104,7 @@ class HeldClient:
 
     def release(self, attempt, live_feed, held: bytes) -> None:
         """The committed direct attempt: the stream gets what was held (`held`: whole events), then
-        the upstream's rest through `live_feed` (live.py)."""
+        the upstream's rest through `live_feed` (`commit`)."""
         if self.metrics is not None:
             self.metrics.hold_seconds(time.monotonic() - self.started)
         self._released = time.monotonic()  # its first output's time is taken in `first_output`
@@ -126,7 +126,7 @@ class HeldClient:
         resp = attempt.flow.response
         assert resp is not None, "committed: its head is in"
         committed, metrics = time.monotonic(), self.metrics
-        sized = "content-length" in resp.headers
+        sized = cut_off(resp.headers)
 
         async def body():
             if metrics is not None:  # the head and the held bytes (the first output) went out

@@ -34,6 +34,7 @@ from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import Http2Server, HttpLayer, HttpStream
 
+from ..core.after_output import cut_off
 from . import quiet_log
 from .attempt import Capture, copy_request
 
@@ -575,7 +576,7 @@ def _cut_end(direct, stream_id: int) -> list:
     HTTP/2's END_STREAM), without `response.completed`, which Codex re-sends; a body of a stated length
     is cut off instead (its client would wait for the rest)."""
     response = direct.flow.response
-    if response is not None and "content-length" in response.headers:
+    if response is not None and cut_off(response.headers):
         return [http_layers.ResponseProtocolError(stream_id, "codex-failover: the stream ends before a rejection "
                                                   "after its output began", http_layers.ErrorCode.CANCEL)]
     return [http_layers.ResponseEndOfMessage(stream_id)]

@@ -20,6 +20,7 @@ from typing import AsyncIterator, Callable
 
 from mitmproxy import ctx, http
 
+from ..core.after_output import Released
 from ..core.held_states import HeldEvent, HeldState, after
 from ..net.relay import UNCLAIMED_TTL, UpstreamBroken
 from . import fallbacks
@@ -62,6 +63,7 @@ class HeldStream:
         self.riding = False  # the stream's connection is attempt 1's (from the choice; not when it failed or
         # was stopped before it had one): its request goes upstream there, and what comes back is the attempt's
         self.held_bytes = b""  # a committed direct attempt's held output (whole events), for its stream
+        self.live_feed: Callable[[bytes | None], Released] | None = None  # ...and its rest's way (HeldClient.commit)
         wire.held = self
 
     # -- setup ------------------------------------------------------------------------------
@@ -121,25 +123,23 @@ class HeldStream:
         if self.state is S.ENDED:  # the client left meanwhile
             return
         self.status = 200 if attempt.flow.response is None else attempt.flow.response.status_code
-        attempt.live_feed, self.held_bytes = live_feed, held
+        self.live_feed, self.held_bytes = live_feed, held
         self.pump = asyncio.get_running_loop().create_task(self._tell("release"))
 
     def released(self) -> tuple[list, bytes]:
         """For the layers at the release: the held head (and end), and the bytes the stream gets now."""
-        assert self.direct is not None
-        return self.direct.release(self.direct.live_feed, self.held_bytes)
+        assert self.direct is not None and self.live_feed is not None
+        return self.direct.release(self.live_feed, self.held_bytes)
 
     def direct_failed(self) -> None:
         """Attempt 1 could not have the stream's connection (it failed, or the attempt was stopped
         meanwhile): the stream takes its stand-in, which answers what the run decides next."""
         self.riding = False
-        if self.state is S.DIRECT_HELD or self.state is S.STAND_IN:
-            self._move(E.CANCEL)
+        self._move(E.CANCEL)
 
     async def cancel_direct(self) -> None:
         """Attempt 1 stopped: from now on the stream's answer is its stand-in's."""
-        if self.state is S.DIRECT_HELD:
-            self._move(E.CANCEL)
+        self._move(E.CANCEL)
         await self._tell("cancel")
 
     def handed(self) -> None:
