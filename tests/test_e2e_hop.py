@@ -142,7 +142,7 @@ def test_http2_held_streams_with_an_awaiting_hook_and_one_reset(tmp_path):
 
 def test_the_head_and_the_first_output_leave_in_one_write(fake, tmp_path):
     """The client wakes once, with the output it waits for: mitmproxy writes a head and a body chunk
-    separately (the head a hook before), and the hop joins them (ClientHop.keep_back)."""
+    separately (the head a hook before), and the held stream joins them (StreamWire.keep_back)."""
     port = free_port()
     script, out = tmp_path / "hooks.py", tmp_path / "hooks.jsonl"
     script.write_text(HOOKS)

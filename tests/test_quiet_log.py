@@ -162,7 +162,7 @@ def test_the_add_log_event_is_made_only_while_an_addon_listens():
 ])
 def test_a_line_the_quiet_filter_would_drop_is_not_made(level, message, verbose, debug_handler, made):
     """`would_log` says what the filter would do with the record, before anyone makes it (the held
-    stream's own lines ask: HopState.written); a logger's level counts too."""
+    stream's own lines ask: StreamWire.written); a logger's level counts too."""
     from codex_failover.mitm.quiet_log import would_log
 
     top, logger = logging.Logger("quiet-made"), logging.Logger("quiet-made.server")

@@ -92,7 +92,7 @@ class HeldClient:
             timer = asyncio.get_running_loop().call_later(timeout, self.hop.first_out.set)
             await self.hop.first_out.wait()
             timer.cancel()
-        if self._released is not None and self.metrics is not None:  # a direct attempt's (live.py times the others)
+        if self._released is not None and self.metrics is not None:  # a direct attempt's (`commit` times the others)
             self.metrics.first_output_to_client_seconds(time.monotonic() - self._released)
             self._released = None
 

@@ -84,7 +84,7 @@ class PipeReader:
 
 
 class PipeWriter:
-    """What `WsConn` writes: each write goes to the client's layers in order (`ClientHop.write`)."""
+    """What `WsConn` writes: each write goes to the client's layers in order (`HeldStream.write`)."""
 
     def __init__(self, hop):
         self.hop = hop
