@@ -76,7 +76,7 @@ def test_module_and_class_sizes_stay_readable():
                       stacklevel=1)
 
 
-SEAM = {"mitm/warm_conn.py", "mitm/held_layer.py", "mitm/client_conns.py"}  # the attempts' kept connections; the held client stream in its layers; the proxy servers' client connections
+SEAM = {"mitm/warm_conn.py", "mitm/held_layer.py"}  # the connections the addon makes itself; a proxy client's connection in its layers (the held stream's among them)
 
 
 def test_only_the_seam_touches_mitmproxys_proxy_core():
@@ -102,7 +102,8 @@ def test_only_the_seam_touches_mitmproxys_proxy_core():
 # carries it): a connection handler's watchdog, hook dispatch, transports and layers; a layer's command
 # bookkeeping; wsproto's state inside mitmproxy's WebSocket layer.
 PROXY_CORE_INTERNALS = {"timeout_watchdog", "handle_hook", "_proto", "command_sources", "waiting_for_establishment",
-                        "transports", "layers", "layer", "LegacyLogEvents"}
+                        "transports", "layers", "layer", "LegacyLogEvents",
+                        "connections"}  # the proxy server's handlers by client (and an HttpLayer's connections)
 NOT_PROXY_CORE = {
     # mitmproxy.log's handler that turns log records into the deprecated `add_log` addon event: made by
     # mitmproxy's Master (master.py), not by the proxy core, which never sees it; quiet_log.py only asks
@@ -321,8 +322,9 @@ def test_a_name_means_one_thing():
 PRIVATE_REACHES = {
     # wsproto's Connection keeps its extensions (the deflate state) only as `_proto.extensions`: the seam
     # bounds the inflate of the WebSocket layers mitmproxy runs (tests/test_ws_layer_socket.py; a passed-through
-    # socket's, tests/test_e2e_closed_doors.py); both are seam modules (docs/architecture.md#the-seam).
-    ("mitm/warm_conn.py", "_proto"), ("mitm/client_conns.py", "_proto"),
+    # socket's, held_layer.py's `bound_websocket`, tests/test_e2e_closed_doors.py); both are seam modules
+    # (docs/architecture.md#the-seam).
+    ("mitm/warm_conn.py", "_proto"),
     # ...and the held stream's inside WebSocket layer speaks uncompressed after its 101 (held_layer.py's
     # `inside_uncompressed`, tests/test_e2e_ws_client_hop.py); a mode layer hands its events on through a
     # bound `_handle_event`, the only way down to a flow's stream (`_children`); h2 keeps the streams it

@@ -40,8 +40,8 @@ from ..ws.upstream import upstream_tls
 from . import (
     bounded_body,
     client_answers,
-    client_conns,
     fallbacks,
+    held_layer,
     held_stream,
     quiet_log,
     secret_guard,
@@ -87,7 +87,7 @@ def _say_start(clients: ClientAccess) -> None:
     """The warnings at start: fallbacks in force, a non-loopback listener, unknown options."""
     for line in fallbacks.in_force():
         log.warning(line)
-    for host in client_conns.listen_hosts(ctx.options.mode, ctx.options.listen_host):
+    for host in held_layer.listen_hosts(ctx.options.mode, ctx.options.listen_host):
         if not is_loopback_host(host):
             log.warning("codex-failover: listening on %s; the pool and the status page serve %s",
                         host or "every interface", clients.describe())

@@ -16,7 +16,7 @@ from mitmproxy import ctx, exceptions
 from ..core.client_access import ip_of
 from ..core.conn_budget import ConnectionBudget, peer_key
 from ..core.units import parse_duration
-from . import client_conns
+from . import held_layer
 
 log = logging.getLogger("codex_failover")
 QUIET = 10.0  # seconds between two lines about refused or dropped connections (a flood is one line a while)
@@ -65,7 +65,7 @@ class ClientLimits:
                 raise_descriptor_limit()
 
     def client_connected(self, client) -> None:
-        if not client_conns.is_proxy_client(client.id):
+        if not held_layer.is_proxy_client(client.id):
             return  # a kept connection's own stand-in client, not a peer's
         key = self._key(client)
         if key is not None and key != f"uid:{self.boundary.proxy_uid}":
@@ -104,7 +104,7 @@ class ClientLimits:
 
     def _late(self, client_id: str) -> None:
         self._timers.pop(client_id, None)
-        if client_conns.drop_client(client_id, "no request head within failover_head_timeout"):
+        if held_layer.drop_client(client_id, "no request head within failover_head_timeout"):
             self._say("dropped", f"clients dropped: no whole request head within failover_head_timeout "
                                  f"({self.head_timeout:g}s)")
 

@@ -1,4 +1,5 @@
-"""The held client stream inside mitmproxy's layers: the seam's side of mitm/held_stream.py.
+"""A proxy client's connection inside mitmproxy's layers: the held client stream's side of
+mitm/held_stream.py, and what the addon needs of the proxy servers' client connections.
 
 `StreamWire.attach` puts a stand-in server connection (a `Server` never dialled, `via`
 `codex-failover.hop:<n>`) in the client's layers for one held flow: it swaps the client's `HttpLayer`
@@ -14,13 +15,19 @@ class for `HeldHttpLayer` and registers a `HopLayer` for the stand-in. From then
 - the HeldStream drives the stream through its wire: the answer's events delivered by the stand-in's
   layer, the direct attempt's turns (decide, release, cancel), the head and first output joined in one
   write, the HTTP/2 buffer's backpressure.
-This module and warm_conn.py are the only ones that touch mitmproxy's proxy core
-(docs/architecture.md#the-held-stream; the facts relied on: docs/mitmproxy-12.3.1-replay-notes.md §10, §15).
+Of the proxy servers' client connections (the end of this module): whether a client is one of theirs,
+closing one as mitmproxy's inactivity timeout closes one, bounding a passed-through WebSocket's messages
+in the layer mitmproxy runs it with, and the hosts they listen on. One walk of a connection's layers
+(`_children`) finds a held flow's stream and a passed-through flow's WebSocket layer alike.
+This module and warm_conn.py (the connections the addon makes itself) are the only ones that touch
+mitmproxy's proxy core (docs/architecture.md#the-seam; the facts relied on:
+docs/mitmproxy-12.3.1-replay-notes.md §10, §15).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -28,11 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from mitmproxy import http
+from mitmproxy import ctx, http
 from mitmproxy.connection import ConnectionState, Server
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import Http2Server, HttpLayer, HttpStream
+from mitmproxy.proxy.layers.websocket import WebsocketLayer
+from mitmproxy.proxy.mode_specs import ProxyMode
 
 from ..core.after_output import cut_off
 from . import quiet_log
@@ -104,10 +113,13 @@ class StreamWire:
         self._first_handed = False  # the stream handed the first body bytes over (written once it returns)
 
     @classmethod
-    def attach(cls, handler, flow: http.HTTPFlow) -> StreamWire | None:
-        """Register a stand-in for `flow` (in its request hook) in `handler`'s layers; None when the
-        layers are not what this module understands."""
-        stream = _stream_of(handler.layer, flow)
+    def attach(cls, flow: http.HTTPFlow) -> StreamWire | None:
+        """Register a stand-in for `flow` (in its request hook) in its client connection's layers; None
+        when its connection is not a proxy server's or its layers are not what this module understands."""
+        handler = _proxy_connections().get(flow.client_conn.id)
+        if handler is None:
+            return None
+        stream = _find(handler.layer, lambda node: isinstance(node, HttpStream) and getattr(node, "flow", None) is flow)
         routes = _routes(stream)
         if stream is None or routes is None:
             return None
@@ -605,12 +617,13 @@ def _children(node: layer.Layer):
         yield owner
 
 
-def _stream_of(root: layer.Layer, flow: http.HTTPFlow) -> HttpStream | None:
+def _find(root: layer.Layer, wanted: Callable[[layer.Layer], bool]) -> Any:
+    """The first layer under `root` that is `wanted` (a bounded walk), or None."""
     todo, seen = [root], 0
     while todo and seen < _SEARCH_LIMIT:
         node = todo.pop()
         seen += 1
-        if isinstance(node, HttpStream) and getattr(node, "flow", None) is flow:
+        if wanted(node):
             return node
         todo.extend(_children(node))
     return None
@@ -633,3 +646,88 @@ def _routes(stream: HttpStream | None) -> list[tuple[HttpLayer, layer.Layer]] | 
     if not routes or routes[-1][1] is not stream:
         return None
     return routes
+
+
+# -- the proxy servers' client connections ---------------------------------------------------
+
+def _proxy_connections() -> dict:
+    server = ctx.master.addons.get("proxyserver") if getattr(ctx, "master", None) else None
+    return getattr(server, "connections", None) or {}
+
+
+def is_proxy_client(client_id: str) -> bool:
+    """A client connection of mitmproxy's own proxy servers (not a kept connection's stand-in client)."""
+    return client_id in _proxy_connections()
+
+
+def drop_client(client_id: str, why: str) -> bool:
+    """Close a client connection of the proxy servers, as mitmproxy's inactivity timeout closes one
+    (its handler cancelled: its hooks run, `client_disconnected` last). False when it is gone."""
+    handler = _proxy_connections().get(client_id)
+    io = handler.transports.get(handler.client) if handler is not None else None
+    if io is None or io.handler is None or io.handler.done():
+        return False
+    io.handler.cancel(why)
+    return True
+
+
+def bound_websocket(flow: http.HTTPFlow, cap: int, over: Callable[[], None]) -> bool:
+    """A passed-through WebSocket (mitmproxy's own layer between the client and the upstream): a
+    message that grows past `cap` bytes while mitmproxy gathers it ends the connection, as if the
+    sender had gone (wsproto answers 1006 to both sides), and `over()` is told. False when its layer
+    is not found (the layers are not as pinned: it is left as mitmproxy runs it)."""
+    layer = _websocket_layer(flow)
+    if layer is None:
+        return False
+    for ws in (layer.client_ws, layer.server_ws):
+        _bound_inflate(getattr(getattr(ws, "_proto", None), "extensions", None), cap, over)
+        receive = ws.receive_data
+
+        def bounded(data, ws=ws, receive=receive):
+            if data is not None and sum(map(len, ws.frame_buf)) + len(data) > cap:
+                ws.frame_buf = [b""]
+                over()
+                return receive(None)
+            return receive(data)
+
+        ws.receive_data = bounded  # type: ignore[method-assign]  # this connection's reads only: its own attribute
+    return True
+
+
+def _bound_inflate(extensions, cap: int, over: Callable[[], None]) -> None:
+    """permessage-deflate inflating at most `cap` a message (ws/bounded_deflate.py): 64 KiB can hold 64 MiB."""
+    from wsproto.extensions import PerMessageDeflate
+    from wsproto.frame_protocol import CloseReason
+
+    from ..ws.bounded_deflate import BoundedDeflate  # (ws/ is above mitm/: asked only here)
+
+    for i, ext in enumerate(extensions if isinstance(extensions, list) else ()):
+        if type(ext) is PerMessageDeflate:
+            bounded = BoundedDeflate(cap)
+            bounded.__dict__.update({k: v for k, v in vars(ext).items() if k not in ("max_message", "_taken")})
+            inflate = bounded.frame_inbound_payload_data
+
+            def told(proto, data, inflate=inflate):
+                out = inflate(proto, data)
+                if out is CloseReason.MESSAGE_TOO_BIG:
+                    over()
+                return out
+
+            bounded.frame_inbound_payload_data = told  # type: ignore[method-assign]
+            extensions[i] = bounded
+
+
+def _websocket_layer(flow: http.HTTPFlow) -> WebsocketLayer | None:
+    handler = _proxy_connections().get(flow.client_conn.id)
+    if handler is None:
+        return None
+    return _find(handler.layer, lambda node: isinstance(node, WebsocketLayer) and node.flow is flow)
+
+
+def listen_hosts(modes, listen_host: str) -> list[str]:
+    """The hosts mitmproxy listens on for its `mode` specs (unparseable ones skipped), in order."""
+    hosts: dict[str, None] = {}
+    for spec in modes:
+        with contextlib.suppress(ValueError):
+            hosts[ProxyMode.parse(spec).listen_host(listen_host)] = None
+    return list(hosts)

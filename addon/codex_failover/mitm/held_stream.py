@@ -18,7 +18,7 @@ import logging
 import time
 from typing import AsyncIterator, Callable
 
-from mitmproxy import ctx, http
+from mitmproxy import http
 
 from ..core.after_output import Released
 from ..core.held_states import HeldEvent, HeldState, after
@@ -74,11 +74,7 @@ class HeldStream:
         be done here (the loopback relay is used instead)."""
         if not HOP_HOLDS:
             return None
-        try:
-            handler = ctx.master.addons.get("proxyserver").connections[flow.client_conn.id]
-        except (AttributeError, KeyError):
-            return None
-        wire = StreamWire.attach(handler, flow)
+        wire = StreamWire.attach(flow)
         if wire is None:
             return None
         held = cls(wire, flow.id, abort)

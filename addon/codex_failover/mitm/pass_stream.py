@@ -23,7 +23,7 @@ from mitmproxy import http
 from ..core.auth import auth_from_headers
 from ..core.codex_request import is_websocket_upgrade
 from ..core.pass_through import ANSWERED_BODY, size_of, small_enough, streams
-from . import client_conns
+from . import held_layer
 from .attempt import ATTEMPT_TAG, Capture
 from .held_client import RELAY_TAG
 from .held_stream import HOP_TAG
@@ -133,4 +133,4 @@ class PassStream:
             log.warning("codex-failover: a passed-through WebSocket message grew past failover_max_body (%d): "
                         "its connection closed (%s)", cap, flow.request.pretty_url)
 
-        client_conns.bound_websocket(flow, cap, over)
+        held_layer.bound_websocket(flow, cap, over)
