@@ -30,6 +30,7 @@ from wsproto import ConnectionType
 from wsproto.connection import Connection
 from wsproto.events import CloseConnection, Message, Ping, Pong, TextMessage
 from wsproto.extensions import PerMessageDeflate
+from wsproto.frame_protocol import FrameProtocol
 
 from codex_failover.core.warm_book import Slot, WarmKey
 from codex_failover.mitm.addon import FailoverAddon
@@ -163,6 +164,34 @@ def test_the_gates_frames_reach_the_upstream_whole_and_a_ping_is_answered():
         assert fed, "the ping reached the client side and was answered"
         cmds = await drive(conn, play(conn, _ToStream(conn.client, sock.stream_id, data=fed[0])), seen)
         assert [e for e in upstream_reads(sent_to(server, cmds)) if isinstance(e, Pong)][0].payload == b"p1"
+    run(go())
+
+
+def test_the_gates_message_goes_in_whole_runs_its_hooks_and_is_framed_once_toward_the_upstream(monkeypatch):
+    async def go():
+        conn, sock, server, seen, _ = await upgraded()
+        handed: list[events.Event] = []
+
+        async def server_event(event):
+            handed.append(event)
+
+        async def drained():
+            pass
+
+        conn.server_event, conn.drain_writers = server_event, drained  # what the socket hands its connection
+        framed = []
+        send_data = FrameProtocol.send_data
+        monkeypatch.setattr(FrameProtocol, "send_data", lambda self, *a, **k: framed.append(1) or send_data(self, *a, **k))
+        text = "ünïcödé " * 2000  # > 4,000 bytes of multi-byte text: mitmproxy's injection would split it
+        await sock.send((text.encode(), True))
+        assert [e.message.content for e in handed] == [text.encode()]  # whole, no frame of the gate's own
+        cmds = await drive(conn, play(conn, handed[0]), seen)
+        assert framed == [1]  # framed once, by the layer toward the upstream
+        assert seen[-1] == "websocket_message"  # every addon saw it, as any message of the socket
+        got = [e for e in upstream_reads(sent_to(server, cmds)) if isinstance(e, Message)]
+        assert [(e.data, e.message_finished) for e in got] == [(text, True)]  # one frame: framed once, whole
+        shown = sock.flow.websocket.messages
+        assert [(m.content, m.from_client) for m in shown] == [(text.encode(), True)]  # shown once (leg.FlowRecord)
     run(go())
 
 

@@ -17,13 +17,21 @@ from typing import Callable
 import h2.connection
 import h2.errors
 import h2.events
-from mitmproxy import ctx, flow as mitmflow
+from mitmproxy import ctx, flow as mitmflow, websocket
 from mitmproxy.connection import Client, ConnectionState, Server
 from mitmproxy.proxy import commands, events, layer, server, server_hooks
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import HTTPMode, HttpStream
-from mitmproxy.proxy.layers.websocket import WebsocketEndHook
+from mitmproxy.proxy.layers.websocket import (
+    WebsocketEndHook,
+    WebsocketLayer,
+    WebsocketMessageHook,
+    WebSocketMessageInjected,
+    WebsocketStartHook,
+)
+from wsproto.events import BytesMessage, TextMessage
+from wsproto.frame_protocol import Opcode
 
 from ..core.warm_book import Slot, WarmKey
 from . import fallbacks
@@ -51,6 +59,29 @@ class _ToStream(events.ConnectionEvent):
     stream_id: int
     message: str = ""
     data: bytes | None = None  # (with data: frames of an upgraded stream's client side, `feed`)
+
+
+class _WholeMessage(WebSocketMessageInjected):
+    """A whole message from an upgraded attempt's client side (the gate), for its WebSocket layer."""
+
+
+class _WholeMessageLayer(WebsocketLayer):
+    """mitmproxy's WebSocket layer for an upgraded attempt, taking its client side's messages whole: each
+    runs `websocket_message`, then is framed once toward the upstream (as the layer relays a message it
+    parsed). mitmproxy's own injection would split a text at 4,000 bytes and decode each piece alone,
+    breaking a character across the split. Everything else is the layer's own (pings, the close)."""
+
+    def relay_messages(self, event: events.Event) -> layer.CommandGenerator[None]:
+        if not isinstance(event, _WholeMessage):
+            yield from super().relay_messages(event)
+            return
+        assert self.flow.websocket is not None  # (after websocket_start)
+        message = event.message
+        self.flow.websocket.messages.append(message)
+        yield WebsocketMessageHook(self.flow)
+        if not message.dropped:
+            yield self.server_ws.send2(TextMessage(message.content.decode("utf-8", "replace")) if message.is_text
+                                       else BytesMessage(message.content))
 
 
 class _AttemptSource(layer.Layer):
@@ -293,10 +324,25 @@ class WarmConnection(server.ConnectionHandler):
             self.sockets[attempt.stream_id] = socket
         await self.server_event(_Submit(self.client, attempt))
 
+    async def send_message(self, attempt: Carried, content: bytes, is_text: bool) -> None:
+        """A whole message from an upgraded attempt's client side into its WebSocket layer (framed once
+        there, `_WholeMessageLayer`), then written out (drained)."""
+        message = websocket.WebSocketMessage(Opcode.TEXT if is_text else Opcode.BINARY, True, content, injected=True)
+        await self.server_event(_WholeMessage(attempt.flow, message))
+        await self.drain_writers()
+
     async def feed(self, attempt: Carried, data: bytes) -> None:
-        """Frames from an upgraded attempt's client side into the layers, then written out (drained)."""
+        """Frames from an upgraded attempt's client side (its control frames: pongs, the close) into the
+        layers, then written out (drained)."""
         await self.server_event(_ToStream(self.client, attempt.stream_id, data=data))
         await self.drain_writers()
+
+    def _whole_messages(self, attempt: Carried) -> None:
+        """At an upgraded attempt's `websocket_start` (its layer binds its relay once the hook returns):
+        its WebSocket layer takes the client side's messages whole."""
+        child = getattr(self.layer.streams.get(attempt.stream_id), "child_layer", None)
+        if type(child) is WebsocketLayer:
+            child.__class__ = _WholeMessageLayer
 
     def extensions(self, attempt: Carried, side: str) -> list | None:
         """The wsproto extensions (the list itself) an upgraded stream speaks to `side` with, or None."""
@@ -348,6 +394,8 @@ class WarmConnection(server.ConnectionHandler):
         if isinstance(data, mitmflow.Flow):
             await data.wait_for_resume()
         if socket is not None:
+            if isinstance(hook, WebsocketStartHook):
+                self._whole_messages(socket)
             socket.hooked(hook.name, before=False)
         if isinstance(hook, (http_layers.HttpResponseHook, http_layers.HttpErrorHook, WebsocketEndHook)):
             if not (isinstance(hook, http_layers.HttpResponseHook) and data.websocket is not None):

@@ -7,7 +7,8 @@ WebSocket layer runs the socket, so every addon sees its messages and mitmweb an
 
 The gate is the socket's client side, with the interface of ws/conn.WsConn (which stays as the
 fallback, `CODEX_FAILOVER_FALLBACK=wsleg`):
-- what the gate sends goes into the layer as a wsproto client's frames (`send`);
+- what the gate sends goes into the layer as a whole message (`send`): its hooks run and mitmproxy's
+  layer frames it once toward the upstream (the seam's `WarmConnection.send_message`);
 - what the upstream sends is taken in the `websocket_message` hook and dropped there, so nothing
   goes on to the client side; pings reach it as frames (`from_layers`) and are answered;
 - `close` sends a close frame from the client side, and mitmproxy closes both.
@@ -29,7 +30,7 @@ from typing import Callable
 from mitmproxy import flow as mitmflow, http, websocket
 from wsproto import ConnectionType
 from wsproto.connection import Connection
-from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
+from wsproto.events import CloseConnection, Ping
 from wsproto.extensions import PerMessageDeflate
 from wsproto.utilities import split_comma_header
 
@@ -106,11 +107,12 @@ class LayerSocket(Attempt):
         return item
 
     async def send(self, message: Message) -> None:
+        """A message for the upstream: into the WebSocket layer whole, framed once there (no frames of ours)."""
         content, is_text = message
-        if not self.open or self._client is None:
+        if not self.open or self._client is None or self.conn is None:
             return
-        await self._client.send(TextMessage(data=content.decode("utf-8", "replace")) if is_text
-                                else BytesMessage(data=content))
+        async with self._client.writing:  # in order with the client side's control frames
+            await self.conn.send_message(self, content, is_text)
 
     def close(self, code: int = 1000, reason: str = "") -> None:
         """Close the socket (a close frame from the client side; mitmproxy closes both). Never raises."""
@@ -303,22 +305,23 @@ class LayerSocket(Attempt):
 
 
 class ClientSide:
-    """The gate's end of the hop inside the process: a wsproto client whose frames go into mitmproxy's
-    layer in the order they were made (`write`), answering the layer's pings: one pong at a time, for
-    the latest ping (RFC 6455 5.5.3), so a flood costs one task, not one per ping."""
+    """The gate's end of the hop inside the process, for control frames only (messages go in whole,
+    `LayerSocket.send`): a wsproto client whose frames go into mitmproxy's layer in the order they were
+    made (`write`): the close, and pongs to the layer's pings, one at a time for the latest ping
+    (RFC 6455 5.5.3), so a flood costs one task, not one per ping."""
 
     def __init__(self, extensions: list, feed, clock=time.monotonic):
         self.ws = Connection(ConnectionType.CLIENT, extensions)
         self._clock, self._window, self._pings = clock, clock(), 0
         self._feed = feed  # async (frames) -> None
-        self._writing = asyncio.Lock()
+        self.writing = asyncio.Lock()  # its frames and the socket's messages go into the layer in order
         self._ping: Ping | None = None  # the latest ping not yet answered
 
     async def send(self, event) -> None:
         await self.write(self.ws.send(event))
 
     async def write(self, data: bytes) -> None:
-        async with self._writing:
+        async with self.writing:
             await self._feed(data)
 
     def received(self, data: bytes) -> bool:
