@@ -391,11 +391,12 @@ def unmasked(frame: bytes) -> tuple[int, bytes]:
     return frame[0] & 0x0F, bytes(b ^ mask[i % 4] for i, b in enumerate(frame[6:]))
 
 
-def test_the_stand_in_answers_101_and_bytes_go_both_ways(moves):
+def test_the_stand_in_answers_101_then_messages_go_whole_both_ways_and_only_control_frames_cross_it(moves):
     async def go():
         with taddons.context() as tc:
             p = LayerPlay()
             tc.master.addons.add(p)
+            p.on["websocket_start"] = held_stream.ws_started  # (the addon's hook: held_client.py)
             s = Stream(p)
             p.from_client(UPGRADE)
             held = s.held
@@ -404,22 +405,27 @@ def test_the_stand_in_answers_101_and_bytes_go_both_ways(moves):
             await turns_until(lambda: held.taken)
             assert held.state is S.STAND_IN
 
-            from_client: list[bytes] = []
-            held.upgrade(SWITCHED, from_client.append)
+            control: list[bytes] = []
+            messages: list[tuple[bytes, bool]] = []
+            held.upgrade(SWITCHED, control.append, lambda content, is_text: messages.append((content, is_text)))
             assert held.state is S.UPGRADED
             await turns_until(lambda: "websocket_start" in p.hooks)
             assert p.to_client() == [b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
                                      b"sec-websocket-accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n"]
 
             p.from_client(masked(b"hi"))
-            assert [unmasked(f) for f in from_client] == [(0x1, b"hi")], "the client's frame, for the gate's end"
-            held.write(b"\x81\x03hey")  # the gate's frame (a server's: unmasked)
             await settle()
-            assert p.to_client()[1:] == [b"\x81\x03hey"]
+            assert messages == [(b"hi", True)] and control == [], "the client's message, whole, after its hook; no frame"
+            assert p.hooks.count("websocket_message") == 1
+            await held.send_message(b"hey", True)  # the gate's message: framed once, by the layer
+            assert p.to_client()[1:] == [b"\x81\x03hey"] and p.hooks.count("websocket_message") == 2
+            held.write(b"\x89\x00")  # the gate's end's control frame (a ping: a server's, unmasked)
+            await settle()
+            assert p.to_client()[2:] == [b"\x89\x00"]
 
             p.client_closed()
-            assert from_client[-1] == b"", "the gate's end learns the client is gone"
-            assert unmasked(from_client[-2])[0] == 0x8, "after a close frame"
+            assert control[-1] == b"", "the gate's end learns the client is gone"
+            assert unmasked(control[-2])[0] == 0x8, "after a close frame"
             assert held.state is S.ENDED and "websocket_end" in p.hooks
             assert opened(p) == [], "the stand-in is never dialled"
             held.detach()  # (the gate's end, once its session ended: ws/client_pipe.py)

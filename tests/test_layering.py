@@ -326,7 +326,7 @@ PRIVATE_REACHES = {
     # (docs/architecture.md#the-seam).
     ("mitm/warm_conn.py", "_proto"),
     # ...and the held stream's inside WebSocket layer speaks uncompressed after its 101 (held_layer.py's
-    # `inside_uncompressed`, tests/test_e2e_ws_client_hop.py); a mode layer hands its events on through a
+    # `StreamWire.ws_started`, tests/test_e2e_ws_client_hop.py); a mode layer hands its events on through a
     # bound `_handle_event`, the only way down to a flow's stream (`_children`); h2 keeps the streams it
     # closed only in `_closed_streams`, how a reset stream is told from one never opened (`stream_reset`,
     # tests/test_e2e_closed_doors.py). All in the seam.

@@ -1,13 +1,19 @@
-"""ws/client_pipe.py: the gated socket's client side in process (the 101's headers, the bounded reader)."""
+"""ws/client_pipe.py: the gated socket's client side in process (the 101's headers; `InProcessClient`, the
+gate's end: whole messages, control frames only across the stand-in)."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
 from mitmproxy import http
+from wsproto import ConnectionType
+from wsproto.connection import Connection
+from wsproto.events import CloseConnection, Ping, Pong, TextMessage
 from wsproto.utilities import generate_accept_token
 
-from codex_failover.ws.client_pipe import PipeReader, upgrade_headers
+from codex_failover.ws.client_pipe import InProcessClient, upgrade_headers
+from codex_failover.ws.conn import WsConn
 
 KEY = "dGhlIHNhbXBsZSBub25jZQ=="
 
@@ -30,38 +36,89 @@ def test_deflate_is_accepted_only_when_offered():
     assert not [k for k, _ in unknown if k == b"sec-websocket-extensions"]
 
 
-def test_the_reader_hands_out_in_order_splits_large_chunks_and_ends_at_eof():
-    async def run():
-        reader = PipeReader(1000, lambda: None)
-        reader.feed(b"abcdef")
-        reader.feed(b"gh")
-        assert await reader.read(4) == b"abcd"
-        assert await reader.read(100) == b"ef"
-        assert await reader.read(100) == b"gh"
-        waiting = asyncio.ensure_future(reader.read(100))
+class Hop:
+    """The held client stream as the gate's end sees it: what it writes toward the client's layer."""
+
+    def __init__(self):
+        self.writes: list[bytes] = []
+        self.sent: list[tuple[bytes, bool]] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    async def send_message(self, content: bytes, is_text: bool) -> None:
+        self.sent.append((content, is_text))
+
+
+def client_frames(*events) -> bytes:
+    """What mitmproxy's layer sends on toward the stand-in (a client's frames: masked)."""
+    ws = Connection(ConnectionType.CLIENT)
+    return b"".join(ws.send(e) for e in events)
+
+
+def server_events(data: bytes) -> list:
+    ws = Connection(ConnectionType.CLIENT)
+    ws.receive_data(data)
+    return list(ws.events())
+
+
+def test_messages_come_and_go_whole_in_order_and_the_end_is_none():
+    async def go():
+        hop = Hop()
+        client = InProcessClient(hop)
+        client.took(b"one", True)
+        client.took(b"\x00two", False)
+        assert await client.recv() == (b"one", True) and await client.recv() == (b"\x00two", False)
+        waiting = asyncio.ensure_future(client.recv())
         await asyncio.sleep(0)
         assert not waiting.done()
-        reader.feed(b"")
-        assert await asyncio.wait_for(waiting, 1) == b""
-        reader.feed(b"late")  # after the end: dropped
-        assert await reader.read(10) == b""
+        await client.send((b"answer", True))
+        assert hop.sent == [(b"answer", True)] and hop.writes == []  # whole, into the layer: no frame of ours
+        client.control(b"")  # the client is gone
+        assert await asyncio.wait_for(waiting, 1) is None and client.close_code == 1006 and not client.open
+        await client.send((b"late", True))
+        assert hop.sent == [(b"answer", True)]
+    asyncio.run(asyncio.wait_for(go(), 5))
 
-    asyncio.run(asyncio.wait_for(run(), 5))
+
+def test_a_ping_is_answered_and_a_close_is_answered_then_the_end_written_once():
+    hop = Hop()
+    client = InProcessClient(hop)
+    client.control(client_frames(Ping(b"p1")))
+    assert [type(e) for e in server_events(hop.writes[0])] == [Pong]
+    client.control(client_frames(CloseConnection(1000, "bye")))
+    assert client.close_code == 1000 and client.close_reason == "bye"
+    closes = [e for e in server_events(hop.writes[1]) if isinstance(e, CloseConnection)]
+    assert closes[0].code == 1000 and hop.writes[2:] == [b""]
+    client.close(1012)  # (the gate's end, after): nothing more
+    assert hop.writes[3:] == []
 
 
-def test_the_reader_is_bounded_and_says_so_once():
-    async def run():
-        overs = []
-        reader = PipeReader(10, lambda: overs.append(1))
-        reader.feed(b"y" * 64)  # one piece of any size is taken (the gate's own bound answers it with 1009)
-        assert await reader.read(100) == b"y" * 64
-        reader.feed(b"x" * 8)
-        reader.feed(b"x" * 8)  # 8 were waiting: still taken
-        reader.feed(b"x" * 8)  # 16 were waiting: over, not taken, the end
-        reader.feed(b"x" * 8)
-        assert overs == [1]
-        assert await reader.read(100) == b"x" * 8
-        assert await reader.read(100) == b"x" * 8
-        assert await reader.read(100) == b""
+@pytest.mark.parametrize("code, reason", [(1012, "codex-failover: reconnect"), (1000, "")])
+def test_the_gates_close_is_a_close_frame_with_its_code_then_the_end(code, reason):
+    hop = Hop()
+    client = InProcessClient(hop)
+    client.close(code, reason)
+    closes = [e for e in server_events(hop.writes[0]) if isinstance(e, CloseConnection)]
+    assert (closes[0].code, closes[0].reason) == (code, reason) and hop.writes[1:] == [b""]
+    assert client.close_code == code and not client.open
+    client.close(1011)
+    assert len(hop.writes) == 2 and client.close_code == code
 
-    asyncio.run(asyncio.wait_for(run(), 5))
+
+def test_a_message_over_the_limit_closes_with_1009_and_is_not_taken(monkeypatch):
+    async def go():
+        monkeypatch.setattr(WsConn, "max_message", 10)
+        hop = Hop()
+        client = InProcessClient(hop)
+        client.took(b"y" * 11, True)
+        assert client.close_code == 1009 and await client.recv() is None
+        assert [e.code for e in server_events(hop.writes[0]) if isinstance(e, CloseConnection)] == [1009]
+    asyncio.run(asyncio.wait_for(go(), 5))
+
+
+def test_a_message_framed_on_to_the_stand_in_means_the_layers_are_not_as_pinned_and_closes():
+    hop = Hop()
+    client = InProcessClient(hop)
+    client.control(client_frames(TextMessage("hi")))
+    assert client.close_code == 1011 and hop.writes[-1] == b""

@@ -35,17 +35,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from mitmproxy import ctx, http
+from mitmproxy import ctx, http, websocket
 from mitmproxy.connection import ConnectionState, Server
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import Http2Server, HttpLayer, HttpStream
-from mitmproxy.proxy.layers.websocket import WebsocketLayer
+from mitmproxy.proxy.layers.websocket import WebsocketLayer, WebsocketMessageHook
 from mitmproxy.proxy.mode_specs import ProxyMode
+from wsproto.frame_protocol import Opcode
 
 from ..core.after_output import cut_off
 from . import quiet_log
 from .attempt import Capture, copy_request
+from .warm_conn import WholeMessage, takes_whole_messages
 
 _SEARCH_LIMIT = 256  # layers looked at to find a flow's stream (a client connection has a handful)
 UNCLAIMED: Any = object()  # a held stream whose answer ended before the stream asked for its connection
@@ -76,6 +78,7 @@ class Held(Protocol):
     def request_taken(self) -> None: ...
     def client_left(self, why: str) -> None: ...
     def client_data(self, data: bytes) -> None: ...
+    def client_message(self, content: bytes, is_text: bool) -> bool: ...
     def direct_failed(self) -> None: ...
     def released(self) -> tuple[list, bytes]: ...
     def handed(self) -> None: ...
@@ -258,16 +261,40 @@ class StreamWire:
             return 0
         return sum(len(item.data) for item in server.h2_conn.stream_buffers.get(self.stream_id, ()))
 
-    def inside_uncompressed(self) -> bool:
-        """After a 101: the inside side of the client flow's WebSocket layer (toward the stand-in) speaks
-        uncompressed, as the gate's end does (ws/client_pipe.py). False: the layers are not as pinned."""
+    def ws_started(self) -> bool:
+        """At the client flow's `websocket_start` after a 101: its WebSocket layer takes the gate's
+        messages whole (each framed once toward Codex), and its inside side (toward the stand-in, which
+        sees only control frames now) speaks uncompressed, as the gate's end does (ws/client_pipe.py).
+        False: the layers are not as pinned."""
         stream = self.layers[-1].streams.get(self.stream_id)
-        proto = getattr(getattr(getattr(stream, "child_layer", None), "server_ws", None), "_proto", None)
+        child = getattr(stream, "child_layer", None)
+        proto = getattr(getattr(child, "server_ws", None), "_proto", None)
         extensions = getattr(proto, "extensions", None)
-        if not isinstance(extensions, list):
+        if not isinstance(extensions, list) or not takes_whole_messages(child):
             return False
         extensions.clear()
         return True
+
+    async def send_message(self, content: bytes, is_text: bool) -> None:
+        """A whole message of the gate's for Codex: into the client flow's WebSocket layer, which runs its
+        hooks and frames it once toward the client; then the client's socket drains."""
+        stream = self.layers[-1].streams.get(self.stream_id)
+        if stream is None or self.handler.transports.get(self.handler.client) is None:
+            return  # the client's stream or connection is gone
+        message = websocket.WebSocketMessage(Opcode.TEXT if is_text else Opcode.BINARY, False, content, injected=True)
+        await self.handler.server_event(WholeMessage(stream.flow, message))
+        io = self.handler.transports.get(self.handler.client)
+        if io is not None and io.writer is not None:
+            await io.writer.drain()
+
+
+def _take_client_message(held: Held, flow: http.HTTPFlow) -> None:
+    """After every addon saw a message of a gated client flow: Codex's goes to the gate whole and no
+    further (the layer would frame it again toward the stand-in)."""
+    message = flow.websocket.messages[-1] if flow.websocket is not None and flow.websocket.messages else None
+    if message is not None and message.from_client and not message.dropped \
+            and held.client_message(message.content, message.is_text):
+        message.drop()
 
 
 def ended(conn: Server) -> None:
@@ -451,6 +478,8 @@ class HeldHttpLayer(HttpLayer):
             return
         wire = hop_layer.wire
         held = wire.held
+        if isinstance(event, events.HookCompleted) and isinstance(event.command, WebsocketMessageHook):
+            _take_client_message(held, event.command.flow)
         direct = held.direct
         if isinstance(event, http_layers.RequestProtocolError) and (held.choosing or wire.waiting is not None):
             # The stream waits for its connection (paused: it would queue this until then): the run stops now.

@@ -58,7 +58,8 @@ class HeldStream:
         self.body: Callable[[], AsyncIterator[bytes]] | None = None
         self.first = b""  # the held bytes that go with the head
         self.pump: asyncio.Task | None = None  # the task that hands the answer over
-        self.on_data: Callable[[bytes], object] | None = None  # after a 101: the client's bytes (b"": their end)
+        self.on_data: Callable[[bytes], object] | None = None  # after a 101: the client's control frames (b"": their end)
+        self.on_message: Callable[[bytes, bool], object] | None = None  # ...and its messages, whole
         self.direct = None  # attempt 1 on the stream (direct.py's DirectAttempt), once chosen
         self.riding = False  # the stream's connection is attempt 1's (from the choice; not when it failed or
         # was stopped before it had one): its request goes upstream there, and what comes back is the attempt's
@@ -204,12 +205,15 @@ class HeldStream:
 
     # -- a 101 (the WebSocket gate), then bytes both ways through the client's WebSocket layer --
 
-    def upgrade(self, headers: list[tuple[bytes, bytes]], on_data: Callable[[bytes], object]) -> None:
-        """Answer 101; the frames mitmproxy's WebSocket layer sends on toward the server go to
-        `on_data` (b"": the client is gone), and `write` hands it the server side's, in order."""
+    def upgrade(self, headers: list[tuple[bytes, bytes]], on_data: Callable[[bytes], object],
+                on_message: Callable[[bytes, bool], object]) -> None:
+        """Answer 101. Then the client's messages go whole to `on_message` (after every addon saw them),
+        and the gate's go to the client whole (`send_message`); the control frames mitmproxy's WebSocket
+        layer sends on toward the server go to `on_data` (b"": the client is gone), and `write` hands it
+        the server side's (a pong, the close), in order."""
         self.decide(False)  # (a held upgrade is never a direct attempt's)
         self._move(E.UPGRADE)
-        self.status, self.on_data = 101, on_data
+        self.status, self.on_data, self.on_message = 101, on_data, on_message
         response = http.Response(b"HTTP/1.1", 101, b"Switching Protocols", http.Headers(headers), b"", None,
                                  time.time(), None)
         self._hand(*self.wire.head_events(response, b""), self.wire.end_event())
@@ -218,9 +222,21 @@ class HeldStream:
         self._hand(self.wire.data_event(data) if data else self.wire.end_event())
 
     def client_data(self, data: bytes) -> None:
-        """From the layers, after a 101: the client's frames, as mitmproxy's WebSocket layer sends them on."""
+        """From the layers, after a 101: the client's control frames, as mitmproxy's WebSocket layer sends them on."""
         if self.on_data is not None:
             self.on_data(data)
+
+    def client_message(self, content: bytes, is_text: bool) -> bool:
+        """From the layers, after a 101: a message of the client's, whole. False: not taken (no gate reads it)."""
+        if self.on_message is None or self.gone:
+            return False
+        self.on_message(content, is_text)
+        return True
+
+    async def send_message(self, content: bytes, is_text: bool) -> None:
+        """After a 101: a whole message for the client (framed once, by its WebSocket layer)."""
+        if not self.gone and self.state is not S.ENDED:
+            await self.wire.send_message(content, is_text)
 
     def _hand(self, *events: object) -> None:
         if self.state is not S.ENDED:
@@ -337,11 +353,12 @@ def flow_ended_unclaimed(flow: http.HTTPFlow) -> None:
 
 
 def ws_started(flow: http.HTTPFlow) -> None:
-    """The client flow's `websocket_start` after a 101: the inside side of its WebSocket layer (toward
-    the stand-in) speaks uncompressed, as the gate's end does (ws/client_pipe.py)."""
+    """The client flow's `websocket_start` after a 101: its WebSocket layer takes the gate's messages
+    whole, and its inside side (toward the stand-in: control frames only) speaks uncompressed, as the
+    gate's end does (ws/client_pipe.py)."""
     held = _by_flow.get(flow.id)
     if held is None or held.on_data is None:
         return
-    if not held.wire.inside_uncompressed():  # the layers are not as pinned: the session ends at once
+    if not held.wire.ws_started():  # the layers are not as pinned: the session ends at once
         log.warning("codex-failover: a gated WebSocket's layers are not as expected; closing it")
         held.client_left("layers not as expected")

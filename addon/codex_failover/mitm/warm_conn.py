@@ -61,18 +61,19 @@ class _ToStream(events.ConnectionEvent):
     data: bytes | None = None  # (with data: frames of an upgraded stream's client side, `feed`)
 
 
-class _WholeMessage(WebSocketMessageInjected):
-    """A whole message from an upgraded attempt's client side (the gate), for its WebSocket layer."""
+class WholeMessage(WebSocketMessageInjected):
+    """A whole message the gate sends on one of mitmproxy's WebSocket layers: toward the upstream on an
+    upgraded attempt's (`from_client`), toward Codex on the client's own (held_layer.StreamWire)."""
 
 
-class _WholeMessageLayer(WebsocketLayer):
-    """mitmproxy's WebSocket layer for an upgraded attempt, taking its client side's messages whole: each
-    runs `websocket_message`, then is framed once toward the upstream (as the layer relays a message it
-    parsed). mitmproxy's own injection would split a text at 4,000 bytes and decode each piece alone,
-    breaking a character across the split. Everything else is the layer's own (pings, the close)."""
+class WholeMessageLayer(WebsocketLayer):
+    """mitmproxy's WebSocket layer taking the gate's messages whole (`WholeMessage`): each runs
+    `websocket_message`, then is framed once toward its peer, as the layer relays a message it parsed.
+    mitmproxy's own injection would split a text at 4,000 bytes and decode each piece alone, breaking a
+    character across the split. Everything else is the layer's own (what it parses, pings, the close)."""
 
     def relay_messages(self, event: events.Event) -> layer.CommandGenerator[None]:
-        if not isinstance(event, _WholeMessage):
+        if not isinstance(event, WholeMessage):
             yield from super().relay_messages(event)
             return
         assert self.flow.websocket is not None  # (after websocket_start)
@@ -80,8 +81,17 @@ class _WholeMessageLayer(WebsocketLayer):
         self.flow.websocket.messages.append(message)
         yield WebsocketMessageHook(self.flow)
         if not message.dropped:
-            yield self.server_ws.send2(TextMessage(message.content.decode("utf-8", "replace")) if message.is_text
-                                       else BytesMessage(message.content))
+            peer = self.server_ws if message.from_client else self.client_ws
+            yield peer.send2(TextMessage(message.content.decode("utf-8", "replace")) if message.is_text
+                             else BytesMessage(message.content))
+
+
+def takes_whole_messages(child: object) -> bool:
+    """Make `child`, mitmproxy's WebSocket layer at its `websocket_start` (it binds its relay once the
+    hook returns), take whole messages. False when it is not that layer (not as pinned)."""
+    if type(child) is WebsocketLayer:
+        child.__class__ = WholeMessageLayer
+    return type(child) is WholeMessageLayer
 
 
 class _AttemptSource(layer.Layer):
@@ -326,9 +336,9 @@ class WarmConnection(server.ConnectionHandler):
 
     async def send_message(self, attempt: Carried, content: bytes, is_text: bool) -> None:
         """A whole message from an upgraded attempt's client side into its WebSocket layer (framed once
-        there, `_WholeMessageLayer`), then written out (drained)."""
+        there, `WholeMessageLayer`), then written out (drained)."""
         message = websocket.WebSocketMessage(Opcode.TEXT if is_text else Opcode.BINARY, True, content, injected=True)
-        await self.server_event(_WholeMessage(attempt.flow, message))
+        await self.server_event(WholeMessage(attempt.flow, message))
         await self.drain_writers()
 
     async def feed(self, attempt: Carried, data: bytes) -> None:
@@ -338,11 +348,8 @@ class WarmConnection(server.ConnectionHandler):
         await self.drain_writers()
 
     def _whole_messages(self, attempt: Carried) -> None:
-        """At an upgraded attempt's `websocket_start` (its layer binds its relay once the hook returns):
-        its WebSocket layer takes the client side's messages whole."""
-        child = getattr(self.layer.streams.get(attempt.stream_id), "child_layer", None)
-        if type(child) is WebsocketLayer:
-            child.__class__ = _WholeMessageLayer
+        """At an upgraded attempt's `websocket_start`: its WebSocket layer takes the gate's messages whole."""
+        takes_whole_messages(getattr(self.layer.streams.get(attempt.stream_id), "child_layer", None))
 
     def extensions(self, attempt: Carried, side: str) -> list | None:
         """The wsproto extensions (the list itself) an upgraded stream speaks to `side` with, or None."""

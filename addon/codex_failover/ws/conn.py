@@ -107,11 +107,6 @@ class WsConn:
                                                    extensions=[BoundedDeflate(cls.max_message)] if offered else [])))
         return conn
 
-    @classmethod
-    def opened(cls, reader, writer) -> "WsConn":
-        """Server side of a handshake done elsewhere (the client hop's 101), without extensions."""
-        return cls(reader, writer, Connection(ConnectionType.SERVER))
-
     # -- messages --------------------------------------------------------------------------
 
     async def recv(self) -> Message | None:
