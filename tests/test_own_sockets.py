@@ -40,8 +40,46 @@ def test_addresses_have_one_form():
     assert end(None) is None and end(("x",)) is None
 
 
-def test_is_own_socket():
-    ends = frozenset({("127.0.0.1", 40000)})
-    assert is_own_socket(("::ffff:127.0.0.1", 40000, 0, 0), ends)
-    assert not is_own_socket(("127.0.0.1", 40001), ends)
-    assert not is_own_socket(None, ends)
+# (client's far end, the proxy's end of it) -> is it the other end of one of the proxy's own sockets?
+OWN = frozenset({(("127.0.0.1", 40000), ("127.0.0.1", 8080)),  # the proxy dialled its own listener
+                 (("127.0.0.1", 40001), ("127.0.0.1", 443))})  # the proxy's connection to an upstream
+
+
+@pytest.mark.parametrize("peer, local, own", [
+    (("127.0.0.1", 40000), ("127.0.0.1", 8080), True),
+    (("::ffff:127.0.0.1", 40000, 0, 0), ("::ffff:127.0.0.1", 8080, 0, 0), True),  # a dual-stack listener's view
+    # Linux gives port 40001 to a Codex socket toward the proxy too (the upstream's socket goes elsewhere):
+    # the same local end, another connection. Before, that client was taken for the proxy's own.
+    (("127.0.0.1", 40001), ("127.0.0.1", 8080), False),
+    (("127.0.0.1", 40002), ("127.0.0.1", 8080), False),
+    (None, ("127.0.0.1", 8080), False),
+    (("127.0.0.1", 40000), None, False),
+])
+def test_a_client_is_the_proxys_own_socket_only_when_both_ends_mirror_one(peer, local, own):
+    assert is_own_socket(peer, local, OWN) is own
+
+
+
+
+def test_a_codex_connection_that_shares_a_local_port_with_an_upstream_socket_is_served_not_killed():
+    """Met in the namespace: three Codex agents and the proxy's own upstream connections on 127.0.0.1;
+    Linux gave a Codex socket the local port of one of the proxy's sockets to the upstream, and its
+    request was killed as "a loop" (and its connection taken for another user's)."""
+    from types import SimpleNamespace
+
+    from mitmproxy.test import tflow
+
+    from codex_failover.mitm.self_guard import SelfGuard
+
+    guard = SelfGuard(listeners=lambda: [("127.0.0.1", 8080)])
+    upstream = SimpleNamespace(id="s1", sockname=("127.0.0.1", 40001), peername=("127.0.0.1", 443))
+    guard.server_connected(SimpleNamespace(server=upstream))
+    flow = tflow.tflow()
+    flow.client_conn.peername, flow.client_conn.sockname = ("127.0.0.1", 40001), ("127.0.0.1", 8080)
+    guard.requestheaders(flow)
+    assert flow.error is None and not guard.is_own_socket(flow.client_conn.peername, flow.client_conn.sockname)
+    looped = SimpleNamespace(id="s2", sockname=("127.0.0.1", 40002), peername=("127.0.0.1", 8080))
+    guard.server_connected(SimpleNamespace(server=looped))  # the proxy's own connection to its listener
+    flow.client_conn.peername = ("127.0.0.1", 40002)
+    guard.requestheaders(flow)
+    assert flow.error is not None  # killed: a loop

@@ -79,8 +79,12 @@ def end(peer: tuple[object, ...] | None) -> tuple[str, int] | None:
         return None
 
 
-def is_own_socket(peer: tuple[object, ...] | None, own_ends: Collection[tuple[str, int]]) -> bool:
-    """Is a client whose address is `peer` the proxy's own outgoing socket (one of `own_ends`, its
-    connections' local ends)? Such a client is never a client: it is the proxy talking to itself."""
-    key = end(peer)
-    return key is not None and key in own_ends
+def is_own_socket(peer: tuple[object, ...] | None, local: tuple[object, ...] | None,
+                  own: Collection[tuple[tuple[str, int], tuple[str, int]]]) -> bool:
+    """Is a client connection (`peer` its far end, `local` the proxy's end of it) the other end of one
+    of the proxy's own outgoing sockets (`own`: each one's (local end, remote end))? Such a client is
+    never a client: it is the proxy talking to itself. Both ends must mirror: Linux gives one local
+    port to several sockets that go to different places, so a client's port alone can be an outgoing
+    socket's by chance (a Codex connection to the proxy and the proxy's to an upstream)."""
+    mine, theirs = end(peer), end(local)
+    return mine is not None and theirs is not None and (mine, theirs) in own

@@ -48,7 +48,7 @@ class ClientBoundary:
     """Which clients are this user's programs (the rule in force), and which credentials were refused."""
 
     def __init__(self, listings=read_listings, proxy_uid: int | None = None,
-                 is_self: Callable[[tuple | None], bool] = lambda peer: False) -> None:
+                 is_self: Callable[[tuple | None, tuple | None], bool] = lambda peer, local: False) -> None:
         self._listings = listings
         self._is_self = is_self  # a client socket that is the proxy's own connection (self_guard.py): never a client
         self.proxy_uid = os.geteuid() if proxy_uid is None else proxy_uid
@@ -97,7 +97,7 @@ class ClientBoundary:
         """Is this client connection the user's own program (rule in force)? Looked up once per connection."""
         known = self._own.get(client.id)
         if known is None:
-            known = not self._is_self(client.peername) and self.owns(client.peername, client.sockname)
+            known = not self._is_self(client.peername, client.sockname) and self.owns(client.peername, client.sockname)
             if len(self._own) >= MAX_CONNECTIONS:
                 self._own.pop(next(iter(self._own)))
             self._own[client.id] = known
@@ -113,7 +113,7 @@ class ClientBoundary:
 
     def remember(self, client, uid: int | None) -> None:
         """The uid of a client's socket, found when it connected: the rule's answer needs no lookup again."""
-        if self.rule == rules.UID and client.id not in self._own and not self._is_self(client.peername):
+        if self.rule == rules.UID and client.id not in self._own and not self._is_self(client.peername, client.sockname):
             if len(self._own) >= MAX_CONNECTIONS:
                 self._own.pop(next(iter(self._own)))
             self._own[client.id] = rules.is_own(self.rule, True, uid, self.proxy_uid)

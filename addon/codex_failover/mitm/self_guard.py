@@ -7,9 +7,10 @@ local ends of the proxy's own server connections.
   host resolved; when an address it resolves to reaches one of them, the dial is refused (the client
   gets mitmproxy's 502 with the reason), whatever the spelling (`127.1`, `0.0.0.0`, `2130706433`,
   `[::ffff:127.0.0.1]`, a name).
-- `server_connected` / `server_disconnected`: the local end of each server connection is kept; a client
-  connection from one of them (a name that resolved elsewhere when asked and here when dialled) is the
-  proxy's own socket: `is_own_socket` says so to the client boundary, which never treats it as a client.
+- `server_connected` / `server_disconnected`: both ends of each server connection are kept; a client
+  connection that is the other end of one of them (a name that resolved elsewhere when asked and here
+  when dialled) is the proxy's own socket: `is_own_socket` says so to the client boundary, which never
+  treats it as a client.
 
 docs/machine-proxy.md, "Who may use the pool".
 """
@@ -57,8 +58,9 @@ class SelfGuard:
         self._extra = extra_listeners  # the /metrics listener's address, while it serves
         self._listeners = listeners
         self._local = local
-        self.own_ends: frozenset[tuple[str, int]] = frozenset()  # read by the /metrics thread too: replaced, never mutated
-        self._ends: dict[str, tuple[str, int]] = {}  # server connection id -> its local end
+        # (local end, remote end) of each server connection; read by the /metrics thread too: replaced, never mutated
+        self.own_ends: frozenset[tuple[tuple[str, int], tuple[str, int]]] = frozenset()
+        self._ends: dict[str, tuple[tuple[str, int], tuple[str, int]]] = {}  # server connection id -> its ends
 
     def listeners(self) -> list[tuple[str, int]]:
         return [*self._listeners(), *self._extra()]
@@ -83,9 +85,9 @@ class SelfGuard:
                      data.client.peername[0] if data.client.peername else "?")
 
     def server_connected(self, data) -> None:
-        mine = own_sockets.end(data.server.sockname)
-        if mine is not None:
-            self._ends[data.server.id] = mine
+        mine, theirs = own_sockets.end(data.server.sockname), own_sockets.end(data.server.peername)
+        if mine is not None and theirs is not None:
+            self._ends[data.server.id] = (mine, theirs)
             self.own_ends = frozenset(self._ends.values())
 
     def server_disconnected(self, data) -> None:
@@ -94,14 +96,14 @@ class SelfGuard:
 
     def requestheaders(self, flow) -> None:
         """A request on a connection the proxy made to itself (a loop past the dial's check): killed."""
-        if self.own_ends and self.is_own_socket(flow.client_conn.peername):
+        if self.own_ends and self.is_own_socket(flow.client_conn.peername, flow.client_conn.sockname):
             log.info("codex-failover: a request from this proxy's own connection (%s %s): refused, a loop",
                      flow.request.method, flow.request.pretty_url)
             flow.kill()
 
-    def is_own_socket(self, peer) -> bool:
-        return own_sockets.is_own_socket(peer, self.own_ends)
+    def is_own_socket(self, peer, local) -> bool:
+        return own_sockets.is_own_socket(peer, local, self.own_ends)
 
     def owns(self, rule: Callable[[tuple, tuple], bool]) -> Callable[[tuple, tuple], bool]:
         """`rule` (peer, local) -> the user's own program?, never for the proxy's own socket (the /metrics listener's)."""
-        return lambda peer, local: not self.is_own_socket(peer) and rule(peer, local)
+        return lambda peer, local: not self.is_own_socket(peer, local) and rule(peer, local)
