@@ -44,6 +44,7 @@ Timestamps from different processes are wall-clock (time.time()) on one machine.
     scripts/bench --instructions [--requests N] [--baseline OTHER/addon/failover.py ...]   (scripts/bench_instructions.py)
     scripts/bench --ab OTHER/addon/failover.py [...] [--instances 3] [--length short] [--pool-only]  (scripts/bench_ab.py)
     scripts/bench --session [--turns 10 30] [--uplink-mbit 10] [--rtt-ms 30]       (scripts/bench_session.py)
+    scripts/bench --where [--requests 4000] [--length short] [--top 40]   (scripts/bench_where.py)
 """
 
 from __future__ import annotations
@@ -597,6 +598,10 @@ def main() -> int:
         import bench_instructions
 
         return bench_instructions.main([a for a in sys.argv[1:] if a != "--instructions"])
+    if "--where" in sys.argv[1:]:  # where the addon's CPU a request goes, against plain (scripts/bench_where.py)
+        import bench_where
+
+        return bench_where.main([a for a in sys.argv[1:] if a != "--where"])
     if "--session" in sys.argv[1:]:  # a growing session over HTTP/SSE against the gated WebSocket (scripts/bench_session.py)
         import bench_session
 

@@ -56,3 +56,14 @@ def test_bench_ab_compares_checkouts_over_several_processes(tmp_path):
         bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_ab.py"), *argv],
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and said in bad.stderr, (argv, bad.stderr)
+
+
+def test_bench_where_splits_the_addons_cpu_a_request_by_function_against_plain():
+    """`scripts/bench --where`: both proxies sample their own CPU; every measured request is counted
+    and the addon's own functions show in the inclusive table."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_where.py"), "--requests", "120",
+                           "--warm-up", "20", "--top", "60"], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.startswith("CPU a request: plain ") and "120 short streams each" in proc.stdout, proc.stdout
+    inclusive = proc.stdout.split("Inclusive")[1].split("Self")[0]
+    assert "mitm/addon.py:FailoverAddon.request" in inclusive, proc.stdout
