@@ -442,3 +442,29 @@ def test_a_committed_stream_lets_its_parsed_body_go_while_it_is_still_live(tmp_p
 
     asyncio.run(go())
     assert run.client.hop.is_answered
+
+
+def test_the_held_client_keeps_no_way_back_to_its_run(monkeypatch):
+    """The run holds its held client; the client handed the run's abort to its hop and keeps none
+    itself, so a finished run (its hop detached) is freed by reference counting, not the collector."""
+    import gc
+    import weakref
+
+    from codex_failover.mitm import held_client
+
+    class Run:
+        def abort(self) -> None:
+            pass
+
+    run = Run()
+    client = held_client.HeldClient(client_flow(), None, run.abort)
+    monkeypatch.setattr(held_client.HeldStream, "attach", staticmethod(lambda flow, abort: object()))
+    client.hold()
+    run.client = client
+    watched = weakref.ref(run)
+    gc.disable()  # no collection may free it
+    try:
+        del run, client
+        assert watched() is None, "the held client keeps its run alive in a cycle"
+    finally:
+        gc.enable()

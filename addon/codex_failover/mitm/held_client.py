@@ -65,20 +65,25 @@ class HeldClient:
     """One held client flow: its stream held from the start, answered once."""
 
     def __init__(self, flow: http.HTTPFlow, relay: Relay, abort, metrics=None):
-        self.flow, self.relay, self.metrics, self.abort = flow, relay, metrics, abort
+        self.flow, self.relay, self.metrics = flow, relay, metrics
+        self._abort: Callable[[], object] | None = abort  # the run's, for its hop (`hold`), kept by no one else
         self.started = time.monotonic()
         self.decided = asyncio.Event()  # the answer is given (the client has, or will have, its head)
         self.sink: HeartbeatSink | None = None  # heartbeat mode: the client already has its headers
-        self.hop: HeldStream | RelaySession = RelaySession.held(abort)
+        self.hop: HeldStream | RelaySession
         self._released: float | None = None  # when a direct attempt was committed
 
     def hold(self) -> None:
         """In the request hook: the stream held in its own layers (attempt 1 may ride it), or (when
-        mitmproxy's layers are not as expected) the loopback relay."""
-        held = HeldStream.attach(self.flow, self.abort)
+        mitmproxy's layers are not as expected) the loopback relay. The run's `abort` goes to the hop
+        only (here it would close a reference cycle with the run, freed by the collector alone)."""
+        abort, self._abort = self._abort, None
+        assert abort is not None, "held once"
+        held = HeldStream.attach(self.flow, abort)
         if held is not None:
             self.hop = held
         else:
+            self.hop = RelaySession.held(abort)
             point_at_relay(self.flow, self.relay.port, self.relay.register(self.hop))
 
     @property

@@ -125,7 +125,8 @@ class HeldStream:
 
     def released(self) -> tuple[list, bytes]:
         """For the layers at the release: the held head (and end), and the bytes the stream gets now."""
-        assert self.direct is not None and self.live_feed is not None
+        if self.direct is None or self.live_feed is None:  # (ended meanwhile: nothing more goes out)
+            return [], b""
         return self.direct.release(self.live_feed, self.held_bytes)
 
     def direct_failed(self) -> None:
@@ -315,7 +316,9 @@ class HeldStream:
         _by_flow.pop(self.flow_id, None)
         self.wire.end(claimed=self.taken)
         self._move(E.END)
-        self.abort = _nothing  # (the run's: a finished request is freed by reference counting, not the collector)
+        # The run's ways in (its abort, the committed feed's cut): a finished request is freed by reference
+        # counting, not by the collector.
+        self.abort, self.live_feed = _nothing, None
 
     def stream_reset(self) -> bool:
         return self.wire.stream_reset()
