@@ -653,3 +653,48 @@ def test_a_session_whose_socket_closed_exhausted_goes_over_http_at_its_next_upgr
     assert book.downgrade("a") is False and book.downgrade("c") is True  # the oldest forgotten past the limit
     book.closed_exhausted(None)
     assert book.downgrade(None) is False  # no session known: nothing to remember
+
+
+def test_a_finished_attempt_machine_is_freed_by_reference_counting():
+    """The machine's stream view reports what it saw (rate-limit windows) by value, not by calling back
+    into the machine: no cycle, so a finished request (its machine, its run, its held stream and what
+    they hold) is freed when the last reference goes, not at the collector's next pass."""
+    import gc
+    import weakref
+
+    world = World()
+    turn = Turn("a", 2)
+    events = turn.handshake() + turn.answer()
+    m = world.machine()
+    assert isinstance(m.next(), Try)
+    attempt = weakref.ref(m.attempt)
+    m.attempt.send(Head(200, SSE, True))
+    while not m.attempt.over:
+        m.attempt.send(Chunk(events.pop(0)))
+    m.attempt.live(b"".join(events))
+    m.attempt.live(None)
+    assert isinstance(m.next(), Done)
+    gc.disable()  # no collection may free it
+    try:
+        del m
+        assert attempt() is None, "the attempt machine sits in a reference cycle"
+    finally:
+        gc.enable()
+
+
+def test_a_rate_limit_event_held_before_the_output_reaches_the_pool():
+    """The stream view reports the windows of a `codex.rate_limits` event it framed; the machine hands
+    them to the pool."""
+    from conftest import WIRE
+
+    world = World()
+    payload = json.loads((WIRE / "ws" / "server_codex_rate_limits.json").read_text())
+    limits = f"event: codex.rate_limits\ndata: {json.dumps(payload)}\n\n".encode()
+    turn = Turn("a", 2)
+    events = [limits] + turn.handshake() + turn.answer()
+    m = world.machine()
+    assert isinstance(m.next(), Try)
+    m.attempt.send(Head(200, SSE, True))
+    while not m.attempt.over:
+        m.attempt.send(Chunk(events.pop(0)))
+    assert world.feedback.usage.windows("a"), "the event's windows reached the pool"

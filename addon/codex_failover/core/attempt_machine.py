@@ -110,7 +110,7 @@ class AttemptMachine:
     def __post_init__(self) -> None:
         self._deadline: float | None = None
         self.start()  # (again by the shell, once the attempt left)
-        self.view = StreamView(self.scope.pool.recovery.enabled, self._usage)  # frames the stream once
+        self.view = StreamView(self.scope.pool.recovery.enabled)  # frames the stream once
         self._clf: BootstrapClassifier | None = None
         self._slot = False
         self._rejection: Rejection | None = None  # a recoverable whole answer, as a rejection
@@ -220,6 +220,9 @@ class AttemptMachine:
         clf = self._clf
         assert clf is not None
         decision = self.view.hold(clf, event)
+        for windows in self.view.usage:  # (what the view saw goes out; it keeps no way back to the machine)
+            self._usage(windows)
+        self.view.usage.clear()
         self._deadline = clf.deadline
         if not decision.final:
             if clf.extended and not self._kept_alive:  # held past bootstrap_timeout: Codex is kept alive

@@ -4,8 +4,6 @@ Pure; used by the attempt's machine (attempt_machine.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from .attempt_events import Broke, Chunk, End, Event, Tick
 from .classifier import BootstrapClassifier, Decision
 from .framer import Event as SseEvent, FramerError
@@ -16,14 +14,14 @@ from .vocabulary import FRAMING_ERROR, UPSTREAM_BROKEN
 
 
 class StreamView:
-    def __init__(self, track_ending: bool, usage: Callable[[list[Window]], None]):
+    def __init__(self, track_ending: bool):
         self.received = bytearray()  # every byte held, in order, until committed
         self.ended = False  # the whole body arrived
         self.error: str | None = None  # the upstream broke (what came is still delivered, then the break)
         self.made = SseArtifacts()  # frames the stream, and keeps its artifacts until taken
         self.tracker = TerminalTracker() if track_ending else None
         self.rest: list[SseEvent] = []  # the events framed with the deciding one, after it
-        self._usage = usage
+        self.usage: list[list[Window]] = []  # the rate-limit windows seen, in order, for the machine to take
 
     def hold(self, clf: BootstrapClassifier, event: Event) -> Decision:
         """While the attempt is held: `event` kept, and what the classifier makes of it."""
@@ -74,7 +72,7 @@ class StreamView:
                 if decision.final:
                     self.rest = events[i + 1:]
                 if event.type == "codex.rate_limits" and isinstance(payload := event.payload, dict):
-                    self._usage(from_event(payload))  # parsed already by the classifier
+                    self.usage.append(from_event(payload))  # parsed already by the classifier
             if tracker is not None:
                 tracker.see(event)
         if decision is None or (data is None and not decision.final):

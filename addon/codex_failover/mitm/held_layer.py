@@ -86,6 +86,33 @@ class Held(Protocol):
 
 
 @dataclass
+class _Ended:
+    """What an ended held stream leaves in its wire (`StreamWire.end`): the layers find it ended and
+    reach nothing of it, so a finished request is freed by reference counting, not by the collector,
+    while its stand-in waits in the layers for `_sweep`."""
+
+    ended, choosing, riding, gone, direct = True, False, False, True, None
+
+    def gets_upstream(self) -> bool:
+        return False
+
+    def released(self) -> tuple[list, bytes]:
+        return [], b""
+
+    def client_message(self, content: bytes, is_text: bool) -> bool:
+        return False
+
+    def request_taken(self) -> None: ...
+    def client_left(self, why: str) -> None: ...
+    def client_data(self, data: bytes) -> None: ...
+    def direct_failed(self) -> None: ...
+    def handed(self) -> None: ...
+    def first_written(self) -> None: ...
+
+
+ENDED: Held = _Ended()
+
+
 class Deliver(events.ConnectionEvent):
     """Wakes the stand-in's layer: what the wire queued goes to the stream now."""
 
@@ -157,6 +184,7 @@ class StreamWire:
         else:  # stopped before its stream asked for it (held in mitmweb's intercept, say): never a real dial
             held[self.stream_id] = UNCLAIMED
         ended(self.conn)
+        self.held = ENDED
 
     # -- the answer's events, delivered by the stand-in's layer ---------------------------------
 

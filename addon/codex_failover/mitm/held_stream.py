@@ -316,9 +316,9 @@ class HeldStream:
         _by_flow.pop(self.flow_id, None)
         self.wire.end(claimed=self.taken)
         self._move(E.END)
-        # The run's ways in (its abort, the committed feed's cut): a finished request is freed by reference
-        # counting, not by the collector.
-        self.abort, self.live_feed = _nothing, None
+        # The run's ways in (its abort, the committed feed's cut) and attempt 1 (whose hop this is): a finished
+        # request is freed by reference counting, not by the collector (the wire let go of this too).
+        self.abort, self.live_feed, self.direct = _nothing, None, None
 
     def stream_reset(self) -> bool:
         return self.wire.stream_reset()
@@ -338,12 +338,13 @@ def _later(coro) -> None:
 def direct_ended(flow: http.HTTPFlow) -> None:
     """The client flow's `response` or `error` hook: a released direct attempt's stream is done."""
     held = _by_flow.get(flow.id)
+    direct = held.direct if held is not None else None
     # Released: its attempt's mode says so, whatever the stream's state (ENDED if the client left first).
-    if held is not None and held.direct is not None and held.direct.mode in (RELEASED, CUTTING, CUT):
-        if not held.direct.ended.is_set():  # the stream ended without its upstream's end (the client left)
-            held.direct.client_left(flow.error.msg if flow.error else "the stream ended")
+    if held is not None and direct is not None and direct.mode in (RELEASED, CUTTING, CUT):
+        if not direct.ended.is_set():  # the stream ended without its upstream's end (the client left)
+            direct.client_left(flow.error.msg if flow.error else "the stream ended")
         held.detach()
-        held.direct.done_streaming()
+        direct.done_streaming()
 
 
 def flow_ended_unclaimed(flow: http.HTTPFlow) -> None:
