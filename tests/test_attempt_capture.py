@@ -30,3 +30,36 @@ def test_a_capture_keeps_its_bound():
     capture.keep_on(response)
     assert response.raw_content == b"abcde"
     capture.keep_on(None)  # no message: nothing to do
+
+
+def test_a_finished_attempts_flow_keeps_no_way_back_to_it():
+    """Its flow lives on (mitmweb, `-w`) but keeps no way back to the attempt: the response's stream
+    callable (the attempt's) is let go at the final hook, so the attempt and what it holds are freed
+    by reference counting, not at the collector's next pass (pool-only mode: every attempt is one)."""
+    import asyncio
+    import gc
+
+    from mitmproxy.test import tflow
+
+    from codex_failover.mitm.attempt import Attempt
+
+    def reaches(root, target) -> bool:
+        seen, todo = {id(root)}, [root]
+        while todo and len(seen) < 50_000:
+            for ref in gc.get_referents(todo.pop()):
+                if ref is target:
+                    return True
+                if id(ref) not in seen and not isinstance(ref, type):
+                    seen.add(id(ref))
+                    todo.append(ref)
+        return False
+
+    attempt = Attempt(tflow.tflow(), tflow.tflow().request, "r1#1", 1, None)  # type: ignore[arg-type]
+    attempt.flow.response = http.Response.make(200, b"")
+    attempt.on_responseheaders(True)
+    assert attempt.flow.response.stream(b"data: x\n\n") == b"data: x\n\n"
+    assert reaches(attempt.flow, attempt)  # while it streams, the flow calls it
+    attempt.judged.set()
+    asyncio.run(attempt.on_response())
+    assert attempt.flow.response.stream is True  # streamed, as shown
+    assert not reaches(attempt.flow, attempt), "the attempt's flow keeps it alive in a cycle"

@@ -256,9 +256,13 @@ class Attempt:
             pass
 
     def _keep_capture(self) -> None:
-        """What arrived (bounded) stays on the flow, so mitmweb shows it: the live body went elsewhere."""
+        """What arrived (bounded) stays on the flow, so mitmweb shows it: the live body went elsewhere.
+        The flow keeps no way back to the attempt (its stream callable): a finished attempt is freed by
+        reference counting, not by the collector."""
         if self.streaming:
             self.captured.keep_on(self.flow.response)
+            if self.flow.response is not None and self.flow.response.stream == self._on_chunk:
+                self.flow.response.stream = True  # (streamed, as it was; nothing more comes)
 
     def on_responseheaders(self, stream: bool) -> None:
         self.redact()

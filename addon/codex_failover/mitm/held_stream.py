@@ -318,7 +318,7 @@ class HeldStream:
         self._move(E.END)
         # The run's ways in (its abort, the committed feed's cut) and attempt 1 (whose hop this is): a finished
         # request is freed by reference counting, not by the collector (the wire let go of this too).
-        self.abort, self.live_feed, self.direct = _nothing, None, None
+        self.abort, self.live_feed, self.direct, self.body = _nothing, None, None, None
 
     def stream_reset(self) -> bool:
         return self.wire.stream_reset()
