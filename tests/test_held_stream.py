@@ -96,3 +96,41 @@ def test_an_ended_stand_in_drops_what_its_stream_still_sends():
     commands = list(inner.connections[conn].handle_event(error))
     assert commands == []
     assert stopped == [], "an answer that ended is not aborted again"
+
+
+def test_a_paused_direct_upstream_is_read_again_when_the_stream_ends_before_its_buffer_drained():
+    """An HTTP/2 client whose window stays shut: attempt 1's upstream is paused while mitmproxy buffers
+    past its bound. If the stream ends first (the client resets it; the last read held the end), the
+    upstream is read again all the same: its connection may carry the client's other streams."""
+    import asyncio
+
+    class Wire:
+        held = None
+
+        def h2_over(self) -> bool:
+            return True
+
+        async def h2_drained(self, gone) -> None:
+            while not gone():
+                await asyncio.sleep(0)
+
+    class Direct:
+        paused = False
+
+        def __init__(self):
+            self.reading: list[bool] = []
+
+        def set_reading(self, on: bool, shared_too: bool = False) -> None:
+            self.reading.append(on)
+
+    async def go():
+        stream = HeldStream(Wire(), "f1", lambda: None)  # type: ignore[arg-type]
+        direct = stream.direct = Direct()
+        stream.handed()  # past the bound: paused, resumed once drained
+        assert direct.reading == [False]
+        stream.state, stream.direct = S.ENDED, None  # as `detach` leaves it
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert direct.reading == [False, True]
+
+    asyncio.run(asyncio.wait_for(go(), 5))

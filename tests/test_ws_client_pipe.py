@@ -122,3 +122,32 @@ def test_a_message_framed_on_to_the_stand_in_means_the_layers_are_not_as_pinned_
     client = InProcessClient(hop)
     client.control(client_frames(TextMessage("hi")))
     assert client.close_code == 1011 and hop.writes[-1] == b""
+
+
+def test_a_client_gone_while_a_message_drains_ends_the_socket_not_the_gate():
+    class Gone(Hop):
+        async def send_message(self, content: bytes, is_text: bool) -> None:
+            raise ConnectionResetError("the client went")
+
+    async def go():
+        hop = Gone()
+        client = InProcessClient(hop)
+        await client.send((b"answer", True))
+        assert client.close_code == 1006 and not client.open and hop.writes[-1:] == [b""]
+        assert await client.recv() is None
+    asyncio.run(asyncio.wait_for(go(), 5))
+
+
+def test_messages_the_gate_has_not_read_are_bounded(monkeypatch):
+    async def go():
+        monkeypatch.setattr(WsConn, "max_message", 10)
+        hop = Hop()
+        client = InProcessClient(hop)
+        for _ in range(2):
+            client.took(b"y" * 10, True)  # 20 unread: at the bound
+        assert client.open
+        assert await client.recv() == (b"y" * 10, True)
+        client.took(b"y" * 10, True)  # 20 unread again: still taken
+        client.took(b"y", True)  # past twice the largest message: closed
+        assert client.close_code == 1009
+    asyncio.run(asyncio.wait_for(go(), 5))

@@ -148,12 +148,13 @@ class HeldStream:
             watching = direct.paused  # (again at each read: asyncio's reader resumes a transport it paused)
             direct.set_reading(False, shared_too=True)
             if not watching:
-                _later(self._resume_direct())
+                _later(self._resume_direct(direct))
 
-    async def _resume_direct(self) -> None:
+    async def _resume_direct(self, direct) -> None:
+        """Attempt 1's upstream is read again once the stream's buffer drained, or the stream ended (then
+        too: its connection may serve the client's other streams; the stream's end lets `direct` go)."""
         await self.wire.h2_drained(lambda: self.ended)
-        if self.direct is not None:
-            self.direct.set_reading(True)
+        direct.set_reading(True)
 
     def set_reading(self, server, on: bool) -> None:
         self.wire.set_reading(server, on)

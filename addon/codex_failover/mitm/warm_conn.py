@@ -348,8 +348,13 @@ class WarmConnection(server.ConnectionHandler):
         await self.drain_writers()
 
     def _whole_messages(self, attempt: Carried) -> None:
-        """At an upgraded attempt's `websocket_start`: its WebSocket layer takes the gate's messages whole."""
-        takes_whole_messages(getattr(self.layer.streams.get(attempt.stream_id), "child_layer", None))
+        """At an upgraded attempt's `websocket_start`: its WebSocket layer takes the gate's messages whole.
+        Where the layers are not as pinned, the socket is closed (mitmproxy's own injection would split a
+        text at 4,000 bytes, each piece decoded alone)."""
+        if not takes_whole_messages(getattr(self.layer.streams.get(attempt.stream_id), "child_layer", None)):
+            self.log("codex-failover: a gated WebSocket's upstream layers are not as expected; closing it",
+                     logging.WARNING)
+            self.close("the WebSocket layers are not as expected")
 
     def extensions(self, attempt: Carried, side: str) -> list | None:
         """The wsproto extensions (the list itself) an upgraded stream speaks to `side` with, or None."""

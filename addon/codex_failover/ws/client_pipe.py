@@ -54,21 +54,26 @@ class InProcessClient:
         self.close_code: int | None = None
         self.close_reason = ""
         self._inbox: deque[Whole] = deque()
+        self._waiting = 0  # bytes of the messages in the inbox
         self._waiter: asyncio.Future | None = None
         self._ended = False  # the stand-in's end was written
 
     # -- the layers' side ------------------------------------------------------------------
 
     def took(self, content: bytes, is_text: bool) -> None:
-        """A whole message of Codex's, after every addon saw it. Past WsConn.max_message: closed with 1009."""
+        """A whole message of Codex's, after every addon saw it. Past WsConn.max_message, or when more than
+        twice that waits unread by the gate (a client that keeps sending while the gate cannot take it):
+        closed with 1009."""
         if self.close_code is not None:
             return
-        if len(content) > WsConn.max_message:
-            log.warning("codex-failover: the client sent a WebSocket message of %d bytes, over failover_max_body "
-                        "(%d): closing with 1009", len(content), WsConn.max_message)
+        if len(content) > WsConn.max_message or self._waiting + len(content) > 2 * WsConn.max_message:
+            log.warning("codex-failover: the client sent a WebSocket message of %d bytes (%d unread before it), "
+                        "over failover_max_body (%d): closing with 1009", len(content), self._waiting,
+                        WsConn.max_message)
             self.close(MESSAGE_TOO_BIG, "message too big")
             return
         self._inbox.append((content, is_text))
+        self._waiting += len(content)
         self._wake()
 
     def control(self, data: bytes) -> None:
@@ -110,11 +115,17 @@ class InProcessClient:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self._inbox.popleft()
+        message = self._inbox.popleft()
+        self._waiting -= len(message[0])
+        return message
 
     async def send(self, message: Whole) -> None:
         if self.close_code is None:
-            await self.hop.send_message(*message)
+            try:
+                await self.hop.send_message(*message)
+            except (ConnectionError, OSError):  # the client went while its socket drained
+                self._closed(ABNORMAL, "connection lost")
+                self._end()
 
     def close(self, code: int = 1000, reason: str = "") -> None:
         """A close frame from the server side (mitmproxy's layer closes the client with its code); never raises."""
