@@ -20,6 +20,7 @@ from . import held_layer
 
 log = logging.getLogger("codex_failover")
 QUIET = 10.0  # seconds between two lines about refused or dropped connections (a flood is one line a while)
+STALL = 1.0  # seconds a head timer may fire late before the loop counts as held up (then: one more)
 
 
 def raise_descriptor_limit() -> None:
@@ -76,7 +77,9 @@ class ClientLimits:
                 return
             self._peer[client.id] = key
         if self.head_timeout > 0 and getattr(getattr(client, "proxy_mode", None), "type_name", "regular") == "regular":
-            self._timers[client.id] = asyncio.get_running_loop().call_later(self.head_timeout, self._late, client.id)
+            loop = asyncio.get_running_loop()
+            self._timers[client.id] = loop.call_later(self.head_timeout, self._late, client.id,
+                                                      loop.time() + self.head_timeout)
 
     def _key(self, client) -> str | None:
         peer, local = client.peername, client.sockname
@@ -102,7 +105,14 @@ class ClientLimits:
         if key is not None:
             self.budget.release(key)
 
-    def _late(self, client_id: str) -> None:
+    def _late(self, client_id: str, due: float | None) -> None:
+        """The head timer fired. When it fired well after it was due, the proxy's loop was held up (a
+        starved or stalled process): a head that arrived meanwhile is not read yet (timers run before the
+        reads they overtook), so the client gets one more grace before it is dropped."""
+        loop = asyncio.get_running_loop()
+        if due is not None and loop.time() - due > STALL:
+            self._timers[client_id] = loop.call_later(STALL, self._late, client_id, None)
+            return
         self._timers.pop(client_id, None)
         if held_layer.drop_client(client_id, "no request head within failover_head_timeout"):
             self._say("dropped", f"clients dropped: no whole request head within failover_head_timeout "
