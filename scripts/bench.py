@@ -576,7 +576,8 @@ def warm_up(proxy: ProxyProcess, fake: FakeUpstreamProcess, config: str, input_t
         for s in ss:
             decode(s)
             if s.status != 200:
-                raise RuntimeError(f"warm-up through ({config}) failed: {s.error or s.status}")
+                tail = " | ".join(proxy.log().strip().splitlines()[-12:])  # why, when a loaded CI run meets it
+                raise RuntimeError(f"warm-up through ({config}) failed: {s.error or s.status}; its log ends: {tail}")
 
     asyncio.run(go())
 

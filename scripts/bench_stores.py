@@ -50,9 +50,15 @@ def run(requests: int) -> dict[str, list[float]]:
                 for store in STORES:
                     # Alternate a failover (state changes: cooldown, usage, session) and a plain request.
                     key = "sk-test-client-overload" if i % 2 else "sk-test-client-good"
-                    reply = post_responses(proxies[store].port, url, key, headers={"session-id": f"s{i}"})
-                    if reply.status != 200:
-                        raise SystemExit(f"bench --stores: {store}: HTTP {reply.status}")
+                    try:
+                        reply = post_responses(proxies[store].port, url, key, headers={"session-id": f"s{i}"})
+                    except OSError as exc:
+                        reply = None
+                        failure = f"{exc!r}"
+                    if reply is None or reply.status != 200:
+                        tail = " | ".join(proxies[store].log().strip().splitlines()[-12:])
+                        raise SystemExit(f"bench --stores: {store}: "
+                                         f"{failure if reply is None else f'HTTP {reply.status}'}; its log ends: {tail}")
                     if i >= 5:  # the first few warm everything up
                         times[store].append(reply.first_byte_s * 1000)
             return times
