@@ -112,7 +112,11 @@ class ClientBoundary:
         return can_map_sockets()
 
     def remember(self, client, uid: int | None) -> None:
-        """The uid of a client's socket, found when it connected: the rule's answer needs no lookup again."""
+        """The uid of a client's socket, found when it connected: the rule's answer needs no lookup again.
+        A socket not found then (the kernel did not answer in time, on a loaded machine) is not remembered:
+        its first request asks again (`is_own`), and an unknown socket is still not the user's own."""
+        if uid is None:
+            return
         if self.rule == rules.UID and client.id not in self._own and not self._is_self(client.peername, client.sockname):
             if len(self._own) >= MAX_CONNECTIONS:
                 self._own.pop(next(iter(self._own)))
