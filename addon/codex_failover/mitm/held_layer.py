@@ -35,14 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from mitmproxy import ctx, http, websocket
+from mitmproxy import ctx, http
 from mitmproxy.connection import ConnectionState, Server
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers import http as http_layers
 from mitmproxy.proxy.layers.http import Http2Server, HttpLayer, HttpStream
 from mitmproxy.proxy.layers.websocket import WebsocketLayer, WebsocketMessageHook
 from mitmproxy.proxy.mode_specs import ProxyMode
-from wsproto.frame_protocol import Opcode
 
 from ..core.after_output import cut_off
 from . import quiet_log
@@ -309,8 +308,7 @@ class StreamWire:
         stream = self.layers[-1].streams.get(self.stream_id)
         if stream is None or self.handler.transports.get(self.handler.client) is None:
             return  # the client's stream or connection is gone
-        message = websocket.WebSocketMessage(Opcode.TEXT if is_text else Opcode.BINARY, False, content, injected=True)
-        await self.handler.server_event(WholeMessage(stream.flow, message))
+        await self.handler.server_event(WholeMessage.of(stream.flow, content, is_text, from_client=False))
         io = self.handler.transports.get(self.handler.client)
         if io is not None and io.writer is not None:
             await io.writer.drain()

@@ -65,6 +65,13 @@ class WholeMessage(WebSocketMessageInjected):
     """A whole message the gate sends on one of mitmproxy's WebSocket layers: toward the upstream on an
     upgraded attempt's (`from_client`), toward Codex on the client's own (held_layer.StreamWire)."""
 
+    @classmethod
+    def of(cls, flow: mitmflow.Flow, content: bytes, is_text: bool, from_client: bool) -> "WholeMessage":
+        """`content` as one message of `flow`'s socket: the gate's, toward the upstream (`from_client`)
+        or toward Codex."""
+        kind = Opcode.TEXT if is_text else Opcode.BINARY
+        return cls(flow, websocket.WebSocketMessage(kind, from_client, content, injected=True))
+
 
 class WholeMessageLayer(WebsocketLayer):
     """mitmproxy's WebSocket layer taking the gate's messages whole (`WholeMessage`): each runs
@@ -337,8 +344,7 @@ class WarmConnection(server.ConnectionHandler):
     async def send_message(self, attempt: Carried, content: bytes, is_text: bool) -> None:
         """A whole message from an upgraded attempt's client side into its WebSocket layer (framed once
         there, `WholeMessageLayer`), then written out (drained)."""
-        message = websocket.WebSocketMessage(Opcode.TEXT if is_text else Opcode.BINARY, True, content, injected=True)
-        await self.server_event(WholeMessage(attempt.flow, message))
+        await self.server_event(WholeMessage.of(attempt.flow, content, is_text, from_client=True))
         await self.drain_writers()
 
     async def feed(self, attempt: Carried, data: bytes) -> None:

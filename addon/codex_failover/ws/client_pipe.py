@@ -26,6 +26,7 @@ from wsproto.extensions import PerMessageDeflate
 from wsproto.handshake import server_extensions_handshake
 from wsproto.utilities import RemoteProtocolError, generate_accept_token, split_comma_header
 
+from ..core.turn_machine import INTERNAL_CLOSE
 from ..core.ws_turns import Message as Whole
 from .conn import ABNORMAL, HANDSHAKE_HEADERS, MESSAGE_TOO_BIG, PROTOCOL_ERROR, WsConn
 
@@ -100,7 +101,7 @@ class InProcessClient:
                 self._end()
             elif isinstance(event, Message):  # a message framed on toward the stand-in: the layers are not as pinned
                 log.warning("codex-failover: a gated WebSocket's message reached its stand-in; closing it")
-                self.close(1011, "codex-failover: internal error")
+                self.close(INTERNAL_CLOSE, "codex-failover: internal error")
                 return
 
     # -- the gate's side (WsConn's interface) ------------------------------------------------
