@@ -236,7 +236,8 @@ async def turns(n: int = 3) -> None:
 def test_a_served_attempt_has_no_hook_of_its_own_and_marks_the_clients_flow():
     """The client's flow is a served direct attempt's record (its request left, its answer came back):
     no hook runs for the attempt's own flow, nothing is copied for it, the client's flow gets the mark,
-    the attempt is over and out of the run's registry once its stream ended. Served through the hop
+    the attempt is over, and out of the run's registry once its stream ended (no task waits for that:
+only a loser's record gets one, once its verdict is in). Served through the hop
     (recovery's heartbeat), the client's flow holds the hop's answer: its own record is shown."""
     from mitmproxy.test import taddons
 
@@ -256,7 +257,7 @@ def test_a_served_attempt_has_no_hook_of_its_own_and_marks_the_clients_flow():
             await turns()
             assert attempt.registry == {attempt.flow.id: attempt}  # in flight while its stream goes on
             held_layer._take(attempt, http_layers.ResponseEndOfMessage(1))
-            await turns()
+            attempt.done_streaming()  # the client flow's final hook: its stream ended
             assert attempt.registry == {}
             await attempt.cancel()
             await turns()
@@ -336,7 +337,7 @@ def test_a_losers_record_is_its_own_copy_and_gets_an_attempts_hooks_once_it_ende
             watch.seen.clear()
             silent = make(Hop())
             sent(silent, end_stream=True)
-            silent.judged.set()  # no verdict came
+            silent.unjudged()  # no verdict came (its run ended without one)
             await asyncio.wait_for(silent.over.wait(), 5)
             assert watch.seen == [f"requestheaders {PLACEHOLDER}", "request", "responseheaders", "response unmarked"]
 

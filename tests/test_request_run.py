@@ -323,7 +323,16 @@ def test_a_direct_attempt_whose_run_ended_without_a_verdict_is_given_one(tmp_pat
     from codex_failover.mitm.request_run import start_run
 
     run, _, _ = make_run(tmp_path, monkeypatch, [stream(sse_answer("client"))])
-    direct = SimpleNamespace(direct=True, judged=asyncio.Event())
+    from codex_failover.mitm.direct import DirectAttempt
+
+    class Unjudged(DirectAttempt):
+        def __init__(self):  # (nothing of a real attempt is asked)
+            self.judged = asyncio.Event()
+
+        def unjudged(self):
+            self.judged.set()
+
+    direct = Unjudged()
 
     async def bug():
         run.current = direct

@@ -111,7 +111,8 @@ class DirectAttempt(Attempt):
         self.whole: list[bytes] = []  # a body that is not streamed, for the run's ReadWhole (the kept events' own bytes)
         self.live_feed: Callable[[bytes | None], Released] | None = None  # after a release: each chunk (None: the end) to the committed machine, what passes
         self.ended = asyncio.Event()  # its response ended, failed or was stopped
-        self.record: asyncio.Task | None = None  # its record's coroutine, from its start (`_record`)
+        self.begun = False  # started: its request is the stream's (`start`)
+        self.record: asyncio.Task | None = None  # a loser's record's coroutine, once its verdict is in (`_record`)
 
     # -- the run's side ---------------------------------------------------------------------
 
@@ -119,18 +120,18 @@ class DirectAttempt(Attempt):
         self._hide_secrets()  # the real values stay off the record (and are masked in any log)
         self.hop.direct = self
         self.hop.decide(True)
+        self.begun = True
         if self.on_sent is not None:  # the request hook need not wait: the head leaves once it returns
             self.on_sent()
-        self.record = asyncio.get_running_loop().create_task(self._record())
-        _records.add(self.record)  # (the loop holds a task only weakly)
-        self.record.add_done_callback(_records.discard)
 
     async def cancel(self, timeout: float = 5.0) -> None:
         """Hand the stream to its hop (the next answer comes from there); the upstream stream is reset
         unless the whole response is in. A released winner is mitmproxy's stream: nothing to do."""
-        if self.record is None and self.registry is not None:  # never started: no hook will take it out
+        if not self.begun and self.registry is not None:  # never started: no record will take it out
             self.registry.pop(self.flow.id, None)
         self.judged.set()
+        if self.mode not in (RELEASED, CUTTING, CUT):  # (a released one's verdict is the run's)
+            self._show_record()
         if self.mode in (RELEASED, DROPPED, CUTTING, CUT):
             return
         self._drop("attempt cancelled by codex-failover" if not self.finished else None)
@@ -155,10 +156,18 @@ class DirectAttempt(Attempt):
         if error is None and self.mode in (RELEASED, CUTTING, CUT) and not self.settled:  # (its stream may have ended already)
             self.served = True
             self.client_flow.marked = mark
-            self.over.set()  # no hook of its own to wait for
+            self.over.set()  # no record of its own: no hook to wait for
         else:
             self._settle()
         super().judge(mark, comment, error)
+        if not self.served:
+            self._show_record()
+
+    def unjudged(self) -> None:
+        """Its run ended without a verdict on it (a bug): its record is shown as it is."""
+        if not self.judged.is_set():
+            self.judged.set()
+            self._show_record()
 
     def release(self, live_feed, held: bytes) -> tuple[list, bytes]:
         """The commit: the held head (and end), and the bytes for the stream now: `held` (the whole
@@ -222,6 +231,8 @@ class DirectAttempt(Attempt):
         if self.mode in (RELEASED, CUTTING):
             self.mode = CUT
         self.live_feed = None
+        if self.registry is not None:  # (a loser's record takes it out once shown)
+            self.registry.pop(self.flow.id, None)
 
     def set_reading(self, on: bool, shared_too: bool = False) -> None:
         """Pause or resume reading its upstream (an HTTP/2 one, which other streams of the client's
@@ -274,16 +285,22 @@ class DirectAttempt(Attempt):
         if self.flow.response is not None and self.streaming:  # (a body read whole is its own already)
             self.flow.response = copy_request(self.flow.response)
 
+    def _show_record(self) -> None:
+        """A loser's verdict is in (the run's, or a cancel's: a run that ends without one cancels,
+        `start_run`): its record of its own gets its hooks once it ended (`_record`). A served attempt has
+        none: the client's flow is its record, and its stream's end takes it out of the registry
+        (`done_streaming`)."""
+        if self.record is None and self.begun and not self.served:  # (never started: nothing to show)
+            self._settle()
+            self.record = asyncio.get_running_loop().create_task(self._record())
+            _records.add(self.record)  # (the loop holds a task only weakly)
+            self.record.add_done_callback(_records.discard)
+
     async def _record(self) -> None:
-        """Its record: nothing for a served attempt (in flight until its stream ended); a loser's hooks once
-        it ended. On no timer: a cancel gives the verdict, as a run that ends without one (`start_run`)."""
+        """A loser's record: its hooks once it ended, on no timer."""
         try:
-            await self.judged.wait()
-            if not self.served:
-                self._settle()
             await self.ended.wait()
-            if not self.served:
-                await _shown(self.flow, self.verdict_error, self._keep_capture)
+            await _shown(self.flow, self.verdict_error, self._keep_capture)
         finally:
             self.over.set()
             if self.registry is not None:

@@ -367,8 +367,8 @@ def start_run(run: RequestRun, on_done) -> asyncio.Task:
     def ended(_task) -> None:
         try:
             run.dispatched.set()
-            if run.current is not None and run.current.direct:  # a verdict, if it had none (a bug): its record is shown
-                run.current.judged.set()  # (direct.py waits on no timer; other attempts' hooks have one)
+            if isinstance(run.current, DirectAttempt):  # a verdict, if it had none (a bug): its record is shown
+                run.current.unjudged()  # (direct.py waits on no timer; other attempts' hooks have one)
             if not run.client.answered:  # the client left, or a bug: the relay hop must end too
                 run.client.internal_error("the request ended without an answer")
         finally:
