@@ -3,7 +3,7 @@ time (scripts/where_sampler.py: SIGPROF, every Python function on the stack coun
 kept-alive Codex-like requests, and each function's inclusive share is turned into ms a request
 (the process's CPU from /proc/PID/task/*/schedstat, split by samples). Printed: the functions with the
 largest difference (the addon's extra work, and what it moved), then the largest differences of self
-time (where that work is done). Run as `scripts/bench --where [--requests 4000] [--top 40]`.
+time (where that work is done). Run as `scripts/bench --where [--requests 4000] [--top 40] [--pool-only]`.
 
 A sample is taken at a kernel tick of the process's CPU time (4 ms at HZ=250), so a few thousand
 requests give a few thousand samples: read the larger rows, not the last digit. The proxies run on the
@@ -56,17 +56,20 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--length", choices=sorted(LENGTHS), default="short", help="the streams' length")
     ap.add_argument("--top", type=int, default=40, help="rows of each table")
     ap.add_argument("--warm-up", type=int, default=WARM_UP, help="requests each proxy serves before sampling starts")
+    ap.add_argument("--pool-only", action="store_true",
+                    help="the addon in pool-only mode (use_client_credential: false): every attempt a second flow")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="codex-failover-where-") as tmp_dir:
         tmp = Path(tmp_dir)
         fake = FakeUpstreamProcess(tmp / "fake", "--deltas", str(LENGTHS[args.length]), "--pace", "0")
-        text, env = pool_text({args.length: fake})
-        sampled, skip = ["-s", str(SAMPLER)], str(args.warm_up)
+        text, env = pool_text({args.length: fake}, pool_only=args.pool_only)
+        sampled = ["-s", str(SAMPLER)]
+        flows = {"plain": 1, "addon": 2 if args.pool_only else 1}  # flows a request (each ends in a `response` hook)
         proxies = {
-            "plain": ProxyProcess(tmp / "plain", None, {"WHERE_OUT": str(tmp / "plain.txt"), "WHERE_SKIP": skip}, addon=False,
-                                  extra=["--set", "stream_large_bodies=1", *sampled]),
-            "addon": ProxyProcess(tmp / "addon", text, {**env, "WHERE_OUT": str(tmp / "addon.txt"), "WHERE_SKIP": skip},
-                                  extra=sampled),
+            "plain": ProxyProcess(tmp / "plain", None, {"WHERE_OUT": str(tmp / "plain.txt"), "WHERE_SKIP": str(args.warm_up)},
+                                  addon=False, extra=["--set", "stream_large_bodies=1", *sampled]),
+            "addon": ProxyProcess(tmp / "addon", text, {**env, "WHERE_OUT": str(tmp / "addon.txt"),
+                                                        "WHERE_SKIP": str(args.warm_up * flows["addon"])}, extra=sampled),
         }
         try:
             cpus = sorted(os.sched_getaffinity(0))
@@ -88,13 +91,14 @@ def main(argv: list[str]) -> int:
         inclusive, running = {}, {}
         for name in proxies:
             samples, seen, inc, run = read(tmp / f"{name}.txt")
-            if seen != args.requests:
-                raise SystemExit(f"bench --where: {name} sampled {seen} responses, not {args.requests}")
+            if seen != args.requests * flows[name]:
+                raise SystemExit(f"bench --where: {name} sampled {seen} responses, not {args.requests * flows[name]}")
             scale = per_request[name] / max(1, samples)  # ms a request per sample
             inclusive[name] = {k: v * scale for k, v in inc.items()}
             running[name] = {k: v * scale for k, v in run.items()}
     print(f"CPU a request: plain {per_request['plain']:.3f} ms, addon {per_request['addon']:.3f} ms "
-          f"({per_request['addon'] / per_request['plain']:.3f}x); {args.requests} {args.length} streams each")
+          f"({per_request['addon'] / per_request['plain']:.3f}x); {args.requests} {args.length} streams each"
+          f"{', the addon in pool-only mode' if args.pool_only else ''}")
     print("\n".join(table("\nInclusive (the function and what it calls):", inclusive["plain"], inclusive["addon"], args.top)))
     print("\n".join(table("\nSelf (the function itself):", running["plain"], running["addon"], args.top)))
     return 0
