@@ -220,10 +220,10 @@ class StreamWire:
         self._joined = []
 
     def body_started(self) -> None:
-        """The stream is handing the first body bytes over: `written` once the layers return, at the
-        latest on the loop's next turn."""
+        """The stream is handing the first body bytes over: `written` once the layers return (every way
+        a held stream is handed its answer ends in `written`: `HeldHttpLayer._pass`, a delivery; at the
+        latest, the stream's end)."""
         self._first_handed = True
-        asyncio.get_running_loop().call_soon(self.written)
 
     def written(self, final: bool = False) -> None:
         """What the stream handed over is written: the client has head and first output now."""
