@@ -62,13 +62,14 @@ def http_layer() -> HttpLayer:
 
 
 def stand_in(outer: HttpLayer, inner: HttpLayer, stream_id: int, ended: bool) -> Server:
-    conn = Server(address=("upstream.test", 443))
-    wire = StreamWire(handler=None, conn=conn, stream_id=stream_id, layers=[outer, inner], via=None)
+    """A held stream's stand-in, made as a stream that needs one gets it (`StreamWire.stand_in`)."""
+    wire = StreamWire(handler=None, stream_id=stream_id, routes=[(outer, object()), (inner, object())], via=None,
+                      target=(("upstream.test", 443), True, None))
     held = HeldStream(wire, f"flow-{stream_id}", abort=lambda: None)
     if ended:
         held.state = S.ENDED
-    outer.connections[conn] = object()  # the child that leads down, as attach registers it
-    inner.connections[conn] = HopLayer(inner.context.fork(), wire)
+    conn = wire.stand_in()
+    assert isinstance(inner.connections[conn], HopLayer) and conn in outer.connections, "registered in both layers"
     return conn
 
 

@@ -1,9 +1,10 @@
 """A proxy client's connection inside mitmproxy's layers: the held client stream's side of
 mitm/held_stream.py, and what the addon needs of the proxy servers' client connections.
 
-`StreamWire.attach` puts a stand-in server connection (a `Server` never dialled, `via`
-`codex-failover.hop:<n>`) in the client's layers for one held flow: it swaps the client's `HttpLayer`
-class for `HeldHttpLayer` and registers a `HopLayer` for the stand-in. From then on:
+`StreamWire.attach` registers one held flow's stream in the client's layers: it swaps the client's
+`HttpLayer` class for `HeldHttpLayer`. The stream gets a stand-in server connection (a `Server` never
+dialled, `via` `codex-failover.hop:<n>`, with a `HopLayer` behind it) only once it needs one
+(`StreamWire.stand_in`): a stream attempt 1 serves on its own connection never does. From then on:
 - the layers turn what happens to the stream into calls on its `Held` (the HeldStream): its request
   given away, the client leaving, a WebSocket's frames after a 101;
 - a held stream asking for its connection gets its stand-in, or (attempt 1 rides the stream,
@@ -13,8 +14,8 @@ class for `HeldHttpLayer` and registers a `HopLayer` for the stand-in. From then
   events, then the rest through the committed machine; ended before a rejection after the output
   began), or dropped when the stream is handed to its stand-in (a failover);
 - the HeldStream drives the stream through its wire: the answer's events delivered by the stand-in's
-  layer, the direct attempt's turns (decide, release, cancel), the head and first output joined in one
-  write, the HTTP/2 buffer's backpressure.
+  layer, the direct attempt's turns (decide, release, cancel: routed by the client connection's turn key,
+  `_turn_key`), the head and first output joined in one write, the HTTP/2 buffer's backpressure.
 Of the proxy servers' client connections (the end of this module): whether a client is one of theirs,
 closing one as mitmproxy's inactivity timeout closes one, bounding a passed-through WebSocket's messages
 in the layer mitmproxy runs it with, and the hosts they listen on. One walk of a connection's layers
@@ -120,9 +121,10 @@ class Deliver(events.ConnectionEvent):
 class DirectTurn(events.ConnectionEvent):
     """For the client's HttpLayer, about a held stream's direct attempt: `what` is "decide" (the run
     chose: answer the stream's parked connection request), "release" (a commit) or "cancel" (the stream
-    goes to its stand-in)."""
+    goes to its stand-in). Its connection is the layer's turn key (`_turn_key`); `stream_id` the stream's."""
 
     what: str = ""
+    stream_id: int = 0
 
 
 class StreamWire:
@@ -130,10 +132,14 @@ class StreamWire:
 
     held: Held
 
-    def __init__(self, handler, conn: Server, stream_id: int, layers: list[HttpLayer], via):
-        self.handler, self.conn, self.stream_id = handler, conn, stream_id
-        self.layers = layers  # every HttpLayer the stand-in is registered in, outermost first; the last is the client's
+    def __init__(self, handler, stream_id: int, routes: list[tuple[HttpLayer, layer.Layer]], via,
+                 target: tuple[tuple[str, int], bool, bytes | None]):
+        self.handler, self.stream_id = handler, stream_id
+        self.routes = routes  # each HttpLayer above the stream with the child that leads to it; the last is the client's
+        self.layers = [h for h, _ in routes]  # (outermost first)
         self.via = via  # mitmproxy's own way upstream (its upstream mode's proxy), for a direct attempt
+        self.conn: Server | None = None  # the stand-in, once the stream needs it (`stand_in`)
+        self._target = target  # what the stand-in stands in for (address, TLS, ALPN), as the hold found it
         self.queue: list = []  # the events for the stream, handed over at the next delivery
         self.waiting = None  # the stream's GetHttpConnection: parked (the run has not chosen), or asked (dialling)
         self.delivering = False  # the stand-in's layer is handing the stream what was queued
@@ -153,24 +159,33 @@ class StreamWire:
         if stream is None or routes is None:
             return None
         req = flow.request
-        conn = Server(address=(req.host, req.port), via=("http", (HOP_HOST, next(_numbers))))
-        conn.tls = req.scheme == "https"
-        conn.alpn = flow.client_conn.alpn  # an HTTP/2 client's stream only reuses an h2 connection
-        conn.timestamp_start = time.time()
-        conn.state = ConnectionState.OPEN
-        wire = cls(handler, conn, stream.stream_id, [h for h, _ in routes], flow.server_conn.via)
-        for http_layer, child in routes[:-1]:
-            http_layer.connections[conn] = child
+        # (an HTTP/2 client's stream only reuses an h2 connection: the stand-in speaks what the client does)
+        target = ((req.host, req.port), req.scheme == "https", flow.client_conn.alpn)
         inner = routes[-1][0]
-        _sweep(inner)
-        inner.connections[conn] = HopLayer(inner.context.fork(), wire)
         if not isinstance(inner, HeldHttpLayer):
             inner.__class__ = HeldHttpLayer  # (its streams and connections stay as they are)
             assert isinstance(inner, HeldHttpLayer)
-            inner.held = {}
-        inner.held[stream.stream_id] = conn
-        flow.server_conn = conn
+            inner.held, inner.turns = {}, _turn_key(routes)
+        _sweep(inner)
+        wire = cls(handler, stream.stream_id, routes, flow.server_conn.via, target)
+        inner.held[stream.stream_id] = wire
         return wire
+
+    def stand_in(self) -> Server:
+        """The stream's stand-in server connection (never dialled, `via` codex-failover.hop:<n>), made
+        and registered in the client's layers the first time the stream needs it: when it is answered
+        by the run (not by attempt 1 riding it). A stream served on its own connection never has one."""
+        if self.conn is None:
+            address, tls, alpn = self._target
+            conn = Server(address=address, via=("http", (HOP_HOST, next(_numbers))), tls=tls, alpn=alpn,
+                          timestamp_start=time.time())
+            conn.state = ConnectionState.OPEN  # (after its address: an open one's is fixed)
+            for http_layer, child in self.routes[:-1]:
+                http_layer.connections[conn] = child
+            inner = self.routes[-1][0]
+            inner.connections[conn] = HopLayer(inner.context.fork(), self)
+            self.conn = conn
+        return self.conn
 
     def end(self, claimed: bool) -> None:
         """The answer ended. The stand-in stays registered while its stream lives (the stream may still
@@ -182,7 +197,8 @@ class StreamWire:
             held.pop(self.stream_id, None)
         else:  # stopped before its stream asked for it (held in mitmweb's intercept, say): never a real dial
             held[self.stream_id] = UNCLAIMED
-        ended(self.conn)
+        if self.conn is not None:
+            ended(self.conn)
         self.held = ENDED
 
     # -- the answer's events, delivered by the stand-in's layer ---------------------------------
@@ -204,7 +220,7 @@ class StreamWire:
     async def deliver(self, gone: Callable[[], bool]) -> None:
         """What is queued goes to the stream; then the client's socket drains (a slow client slows the
         attempt, never the proxy), and an HTTP/2 stream's buffer stays bounded."""
-        await self.handler.server_event(Deliver(self.conn))
+        await self.handler.server_event(Deliver(self.stand_in()))
         io = self.handler.transports.get(self.handler.client)
         if io is not None and io.writer is not None:
             await io.writer.drain()
@@ -212,7 +228,9 @@ class StreamWire:
             await self.h2_drained(gone)
 
     async def turn(self, what: str) -> None:
-        await self.handler.server_event(DirectTurn(self.conn, what))
+        inner = self.layers[-1]
+        assert isinstance(inner, HeldHttpLayer)
+        await self.handler.server_event(DirectTurn(inner.turns, what, self.stream_id))
 
     # -- head and first output in one write (one TLS record: docs/architecture.md#the-held-stream) --------
 
@@ -367,18 +385,18 @@ class HeldHttpLayer(HttpLayer):
     gets its connection as mitmproxy gives it, and what that connection answers goes to its
     DirectAttempt first."""
 
-    held: dict[int, Server | object]  # stream id -> its stand-in (or UNCLAIMED)
+    held: dict[int, StreamWire | object]  # stream id -> its held stream's wire (or UNCLAIMED)
+    turns: Server  # the key the held streams' turns are routed to this layer by (`_turn_key`)
     _batch: dict | None = None  # while an upstream connection's event is handled: released data, by stream
 
     def _wire(self, stream_id: int) -> StreamWire | None:
-        conn = self.held.get(stream_id)
-        hop_layer = self.connections.get(conn) if isinstance(conn, Server) else None
-        return hop_layer.wire if isinstance(hop_layer, HopLayer) else None
+        wire = self.held.get(stream_id)
+        return wire if isinstance(wire, StreamWire) else None
 
     def get_connection(self, event, *, reuse: bool = True) -> layer.CommandGenerator[None]:
         stream = self.command_sources.get(event)
-        conn = self.held.get(stream.stream_id) if isinstance(stream, HttpStream) else None
-        if conn is None or not isinstance(stream, HttpStream):
+        held = self.held.get(stream.stream_id) if isinstance(stream, HttpStream) else None
+        if held is None or not isinstance(stream, HttpStream):
             yield from super().get_connection(event, reuse=reuse)
             return
         wire = self._wire(stream.stream_id)
@@ -386,26 +404,26 @@ class HeldHttpLayer(HttpLayer):
             wire.waiting = event
             return
         if wire is not None and wire.held.gets_upstream():
-            event.via = wire.via  # (the flow shows the stand-in, whose `via` the stream asked with)
+            event.via = wire.via  # (the way another addon's request hook left the flow's is not the stream's)
             wire.waiting = event  # until it is answered (a dial that hangs: the cancel answers it)
             yield from super().get_connection(event, reuse=reuse)  # attempt 1 rides the stream
             return
         del self.command_sources[event]
         reply: tuple[Server | None, str | None]
-        if conn is UNCLAIMED or not isinstance(conn, Server):  # mitmproxy answers the client 502 with this
+        if wire is None:  # UNCLAIMED: mitmproxy answers the client 502 with this
             del self.held[stream.stream_id]
             reply = (None, UNCLAIMED_ERROR)
         else:
-            reply = (conn, None)
+            reply = (wire.stand_in(), None)
         yield from self.event_to_child(stream, http_layers.GetHttpConnectionCompleted(event, reply))
 
     def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
         """An injected WebSocket message for a held flow goes to its stream (mitmproxy would look for an
         HTTP/1 client layer behind the stand-in); a direct attempt's turns are taken here."""
         if isinstance(event, DirectTurn):
-            hop_layer = self.connections.get(event.connection)
-            if isinstance(hop_layer, HopLayer):
-                yield from self._turn(hop_layer.wire, event.what)
+            wire = self._wire(event.stream_id)
+            if wire is not None:
+                yield from self._turn(wire, event.what)
             return
         hop_layer = self.connections.get(event.flow.server_conn) if isinstance(event, events.MessageInjected) else None
         if isinstance(hop_layer, HopLayer) and hop_layer.wire.stream_id in self.streams:
@@ -466,10 +484,10 @@ class HeldHttpLayer(HttpLayer):
                     queued.remove(waiting)
             source = self.command_sources.pop(waiting, None) if waiting is not None else None
             if source is not None:
-                yield from self.event_to_child(source, http_layers.GetHttpConnectionCompleted(waiting, (wire.conn, None)))
+                yield from self.event_to_child(source, http_layers.GetHttpConnectionCompleted(waiting, (wire.stand_in(), None)))
             return
         if stream is not None:
-            stream.context.server = stream.flow.server_conn = wire.conn
+            stream.context.server = stream.flow.server_conn = wire.stand_in()
             held.request_taken()
         yield from self._reset_upstream(wire)
 
@@ -497,13 +515,11 @@ class HeldHttpLayer(HttpLayer):
             else:
                 yield from self._from_connection(child, event)
             return
-        conn = self.held.get(child.stream_id)
-        hop_layer = self.connections.get(conn) if isinstance(conn, Server) else None
-        if not isinstance(hop_layer, HopLayer):
+        found = self.held.get(child.stream_id)
+        if not isinstance(found, StreamWire):
             yield from super().event_to_child(child, event)
             return
-        wire = hop_layer.wire
-        held = wire.held
+        wire, held = found, found.held
         if isinstance(event, events.HookCompleted) and isinstance(event.command, WebsocketMessageHook):
             _take_client_message(held, event.command.flow)
         direct = held.direct
@@ -595,7 +611,7 @@ class HeldHttpLayer(HttpLayer):
         if err is not None:
             direct.connect_failed(err)
         wire.held.direct_failed()
-        return http_layers.GetHttpConnectionCompleted(event.command, (wire.conn, None))
+        return http_layers.GetHttpConnectionCompleted(event.command, (wire.stand_in(), None))
 
     def _to_upstream(self, wire: StreamWire, child, event) -> layer.CommandGenerator[None]:
         """A direct stream's request head, with the real secrets for the moment its layers write it; a
@@ -647,6 +663,17 @@ def _cut_end(direct, stream_id: int) -> list:
         return [http_layers.ResponseProtocolError(stream_id, "codex-failover: the stream ends before a rejection "
                                                   "after its output began", http_layers.ErrorCode.CANCEL)]
     return [http_layers.ResponseEndOfMessage(stream_id)]
+
+
+def _turn_key(routes: list[tuple[HttpLayer, layer.Layer]]) -> Server:
+    """The key a client connection's held streams' turns (`DirectTurn`) reach its HttpLayer by: a
+    connection never dialled, registered once in the HttpLayers above it (a tunnel's), so the layers
+    between pass the turn on as they pass an event of a connection they do not own (a TLS layer
+    stops the events of its own: the stream's upstream connection could not carry it)."""
+    key = Server(address=(HOP_HOST, 0), via=("http", (HOP_HOST, 0)))
+    for http_layer, child in routes[:-1]:
+        http_layer.connections[key] = child
+    return key
 
 
 def _sweep(inner: HttpLayer) -> None:
