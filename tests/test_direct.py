@@ -294,6 +294,39 @@ def test_a_served_attempt_whose_stream_ended_before_its_verdict_still_has_no_hoo
     assert watch.seen == []
 
 
+def test_a_released_attempt_cancelled_before_any_verdict_is_shown_when_its_run_ends_without_one():
+    """A released attempt the run stops before its verdict (a bug's path): the cancel is no verdict, so
+    the run's end (`unjudged`) shows its record as it is, once; a served one's end shows nothing."""
+    from mitmproxy.test import taddons
+
+    watch = Watch()
+
+    async def go():
+        with taddons.context(watch):
+            stopped = make(Hop())
+            sent(stopped)
+            held_layer._take(stopped, http_layers.ResponseData(1, b"data: {}\n\n"))
+            stopped.release(lambda data: Released(data or b""), b"")
+            await stopped.cancel()
+            await turns()
+            assert watch.seen == [] and stopped.record is None, "a cancel of a released attempt is no verdict"
+            held_layer._take(stopped, http_layers.ResponseEndOfMessage(1))
+            stopped.unjudged()  # its run ended without a verdict
+            stopped.unjudged()
+            await asyncio.wait_for(stopped.over.wait(), 5)
+            assert watch.seen == [f"requestheaders {PLACEHOLDER}", "request", "responseheaders", "response unmarked"]
+
+            watch.seen.clear()
+            served = make(Hop())
+            sent(served)
+            served.release(lambda data: Released(data or b""), b"")
+            served.judge("✅", "won", None)
+            served.unjudged()
+            await turns()
+            assert watch.seen == [] and served.record is None
+    asyncio.run(go())
+
+
 def test_a_losers_record_is_its_own_copy_and_gets_an_attempts_hooks_once_it_ended():
     """At the verdict a loser's record gets a request and a response of its own (the client flow's
     request and the stream's head stay as they are): placeholders, no proxy credential, the time it

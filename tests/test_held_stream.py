@@ -135,3 +135,31 @@ def test_a_paused_direct_upstream_is_read_again_when_the_stream_ends_before_its_
         assert direct.reading == [False, True]
 
     asyncio.run(asyncio.wait_for(go(), 5))
+
+
+def test_a_turn_for_a_tunnel_below_passes_an_outer_held_layer_on():
+    """An HTTP/1 client's connection may hold an absolute-form request (its root HttpLayer becomes a
+    HeldHttpLayer) and then tunnel with CONNECT: the tunnel's HttpLayer's turns cross the root one by
+    their own key, routed down as any connection's events are, not taken as the root's own."""
+    from mitmproxy.addons.proxyserver import Proxyserver
+    from mitmproxy.proxy import layer
+
+    class Tunnel(layer.Layer):
+        def __init__(self, context):
+            super().__init__(context)
+            self.seen: list = []
+
+        def _handle_event(self, event):
+            self.seen.append(event)
+            yield from ()
+
+    options = Options()
+    Proxyserver().load(options)
+    outer = http_layer()
+    outer.context.options = options
+    tunnel = Tunnel(outer.context.fork())
+    outer.__class__ = held_layer.HeldHttpLayer
+    outer.held, outer.turns = {}, held_layer._turn_key([(outer, None)])
+    inner_key = held_layer._turn_key([(outer, tunnel), (None, None)])  # the tunnel's, as `attach` registers it
+    turn = held_layer.DirectTurn(inner_key, "release", 1)
+    assert list(outer.handle_event(turn)) == [] and tunnel.seen == [turn]

@@ -93,7 +93,7 @@ class DirectAttempt(Attempt):
     direct = True
 
     def __init__(self, client_flow: http.HTTPFlow, label: str, n: int, hop, original: http.Request):
-        # Its record shows the client's own request and its stand-in server until the verdict: a served
+        # Its record shows the client's own request and the client flow's server until the verdict: a served
         # attempt's record is the client's flow; a loser's gets copies of its own then (`_settle`).
         super().__init__(client_flow, client_flow.request, label, n, None,  # type: ignore[arg-type]
                          server=client_flow.server_conn)
@@ -164,10 +164,10 @@ class DirectAttempt(Attempt):
             self._show_record()
 
     def unjudged(self) -> None:
-        """Its run ended without a verdict on it (a bug): its record is shown as it is."""
-        if not self.judged.is_set():
-            self.judged.set()
-            self._show_record()
+        """Its run ended without a verdict on it (a bug; a cancel of a released one is none): unless it was
+        served, its record is shown as it is (once: `_show_record`)."""
+        self.judged.set()
+        self._show_record()
 
     def release(self, live_feed, held: bytes) -> tuple[list, bytes]:
         """The commit: the held head (and end), and the bytes for the stream now: `held` (the whole
@@ -280,7 +280,7 @@ class DirectAttempt(Attempt):
             record.timestamp_start = record.timestamp_end = self.sent_at
         hide_secrets(record)
         self.flow.request = record
-        if not self.sent:  # (until then it shows the client's stand-in)
+        if not self.sent:  # (until then it shows the client flow's server)
             self.flow.server_conn = server_at((record.host, record.port))
         if self.flow.response is not None and self.streaming:  # (a body read whole is its own already)
             self.flow.response = copy_request(self.flow.response)

@@ -420,11 +420,11 @@ class HeldHttpLayer(HttpLayer):
     def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
         """An injected WebSocket message for a held flow goes to its stream (mitmproxy would look for an
         HTTP/1 client layer behind the stand-in); a direct attempt's turns are taken here."""
-        if isinstance(event, DirectTurn):
+        if isinstance(event, DirectTurn) and event.connection is self.turns:
             wire = self._wire(event.stream_id)
             if wire is not None:
                 yield from self._turn(wire, event.what)
-            return
+            return  # (another HttpLayer's turn, one in a tunnel below: routed on by its key, as any connection's)
         hop_layer = self.connections.get(event.flow.server_conn) if isinstance(event, events.MessageInjected) else None
         if isinstance(hop_layer, HopLayer) and hop_layer.wire.stream_id in self.streams:
             yield from self.event_to_child(self.streams[hop_layer.wire.stream_id], event)
