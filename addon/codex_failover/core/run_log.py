@@ -18,7 +18,7 @@ from .vocabulary import Verdict
 
 log = logging.getLogger("codex_failover")
 WHY = "docs/decisions.md#decisions-and-reason-classes"  # what each verdict= and reason= means
-_explained = False  # the first attempt that did not serve says once where the reasons are explained
+_explained = False  # the first attempt that failed over, failed or delivered says once where the reasons are explained
 
 
 @dataclass
@@ -55,7 +55,7 @@ class RunLog:
                  self.request_id, n, total, cand.name, route.replace(" ", "="), verdict, reason, status, elapsed,
                  self.session)
         global _explained
-        if not ok and not _explained:
+        if not ok and not _explained and verdict != Verdict.CANCELLED:  # (a client that left: nothing to explain)
             _explained = True
             log.info("[%s] (why an attempt failed over, and what each verdict= and reason= means: %s)",
                      self.request_id, WHY)
