@@ -215,7 +215,8 @@ def test_the_held_streams_lines_are_made_only_when_shown():
             def first_written(self):
                 pass
 
-        wire = StreamWire(Handler(), stream_id=1, routes=[], via=None, target=(("api.openai.com", 443), True, None))
+        wire = StreamWire(Handler(), stream_id=1, routes=[(None, None)], via=None,  # (no layer is asked)
+                          target=(("api.openai.com", 443), True, None))
         wire.held = Held()
         wire.join_first()  # the head waits for the body: its lines are held
         assert wire.keep_back(commands.Log("Streaming response from api.openai.com.", logging.INFO))

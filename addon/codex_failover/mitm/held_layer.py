@@ -135,8 +135,8 @@ class StreamWire:
     def __init__(self, handler, stream_id: int, routes: list[tuple[HttpLayer, layer.Layer]], via,
                  target: tuple[tuple[str, int], bool, bytes | None]):
         self.handler, self.stream_id = handler, stream_id
-        self.routes = routes  # each HttpLayer above the stream with the child that leads to it; the last is the client's
-        self.layers = [h for h, _ in routes]  # (outermost first)
+        self.routes = routes  # each HttpLayer above the stream with the child that leads to it, outermost first
+        self.inner = routes[-1][0]  # the last: the client's, which holds the stream
         self.via = via  # mitmproxy's own way upstream (its upstream mode's proxy), for a direct attempt
         self.conn: Server | None = None  # the stand-in, once the stream needs it (`stand_in`)
         self._target = target  # what the stand-in stands in for (address, TLS, ALPN), as the hold found it
@@ -182,7 +182,7 @@ class StreamWire:
             conn.state = ConnectionState.OPEN  # (after its address: an open one's is fixed)
             for http_layer, child in self.routes[:-1]:
                 http_layer.connections[conn] = child
-            inner = self.routes[-1][0]
+            inner = self.inner
             inner.connections[conn] = HopLayer(inner.context.fork(), self)
             self.conn = conn
         return self.conn
@@ -190,7 +190,7 @@ class StreamWire:
     def end(self, claimed: bool) -> None:
         """The answer ended. The stand-in stays registered while its stream lives (the stream may still
         send it the client's error): `_sweep` removes it at a later attach."""
-        inner = self.layers[-1]
+        inner = self.inner
         assert isinstance(inner, HeldHttpLayer)
         held = inner.held
         if claimed or self.stream_id not in held:
@@ -228,7 +228,7 @@ class StreamWire:
             await self.h2_drained(gone)
 
     async def turn(self, what: str) -> None:
-        inner = self.layers[-1]
+        inner = self.inner
         assert isinstance(inner, HeldHttpLayer)
         await self.handler.server_event(DirectTurn(inner.turns, what, self.stream_id))
 
@@ -284,7 +284,7 @@ class StreamWire:
     def stream_reset(self) -> bool:
         """Has the client reset (or closed) its HTTP/2 stream? h2's own state, updated as the frame is
         read: seen at once, while the stream's own events still wait for a hook and reach nobody."""
-        server = self.layers[-1].connections.get(self.handler.client)
+        server = self.inner.connections.get(self.handler.client)
         if not isinstance(server, Http2Server):
             return False
         stream = server.h2_conn.streams.get(self.stream_id)
@@ -301,7 +301,7 @@ class StreamWire:
 
     def _h2_buffered(self) -> int:
         """Bytes of this stream that mitmproxy's HTTP/2 layer holds for the client's window."""
-        server = self.layers[-1].connections.get(self.handler.client)
+        server = self.inner.connections.get(self.handler.client)
         if not isinstance(server, Http2Server):
             return 0
         return sum(len(item.data) for item in server.h2_conn.stream_buffers.get(self.stream_id, ()))
@@ -311,7 +311,7 @@ class StreamWire:
         messages whole (each framed once toward Codex), and its inside side (toward the stand-in, which
         sees only control frames now) speaks uncompressed, as the gate's end does (ws/client_pipe.py).
         False: the layers are not as pinned."""
-        stream = self.layers[-1].streams.get(self.stream_id)
+        stream = self.inner.streams.get(self.stream_id)
         child = getattr(stream, "child_layer", None)
         proto = getattr(getattr(child, "server_ws", None), "_proto", None)
         extensions = getattr(proto, "extensions", None)
@@ -323,7 +323,7 @@ class StreamWire:
     async def send_message(self, content: bytes, is_text: bool) -> None:
         """A whole message of the gate's for Codex: into the client flow's WebSocket layer, which runs its
         hooks and frames it once toward the client; then the client's socket drains."""
-        stream = self.layers[-1].streams.get(self.stream_id)
+        stream = self.inner.streams.get(self.stream_id)
         if stream is None or self.handler.transports.get(self.handler.client) is None:
             return  # the client's stream or connection is gone
         await self.handler.server_event(WholeMessage.of(stream.flow, content, is_text, from_client=False))
@@ -680,7 +680,7 @@ def _sweep(inner: HttpLayer) -> None:
     """Forget the stand-ins of ended answers whose streams are gone (bounded by live streams)."""
     for conn, child in list(inner.connections.items()):
         if isinstance(child, HopLayer) and child.wire.held.ended and child.wire.stream_id not in inner.streams:
-            for http_layer in child.wire.layers:
+            for http_layer, _ in child.wire.routes:
                 http_layer.connections.pop(conn, None)
     held: dict = getattr(inner, "held", {})
     for sid in [sid for sid, conn in held.items() if conn is UNCLAIMED and sid not in inner.streams]:
