@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from codex_failover.config import parse_pool
 from codex_failover.core.affinity import Affinity
@@ -539,3 +540,28 @@ def test_provenance_is_one_row_per_artifact_restored_after_a_restart():
     fresh.bind(pool)
     assert fresh.start(upserts) == 2
     assert fresh.provenance.owner(["item:cmp_1"]) == "spare"
+
+
+READ_ELSEWHERE = """import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+print(sorted(i for (i,) in db.execute("SELECT id FROM state")))
+db.close()
+"""
+
+
+def test_a_reader_in_another_process_never_loses_what_is_written_after_it(tmp_path):
+    """Another process reading the file (the other proxy sharing it, `sqlite3` in a terminal, a test)
+    and closing it must not take the WAL from under the running store. The store's own check (is the
+    file still the one opened?) once opened and closed the file, and a close drops every POSIX lock the
+    process holds on it, SQLite's too: the reader's close then found no other connection, checkpointed
+    and deleted the WAL, and every later write went to the deleted one, seen by nobody, lost at exit."""
+    path = tmp_path / "s.sqlite"
+    store = SqliteStore(path, "default")
+    read = [sys.executable, "-c", READ_ELSEWHERE, str(path)]
+    try:
+        for n in range(3):
+            assert store.write([Row("out", f"client:{n}", {"reason": "x", "fingerprint": str(n)}, None)], []) is None
+            seen = subprocess.run(read, capture_output=True, text=True, timeout=30, check=True).stdout
+            assert seen.strip() == repr([f"client:{i}" for i in range(n + 1)]), f"after write {n}: {seen}"
+    finally:
+        store.close()

@@ -86,6 +86,10 @@ class SqliteStore:
         self._lock = threading.Lock()  # one connection, used by one thread at a time
         self._db: sqlite3.Connection  # `_open` opens it (or the store is not made)
         self._identity: tuple[int, int] | None = None  # (device, inode) of the file opened
+        # The file opened, held open as long as SQLite's connection (`_check` reads its header here):
+        # closing any descriptor of a file drops every POSIX lock the process holds on it, SQLite's
+        # too, and another process's reader would then take the WAL from under the connection.
+        self._fd: int | None = None
         self._pruned = time.time()  # `load` drops what expired before
         self._open()
 
@@ -122,8 +126,16 @@ class SqliteStore:
 
     def _opened(self, db: sqlite3.Connection) -> None:
         self._db = db
-        st = os.stat(self.path)
+        self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        st = os.fstat(self._fd)
         self._identity = (st.st_dev, st.st_ino)
+
+    def _close(self) -> None:
+        """SQLite's connection first, then the descriptor (whose close drops the process's locks)."""
+        self._db.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def load(self, now: float) -> list[Row]:
         with self._lock:
@@ -180,24 +192,23 @@ class SqliteStore:
             raise
 
     def _check(self) -> str | None:
-        """Is the file at the path still the one opened, and still a database? (A stat and a
-        16-byte read: SQLite itself would go on writing to a deleted file, or past a header
-        overwritten under it, without a word.)"""
+        """Is the file at the path still the one opened, and still a database? (A stat, and a
+        16-byte read through the descriptor held since the open, never a new one: SQLite itself
+        would go on writing to a deleted file, or past a header overwritten under it, without a word.)"""
         try:
             st = os.stat(self.path)
-            with open(self.path, "rb") as f:
-                head = f.read(len(MAGIC))
         except FileNotFoundError:
             return self._afresh("deleted")
         if (st.st_dev, st.st_ino) != self._identity:
             return self._afresh("replaced")
-        if head != MAGIC:
+        assert self._fd is not None  # (open while the store is)
+        if os.pread(self._fd, len(MAGIC), 0) != MAGIC:
             return self._afresh("corrupted")
         return None
 
     def _afresh(self, why: str) -> str:
         """Close the lost file, set a corrupted one aside, and open a new one at the path."""
-        self._db.close()
+        self._close()
         if why == "corrupted":
             with contextlib.suppress(FileNotFoundError):
                 os.replace(self.path, self.path.with_name(self.path.name + ".corrupt"))
@@ -210,7 +221,7 @@ class SqliteStore:
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            self._close()
 
 
 def describe_fault(exc: BaseException) -> str:
