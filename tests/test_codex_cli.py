@@ -740,6 +740,32 @@ def test_real_codex_with_the_whole_pool_overloaded_stops_with_a_clear_message_wi
         assert "its last socket closed because nothing could serve its turn" in codex.proxy_log, codex.context
 
 
+@pytest.mark.parametrize("websocket", ["gate", "downgrade"])
+def test_real_codex_is_served_after_a_short_burst_on_its_own_key_and_the_only_spare(tmp_path, codex_bin, capsys,
+                                                                                    websocket):
+    """The client's own key and the pool's only spare each overloaded twice, then fine (a short burst on
+    every account): both rest, and the share held out for overload counts the pool's only, so nothing came
+    back early; each of Codex's re-sends now probes the least recently failed once, and one is served
+    (before: every re-send was answered `503 (not dialled)` and Codex exited 1 in 3.7 s,
+    docs/pool-file.md#overload-cooldowns)."""
+    own = "sk-test-client-good"
+
+    def prepare(fake):
+        fake.overload_next(own, 2)
+        fake.overload_next(SPARE_KEY, 2)
+
+    codex = run_codex(tmp_path, codex_bin, [("spare", SPARE_KEY)], client_key=own, prepare=prepare,
+                      extra=["--set", f"failover_websocket={websocket}"])
+    with capsys.disabled():
+        print(f"\n[codex-cli] {CODEX_VERSION} short burst on own + the only spare ({websocket}): exit "
+              f"{codex.run.returncode} in {codex.took:.2f}s; errors {_errors(codex)}; "
+              f"{codex.proxy_log.count('probing it in')} probe(s)")
+    assert codex.run.returncode == 0, codex.context
+    assert "probing it in" in codex.proxy_log, codex.context
+    assert codex.took < 15.0, codex.context
+    codex.assert_loopback_only()
+
+
 def test_real_codex_with_the_whole_pool_at_its_usage_limit_prints_when_to_try_again(tmp_path, codex_bin, capsys):
     codex = run_codex(tmp_path, codex_bin, [("spare", "sk-test-spare-usage-limit")],
                       use_client_credential=False, extra=DOWNGRADE)

@@ -86,6 +86,27 @@ def test_all_overloaded_gives_503_with_attempts_and_the_time(fake, start_proxy):
     assert {c["state"] for c in again.json()["error"]["credentials"]} == {"cooling"}
 
 
+def test_the_own_key_and_one_spare_both_resting_the_next_request_probes_one_and_is_served(fake, start_proxy):
+    """The client's own key plus one spare, on the defaults (a share of the pool rests for overload: the
+    pooled credentials only, so the own key rests by its streak alone), both overloaded in a burst:
+    the next request probes the least recently failed (the own) once after 0.5 s and is served, instead
+    of `503 (not dialled)` for both rests (docs/pool-file.md#overload-cooldowns)."""
+    proxy = start_proxy(fake, [("a", "sk-test-a-good")])
+    fake.overload_next("sk-test-client-good", 1)
+    fake.overload_next("sk-test-a-good", 1)
+    first = post_responses(proxy.port, url(fake), "sk-test-client-good")
+    assert first.status == 503, first.body[:300]
+    assert [a["credential"] for a in first.json()["error"]["attempts"]] == ["client", "a"]
+    started = time.monotonic()
+    again = post_responses(proxy.port, url(fake), "sk-test-client-good")
+    assert again.status == 200, again.body[:300]
+    assert "Hello from sk-test-client-good" in again.body.decode()
+    assert time.monotonic() - started >= 0.5, "probed after its 0.5 s"
+    assert len(fake.model_requests()) == 3, "one probe, nothing else dialled"
+    assert "rests for an overload the longest ago; probing it in 0.5s" in proxy.log()
+    assert "not dialled" not in proxy.log()
+
+
 def test_at_most_a_share_of_the_pool_rests_for_overload_and_the_least_recently_failed_is_tried(fake, start_proxy):
     proxy = start_proxy(fake, [("a", "sk-test-a-overload"), ("b", "sk-test-b-overload"), ("c", "sk-test-c-overload")],
                         use_client_credential=False)

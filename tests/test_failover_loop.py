@@ -111,6 +111,19 @@ class World:
         return {c.name: self.health.state(c.key).status for c in [*plan.candidates, *(c for c, _ in plan.skipped)]}
 
 
+def pooled(w: World) -> None:
+    """The share held out for overload counts the pooled credentials only (mitm/addon.py's feedback)."""
+    w.feedback.pool_keys = frozenset(w.key(c.name) for c in w.pool.credentials)
+    w.feedback.pool_size = len(w.pool.credentials)
+
+
+def overloaded(w: World, name: str, seconds: float) -> None:
+    """`name` overloaded now (its streak's last failure) and resting `seconds`; the clock moves on 1 s."""
+    w.health.streaks.overloaded(w.key(name), w.clock.now, w.pool.policy.overload)
+    w.cool(name, seconds)
+    w.clock.now += 1
+
+
 def show(step) -> str:
     match step:
         case Try(cand, ep, n):
@@ -178,6 +191,10 @@ class Case:
 POOL = {"creds": [cred("a"), cred("b")]}
 ROUTED = {"creds": [cred("a", "corp"), cred("b")], "routes": ROUTES}
 ALONE = {"creds": [], "use_client": True}  # no pool: the client's own credential is the only one
+# The client's own key and one pooled credential, with the default share held out for overload (25 %;
+# the other cases let the whole pool rest). `pooled` makes the share count the pool's only, as the addon does.
+OWN_SPARE = {"creds": [cred("a")], "use_client": True,
+             "overload": OverloadPolicy(first=60.0, factor=1.0, max=60.0, max_held_out=0.25)}
 RECOVERY = RecoveryPolicy(enabled=True, attempts=2, backoff_initial=0.25, backoff_max=2.0)
 
 CASES = [
@@ -358,7 +375,29 @@ CASES = [
          lambda w: w.cool("a", 15)),
     Case("a usage limit is a fact: never probed", {}, ["all cooling (a cooling usage_limit), retry-after None"],
          {"creds": [cred("a")]}, lambda w: w.cool("a", 600, "usage_limit")),
-    Case("with another credential in the plan there is no probe", {},
+    # -- every credential resting for an overload: the least recently failed is probed once ---------
+    # (the client's own plus one spare: the share held out counts the pool's only, so nothing brings one back)
+    Case("the client's own plus a spare, both resting for an overload: the least recently failed is probed once",
+         {"client": [SERVED]}, ["wait 0.5s (backoff)", "try client #1"], OWN_SPARE,
+         lambda w: (pooled(w), overloaded(w, "client", 15), overloaded(w, "a", 15)),
+         told=("no credential ready, client rests for an overload the longest ago; probing it in 0.5s",)),
+    Case("the least recently failed, whichever it is", {"a": [SERVED]}, ["wait 0.5s (backoff)", "try a #1"], OWN_SPARE,
+         lambda w: (pooled(w), overloaded(w, "a", 15), overloaded(w, "client", 15))),
+    Case("a failed probe ends it: one probe a request", {"client": [rej("overloaded")]},
+         ["wait 0.5s (backoff)", "try client #1", "exhausted: overloaded, retry-after None"], OWN_SPARE,
+         lambda w: (pooled(w), overloaded(w, "client", 15), overloaded(w, "a", 15))),
+    Case("after a rejection, the untried one resting for an overload is probed", {"client": [rej("overloaded")], "a": [SERVED]},
+         ["try client #1", "wait 0.5s (backoff)", "try a #2"], OWN_SPARE, lambda w: (pooled(w), overloaded(w, "a", 15))),
+    Case("only the overload rests are probed: a usage limit is a fact", {"a": [SERVED]},
+         ["wait 0.5s (backoff)", "try a #1"], OWN_SPARE,
+         lambda w: (pooled(w), w.cool("client", 600, "usage_limit"), overloaded(w, "a", 15))),
+    Case("one back within cooldown_wait is held for, not the least recently failed probed", {"a": [SERVED]},
+         ["wait 0.5s (recovering)", "try a #1"], OWN_SPARE,
+         lambda w: (pooled(w), overloaded(w, "client", 15), overloaded(w, "a", 1.5))),
+    Case("a handshake never probes", {},
+         ["all cooling (client cooling overloaded; a cooling overloaded), retry-after None"], OWN_SPARE,
+         lambda w: (pooled(w), overloaded(w, "client", 15), overloaded(w, "a", 15)), loop={"handshake": True}),
+    Case("the whole pool may rest (max_held_out 100%): no probe while another credential is in the plan", {},
          ["all cooling (a cooling overloaded; b cooling overloaded), retry-after None"], POOL,
          lambda w: (w.cool("a", 15), w.cool("b", 15))),
 ]

@@ -20,7 +20,8 @@ What the loop decides:
   `max_attempts` of them, and `total` (the N of "attempt n/N");
 - the only credential (no pool alternative, or pinned) is retried after 0.5/1/2/4 s, or upstream's
   hint if longer, for the reasons in RETRY_SAME, as long as that stays within `cooldown_wait`;
-- otherwise, with nothing ready, holding for the first credential that recovers within `cooldown_wait`;
+- otherwise, with nothing ready, holding for the first credential that recovers within `cooldown_wait`,
+  or else probing once the least recently failed credential resting for an overload;
 - each candidate's route endpoints in order (claimed on RouteHealth): a pre-dispatch failure backs the
   endpoint off and the next one is tried without costing an attempt; host-wide network loss releases it
   without blame; any other result is the endpoint's success; none usable: a ROUTE_DOWN rejection (502);
@@ -151,7 +152,8 @@ class FailoverLoop:
         self._lacked = 0  # how many credentials said they lack it, in this request
         self._as_it_came: Rejection | None = None  # the upstream answer the client gets should nothing serve
         self._as_it_came_own = False  # it is the client's own credential's
-        self._probed = False  # the only credential was dialled through its overload rest
+        self._probed = False  # a credential was dialled through its overload rest (the only one, or `_probing`)
+        self._probing: Candidate | None = None  # the resting credential probed when there are others
         self._tell, self._clock, self._rand = tell, clock, rand
         self.plan = plan()
         everyone = [*self.plan.candidates, *(c for c, _ in self.plan.skipped)]
@@ -256,8 +258,10 @@ class FailoverLoop:
         if self._stale:
             self.plan, self._stale = self._replan(), False
         waited, self._waited = self._waited, None
-        if waited == BACKOFF and self.only is not None:  # (a backoff is only ever for the only one)
-            return self._start(self.only)  # its own cooldown notwithstanding
+        if waited == BACKOFF:  # (a backoff is only ever for the only one, or a probe)
+            cand = self.only or self._probing
+            assert cand is not None, "a backoff without its credential"
+            return self._start(cand)  # its own cooldown notwithstanding
         if waited == RECOVERING:
             queue = self._untried(self._replan())
             return self._start(queue[0]) if queue else self._end()
@@ -276,7 +280,8 @@ class FailoverLoop:
 
     def _wait(self) -> LoopStep:
         """Nothing ready and untried: the only credential's backoff, or its probe when it rests for an
-        overload; else hold for an untried one back within `cooldown_wait` (an upgrade never waits)."""
+        overload; else hold for an untried one back within `cooldown_wait`; else probe the least recently
+        failed one resting for an overload, once (an upgrade never waits)."""
         if not self.waits:
             return self._end()
         if self.only is not None and self.last is not None:  # (after a failed probe: the rest was right)
@@ -290,11 +295,29 @@ class FailoverLoop:
             self._tell(logging.INFO, f"credential {self.only.name} rests for an overload; probing it in {delay:.1f}s")
             return Wait(delay, BACKOFF)
         waits = [w for k in self.plan.all_keys if k not in self.tried and (w := self.health.recovers_in(k)) is not None]
-        if not waits or min(waits) > self.policy.cooldown_wait:
-            return self._end()
-        self._tell(logging.INFO, f"no credential ready; holding {min(waits):.1f}s for the first to recover")
-        self._waited = RECOVERING
-        return Wait(min(waits), RECOVERING)
+        if waits and min(waits) <= self.policy.cooldown_wait:
+            self._tell(logging.INFO, f"no credential ready; holding {min(waits):.1f}s for the first to recover")
+            self._waited = RECOVERING
+            return Wait(min(waits), RECOVERING)
+        probe = None if self._probed else self._least_recently_failed()
+        if probe is not None and (delay := probe_delay(self.health, probe.key, self.policy)):
+            self._probed, self._probing, self._waited = True, probe, BACKOFF
+            self._tell(logging.INFO, f"no credential ready, {probe.name} rests for an overload the longest ago; "
+                                     f"probing it in {delay:.1f}s")
+            return Wait(delay, BACKOFF)
+        return self._end()
+
+    def _least_recently_failed(self) -> Candidate | None:
+        """Of the untried credentials resting for an overload (a guess, not a fact), the one whose last
+        overload is the oldest: probed once, as the only credential is, so that a pool whose every
+        account rests (the client's own plus one spare: `max_held_out` never brings the own back) is
+        still dialled once a request instead of answered "every credential cooling" for the whole rest.
+        None when the whole pool may rest (`max_held_out: 100%`, the old behaviour: nothing comes back early)."""
+        if self.policy.overload.max_held_out >= 1.0:
+            return None
+        resting = [c for c, _ in self.plan.skipped
+                   if c.key not in self.tried and probe_delay(self.health, c.key, self.policy) is not None]
+        return min(resting, key=lambda c: self.health.streaks.last_failed(c.key), default=None)
 
     def _start(self, cand: Candidate) -> LoopStep:
         self.n += 1
