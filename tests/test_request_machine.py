@@ -353,6 +353,25 @@ def test_an_overload_after_output_ends_the_live_stream_and_cools_its_credential(
     assert isinstance(step, Try) and step.candidate.name == "b"
 
 
+def test_a_cut_before_the_shell_carries_out_the_commits_success_keeps_the_credential_cooling():
+    """The shell carries out a commit's commands after the client's first output (request_run: it waits
+    for it), and the live rest runs meanwhile: under load the overload after the output came first.
+    The success carried out after that must not restore the credential the cut cooled (seen in CI:
+    Codex's re-send went back to it instead of moving)."""
+    world = World()
+    start, late = delta_then_overload()
+    m = world.machine()
+    assert isinstance(m.next(), Try)
+    m.attempt.send(Head(200, SSE, True))
+    m.attempt.send(Chunk(start))
+    assert m.attempt.live(late).cut is not None
+    m.attempt.succeeded()  # (carried out after the cut)
+    assert world.cooling() == {"a": "overloaded"}
+    again = world.machine()
+    step = again.next()
+    assert isinstance(step, Try) and step.candidate.name == "b"
+
+
 def test_an_overload_in_the_same_read_as_the_first_output_fails_over_before_anything_went_out():
     world = World()
     start, late = delta_then_overload()

@@ -143,8 +143,12 @@ class AttemptMachine:
         self._deadline = self.head.next
 
     def succeeded(self) -> None:
-        """Carried out for `Succeeded`: the credential is well and the session's home (pool_feedback)."""
-        self.scope.feedback.succeeded(self.cand.key, self.scope.session, self.scope.model)
+        """Carried out for `Succeeded`: the credential is well and the session's home (pool_feedback).
+        Not after a cut: the shell carries out a commit's commands once the client's first output went
+        out, and the live rest may meet a rejection after the output before that (`live`); what it
+        taught the pool stands."""
+        if self.late is None:
+            self.scope.feedback.succeeded(self.cand.key, self.scope.session, self.scope.model)
 
     def abandon(self) -> None:
         """The shell gave up on the attempt (a bug, a cancel): its recovery slot goes back. Idempotent."""
