@@ -759,9 +759,9 @@ def test_real_codex_is_served_after_a_short_burst_on_its_own_key_and_the_only_sp
     with capsys.disabled():
         print(f"\n[codex-cli] {CODEX_VERSION} short burst on own + the only spare ({websocket}): exit "
               f"{codex.run.returncode} in {codex.took:.2f}s; errors {_errors(codex)}; "
-              f"{codex.proxy_log.count('probing it in')} probe(s)")
+              f"{codex.proxy_log.count('no credential ready; probing')} probe(s)")
     assert codex.run.returncode == 0, codex.context
-    assert "probing it in" in codex.proxy_log, codex.context
+    assert "no credential ready; probing" in codex.proxy_log, codex.context
     assert codex.took < 15.0, codex.context
     codex.assert_loopback_only()
 

@@ -103,7 +103,7 @@ def test_the_own_key_and_one_spare_both_resting_the_next_request_probes_one_and_
     assert "Hello from sk-test-client-good" in again.body.decode()
     assert time.monotonic() - started >= 0.5, "probed after its 0.5 s"
     assert len(fake.model_requests()) == 3, "one probe, nothing else dialled"
-    assert "rests for an overload the longest ago; probing it in 0.5s" in proxy.log()
+    assert "no credential ready; probing client in 0.5s (resting for an overload, the least recently failed)" in proxy.log()
     assert "not dialled" not in proxy.log()
 
 

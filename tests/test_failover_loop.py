@@ -380,7 +380,7 @@ CASES = [
     Case("the client's own plus a spare, both resting for an overload: the least recently failed is probed once",
          {"client": [SERVED]}, ["wait 0.5s (backoff)", "try client #1"], OWN_SPARE,
          lambda w: (pooled(w), overloaded(w, "client", 15), overloaded(w, "a", 15)),
-         told=("no credential ready, client rests for an overload the longest ago; probing it in 0.5s",)),
+         told=("no credential ready; probing client in 0.5s (resting for an overload, the least recently failed)",)),
     Case("the least recently failed, whichever it is", {"a": [SERVED]}, ["wait 0.5s (backoff)", "try a #1"], OWN_SPARE,
          lambda w: (pooled(w), overloaded(w, "a", 15), overloaded(w, "client", 15))),
     Case("a failed probe ends it: one probe a request", {"client": [rej("overloaded")]},

@@ -302,8 +302,8 @@ class FailoverLoop:
         probe = None if self._probed else self._least_recently_failed()
         if probe is not None and (delay := probe_delay(self.health, probe.key, self.policy)):
             self._probed, self._probing, self._waited = True, probe, BACKOFF
-            self._tell(logging.INFO, f"no credential ready, {probe.name} rests for an overload the longest ago; "
-                                     f"probing it in {delay:.1f}s")
+            self._tell(logging.INFO, f"no credential ready; probing {probe.name} in {delay:.1f}s (resting for an "
+                                     f"overload, the least recently failed)")
             return Wait(delay, BACKOFF)
         return self._end()
 
