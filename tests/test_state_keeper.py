@@ -554,7 +554,8 @@ def test_a_reader_in_another_process_never_loses_what_is_written_after_it(tmp_pa
     and closing it must not take the WAL from under the running store. The store's own check (is the
     file still the one opened?) once opened and closed the file, and a close drops every POSIX lock the
     process holds on it, SQLite's too: the reader's close then found no other connection, checkpointed
-    and deleted the WAL, and every later write went to the deleted one, seen by nobody, lost at exit."""
+    and deleted the WAL, and every later write went to the deleted one: seen by no other process while
+    it ran (a second proxy on the file, `sqlite3`), lost if it was killed (a clean exit checkpoints it)."""
     path = tmp_path / "s.sqlite"
     store = SqliteStore(path, "default")
     read = [sys.executable, "-c", READ_ELSEWHERE, str(path)]
