@@ -126,6 +126,9 @@ def test_the_dashboard_in_a_browser(session, sync_api, tmp_path):
                 page.goto("http://codex-failover.status/")
                 cards = page.locator(".card")
                 sync_api.expect(cards).to_have_count(5, timeout=TIMEOUT_MS)
+                # The footer's command names the proxy this page came through, not a default port.
+                sync_api.expect(page.locator("#as-json")).to_have_text(
+                    f"curl -x http://127.0.0.1:{proxy.port} http://codex-failover.status/")
                 # Every account that may send shows both windows, the unused spare's too (asked of its
                 # usage endpoint while the page is open) and the second session's own account (asked with
                 # the token of its last request); the resting ones say why and for how long.
@@ -195,3 +198,10 @@ def test_the_dashboard_in_a_browser(session, sync_api, tmp_path):
             context.close()
         finally:
             browser.close()
+
+
+def test_the_dashboards_json_command_names_the_address_the_proxy_was_reached_at():
+    from codex_failover.mitm.status_page import reached
+    assert reached(("127.0.0.1", 8081)) == "127.0.0.1:8081"
+    assert reached(("::1", 8080, 0, 0)) == "[::1]:8080"
+    assert reached(None) is None

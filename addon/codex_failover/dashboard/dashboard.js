@@ -64,6 +64,7 @@
 
   function render(v) {
     document.getElementById("pool").textContent = "pool: " + v.pool;
+    if (v.proxy) document.getElementById("as-json").textContent = "curl -x http://" + v.proxy + " http://codex-failover.status/";
     document.getElementById("accounts").replaceChildren(...v.credentials.map(account));
     document.getElementById("counts").replaceChildren(...v.counts.map(c =>
       el("div", { class: "count", title: c.hint || "" }, el("div", { class: "v" }, c.value), el("div", { class: "l" }, c.label))));
