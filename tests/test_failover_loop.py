@@ -7,7 +7,7 @@ clock run through each Wait."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 from conftest import Clock
@@ -20,6 +20,7 @@ from codex_failover.core.failover_loop import FailoverLoop
 from codex_failover.core.health import Health
 from codex_failover.core.outcomes import (
     BACKOFF,
+    PROBING,
     RECOVERING,
     RECOVERY_RETRY,
     SERVED,
@@ -57,7 +58,7 @@ from codex_failover.core.vocabulary import (
 
 CLIENT_AUTH = AuthMaterial(APIKEY, "tok-client")
 ROUTES = {"corp": ["http://p0:3128", "http://p1:3128"]}
-WAITS = {BACKOFF: "backoff", RECOVERING: "recovering", RECOVERY_RETRY: "retry"}
+WAITS = {BACKOFF: "backoff", PROBING: "probing", RECOVERING: "recovering", RECOVERY_RETRY: "retry"}
 
 
 def cred(name: str, route: str = "direct") -> Credential:
@@ -378,18 +379,18 @@ CASES = [
     # -- every credential resting for an overload: the least recently failed is probed once ---------
     # (the client's own plus one spare: the share held out counts the pool's only, so nothing brings one back)
     Case("the client's own plus a spare, both resting for an overload: the least recently failed is probed once",
-         {"client": [SERVED]}, ["wait 0.5s (backoff)", "try client #1"], OWN_SPARE,
+         {"client": [SERVED]}, ["wait 0.5s (probing)", "try client #1"], OWN_SPARE,
          lambda w: (pooled(w), overloaded(w, "client", 15), overloaded(w, "a", 15)),
          told=("no credential ready; probing client in 0.5s (resting for an overload, the least recently failed)",)),
-    Case("the least recently failed, whichever it is", {"a": [SERVED]}, ["wait 0.5s (backoff)", "try a #1"], OWN_SPARE,
+    Case("the least recently failed, whichever it is", {"a": [SERVED]}, ["wait 0.5s (probing)", "try a #1"], OWN_SPARE,
          lambda w: (pooled(w), overloaded(w, "a", 15), overloaded(w, "client", 15))),
     Case("a failed probe ends it: one probe a request", {"client": [rej("overloaded")]},
-         ["wait 0.5s (backoff)", "try client #1", "exhausted: overloaded, retry-after None"], OWN_SPARE,
+         ["wait 0.5s (probing)", "try client #1", "exhausted: overloaded, retry-after None"], OWN_SPARE,
          lambda w: (pooled(w), overloaded(w, "client", 15), overloaded(w, "a", 15))),
     Case("after a rejection, the untried one resting for an overload is probed", {"client": [rej("overloaded")], "a": [SERVED]},
-         ["try client #1", "wait 0.5s (backoff)", "try a #2"], OWN_SPARE, lambda w: (pooled(w), overloaded(w, "a", 15))),
+         ["try client #1", "wait 0.5s (probing)", "try a #2"], OWN_SPARE, lambda w: (pooled(w), overloaded(w, "a", 15))),
     Case("only the overload rests are probed: a usage limit is a fact", {"a": [SERVED]},
-         ["wait 0.5s (backoff)", "try a #1"], OWN_SPARE,
+         ["wait 0.5s (probing)", "try a #1"], OWN_SPARE,
          lambda w: (pooled(w), w.cool("client", 600, "usage_limit"), overloaded(w, "a", 15))),
     Case("one back within cooldown_wait is held for, not the least recently failed probed", {"a": [SERVED]},
          ["wait 0.5s (recovering)", "try a #1"], OWN_SPARE,
@@ -569,3 +570,67 @@ def test_own_refusal_is_only_the_clients_401_or_403():
     assert own_refusal(AUTH_REJECTED, client), "the client's own 401/403 is delivered as is"
     assert not own_refusal(AUTH_REJECTED, spare), "a pool credential's 401/403 fails over"
     assert not own_refusal("overloaded", client), "only a refusal"
+
+
+# -- a probe among several: what may change while it waits, and requests that arrive together ---------
+
+def own_spare_resting() -> World:
+    """The client's own key and the spare `a`, both resting for an overload (the own failed first)."""
+    world = World(**OWN_SPARE)
+    pooled(world)
+    overloaded(world, "client", 15)
+    overloaded(world, "a", 15)
+    return world
+
+
+def test_requests_arriving_together_probe_one_credential_each_never_the_same_twice():
+    world = own_spare_resting()
+    loops = [world.loop() for _ in range(3)]
+    steps = [show(loop.next()) for loop in loops]
+    assert steps == ["wait 0.5s (probing)", "wait 0.5s (probing)", "all cooling (client cooling overloaded; a cooling "
+                                                                    "overloaded), retry-after None"]
+    world.clock.now += 0.5
+    tries = [loops[0].next(), loops[1].next()]
+    assert [t.candidate.name for t in tries] == ["client", "a"], "one probe at a time per credential"
+    loops[0].report(SERVED)  # its claim ends with its result: the next request may probe it again
+    assert world.health.probes.held(world.key("client"), world.clock.now) is False
+    assert world.health.probes.held(world.key("a"), world.clock.now) is True
+
+
+@pytest.mark.parametrize("meanwhile", ["taken out (a 401 to another request)", "at its usage limit"])
+def test_a_probe_whose_credential_changed_while_it_waited_is_never_sent(meanwhile):
+    world = own_spare_resting()
+    loop = world.loop()
+    assert show(loop.next()) == "wait 0.5s (probing)"
+    if meanwhile.startswith("taken out"):
+        world.health.take_out(world.key("client"), "HTTP 401 from upstream")
+    else:
+        world.health.cool(world.key("client"), 3600, "usage_limit")
+    world.clock.now += 0.5
+    step = loop.next()
+    assert not isinstance(step, Try), show(step)
+    assert world.health.probes.held(world.key("client"), world.clock.now) is False, "its claim released"
+
+
+def test_a_credential_whose_token_expired_is_never_probed():
+    world = World(**OWN_SPARE)
+    a = world.pool.credentials[0]
+    expiring = replace(a, auth=replace(a.auth, expires_at=world.clock.now + 3))
+    world.pool = replace(world.pool, credentials=(expiring,))
+    pooled(world)
+    overloaded(world, "a", 15)  # the least recently failed, but its token ends meanwhile
+    overloaded(world, "client", 15)
+    world.clock.now += 5
+    steps, _ = drive(world, world.loop(), {"client": [SERVED]})
+    assert steps == ["wait 0.5s (probing)", "try client #1"], "the own key, never the expired token"
+
+
+def test_a_credential_back_within_max_retry_after_keeps_its_retry_after_instead_of_a_probe():
+    """The own key back in 3 s (past cooldown_wait, within max_retry_after): Codex is told to re-send
+    then (and is served), rather than the own key probed early and its rest doubled."""
+    world = World(**OWN_SPARE)
+    pooled(world)
+    overloaded(world, "client", 5)  # (the clock moves 1 s with each: back in 3 s)
+    overloaded(world, "a", 30)
+    steps, last = drive(world, world.loop(), {})
+    assert isinstance(last, AllCooling) and last.retry_after == 3, steps

@@ -66,6 +66,30 @@ class OverloadStreaks:
         return self._by_key.get(key, (0, -math.inf))[1]
 
 
+class ProbeClaims:
+    """The credentials a request is probing through their overload rest now: one probe at a time each,
+    so requests that arrive together while every credential rests do not all dial the same one. A
+    claim lapses after `PROBE_CLAIM` seconds should its request never say how the probe ended."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def claim(self, key: str, now: float) -> bool:
+        if self._until.get(key, -math.inf) > now:
+            return False
+        self._until[key] = now + PROBE_CLAIM
+        return True
+
+    def held(self, key: str, now: float) -> bool:
+        return self._until.get(key, -math.inf) > now
+
+    def release(self, key: str) -> None:
+        self._until.pop(key, None)
+
+
+PROBE_CLAIM = 60.0  # seconds: a probe's claim, at most (its request releases it when the probe ends)
+
+
 def over_cap(held_out: Iterable[str], streaks: OverloadStreaks, pool_size: int, policy: OverloadPolicy) -> list[str]:
     """Of the accounts held out for overload now, those to bring back so that at most the policy's
     share stay out: the least recently failed first."""

@@ -50,6 +50,7 @@ from typing import Callable, Iterable
 from .health import COOLING, Health
 from .outcomes import (
     BACKOFF,
+    PROBING,
     RECOVERING,
     RECOVERY_RETRY,
     AllCooling,
@@ -154,6 +155,7 @@ class FailoverLoop:
         self._as_it_came_own = False  # it is the client's own credential's
         self._probed = False  # a credential was dialled through its overload rest (the only one, or `_probing`)
         self._probing: Candidate | None = None  # the resting credential probed when there are others
+        self._claim: str | None = None  # its key, claimed on Health (one probe at a time) until the probe ends
         self._tell, self._clock, self._rand = tell, clock, rand
         self.plan = plan()
         everyone = [*self.plan.candidates, *(c for c, _ in self.plan.skipped)]
@@ -168,7 +170,7 @@ class FailoverLoop:
         self._budget: RetryBudget | None = None  # recovery's, for the candidate and endpoint in hand
         self._transient: Transient | None = None  # reported, not yet retried
         self._retry = False  # the recovery wait is over: try the same again
-        self._waited: str | None = None  # the wait just decided (BACKOFF or RECOVERING)
+        self._waited: str | None = None  # the wait just decided (BACKOFF, RECOVERING or PROBING)
         self._decided: LoopStep | None = None  # settled by report(), given by the next next()
 
     # -- the shell's two calls ----------------------------------------------------------------
@@ -192,6 +194,7 @@ class FailoverLoop:
         endpoint out (it failed before dispatch: the next endpoint is tried, and nothing of it is
         the credential's to record); True otherwise."""
         ep = self._ep
+        self._release_probe()  # (a probe's result, whatever it is, ends its claim)
         if isinstance(result, Transient):
             self._transient = result  # the endpoint stays claimed for the retry
             return True
@@ -248,6 +251,7 @@ class FailoverLoop:
     def abandon(self) -> None:
         """The attempt in flight ended without a verdict (the client left, a bug): its endpoint is
         released, so an unfinished probe never keeps it claimed."""
+        self._release_probe()
         if self._ep is not None:
             self.route_health.release(self._ep)
             self._ep = None
@@ -258,10 +262,17 @@ class FailoverLoop:
         if self._stale:
             self.plan, self._stale = self._replan(), False
         waited, self._waited = self._waited, None
-        if waited == BACKOFF:  # (a backoff is only ever for the only one, or a probe)
-            cand = self.only or self._probing
-            assert cand is not None, "a backoff without its credential"
-            return self._start(cand)  # its own cooldown notwithstanding
+        if waited == PROBING:  # a probe among several: still one to probe?
+            probe = self._probing
+            assert probe is not None, "a probe's wait without its credential"
+            self.plan = self._replan()
+            if not any(c.key == probe.key for c in (*self.plan.candidates, *self._probeable(self.plan, probe.key))):
+                self._release_probe()  # out of rotation, at its usage limit or gone meanwhile: never sent
+                return self._end()
+            return self._start(probe)  # its own cooldown notwithstanding
+        if waited == BACKOFF:  # (a backoff is only ever for the only one)
+            assert self.only is not None, "a backoff without its credential"
+            return self._start(self.only)  # its own cooldown notwithstanding
         if waited == RECOVERING:
             queue = self._untried(self._replan())
             return self._start(queue[0]) if queue else self._end()
@@ -299,12 +310,15 @@ class FailoverLoop:
             self._tell(logging.INFO, f"no credential ready; holding {min(waits):.1f}s for the first to recover")
             self._waited = RECOVERING
             return Wait(min(waits), RECOVERING)
+        if self.retry_after() is not None:
+            return self._end()  # one back within max_retry_after: its Retry-After, and the re-send it serves
         probe = None if self._probed else self._least_recently_failed()
-        if probe is not None and (delay := probe_delay(self.health, probe.key, self.policy)):
-            self._probed, self._probing, self._waited = True, probe, BACKOFF
+        if probe is not None and (delay := probe_delay(self.health, probe.key, self.policy)) \
+                and self.health.probes.claim(probe.key, self.health.now()):
+            self._probed, self._probing, self._claim, self._waited = True, probe, probe.key, PROBING
             self._tell(logging.INFO, f"no credential ready; probing {probe.name} in {delay:.1f}s (resting for an "
                                      f"overload, the least recently failed)")
-            return Wait(delay, BACKOFF)
+            return Wait(delay, PROBING)
         return self._end()
 
     def _least_recently_failed(self) -> Candidate | None:
@@ -315,9 +329,23 @@ class FailoverLoop:
         None when the whole pool may rest (`max_held_out: 100%`, the old behaviour: nothing comes back early)."""
         if self.policy.overload.max_held_out >= 1.0:
             return None
-        resting = [c for c, _ in self.plan.skipped
-                   if c.key not in self.tried and probe_delay(self.health, c.key, self.policy) is not None]
-        return min(resting, key=lambda c: self.health.streaks.last_failed(c.key), default=None)
+        return min(self._probeable(self.plan), key=lambda c: self.health.streaks.last_failed(c.key), default=None)
+
+    def _probeable(self, plan: Plan, claimed: str | None = None) -> list[Candidate]:
+        """The plan's untried credentials resting for an overload that a probe may go to: not being
+        probed by another request (but `claimed`, this one's), and with a token that has not expired
+        (the planner never sends one to collect a 401)."""
+        now = self.health.now()
+        return [c for c, _ in plan.skipped
+                if c.key not in self.tried and probe_delay(self.health, c.key, self.policy) is not None
+                and (c.key == claimed or not self.health.probes.held(c.key, now))
+                and not (c.auth is not None and c.auth.expires_at is not None and c.auth.expires_at <= now)]
+
+    def _release_probe(self) -> None:
+        """The probe's claim goes (once: another request may hold the next one)."""
+        if self._claim is not None:
+            self.health.probes.release(self._claim)
+            self._claim = None
 
     def _start(self, cand: Candidate) -> LoopStep:
         self.n += 1

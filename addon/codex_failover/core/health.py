@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .cooldown_policy import OverloadStreaks
+from .cooldown_policy import OverloadStreaks, ProbeClaims
 from .entitlement import ModelBook
 from .tracked import Tracked
 
@@ -31,6 +31,7 @@ class Health(Tracked):
         self._cooling: dict[str, tuple[float, str]] = {}
         self._out: dict[str, str] = {}
         self.streaks = OverloadStreaks()  # each credential's overload streak (cooldown_policy.py)
+        self.probes = ProbeClaims()  # the credentials being probed through their overload rest now
         self.models = ModelBook(clock=clock)  # which credential lacks which model (entitlement.py)
 
     def now(self) -> float:

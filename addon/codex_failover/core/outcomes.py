@@ -36,6 +36,7 @@ NOT_THE_CREDENTIAL = frozenset({UPGRADE_REFUSED, HANDSHAKE_FAILED, PRE_DISPATCH,
 # Why a Wait.
 BACKOFF = "backoff before retrying the only credential"
 RECOVERING = "holding for a cooling credential to recover"
+PROBING = "probing a credential resting for an overload"
 RECOVERY_RETRY = "recovery: retrying the same credential and endpoint"
 
 
@@ -96,7 +97,7 @@ class Wait:
     """Hold the client `seconds`, then ask again."""
 
     seconds: float
-    why: str  # BACKOFF, RECOVERING or RECOVERY_RETRY
+    why: str  # BACKOFF, RECOVERING, PROBING or RECOVERY_RETRY
 
 
 @dataclass(frozen=True)
