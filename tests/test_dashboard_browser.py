@@ -198,10 +198,3 @@ def test_the_dashboard_in_a_browser(session, sync_api, tmp_path):
             context.close()
         finally:
             browser.close()
-
-
-def test_the_dashboards_json_command_names_the_address_the_proxy_was_reached_at():
-    from codex_failover.mitm.status_page import reached
-    assert reached(("127.0.0.1", 8081)) == "127.0.0.1:8081"
-    assert reached(("::1", 8080, 0, 0)) == "[::1]:8080"
-    assert reached(None) is None

@@ -228,6 +228,14 @@ def sent(attempt: DirectAttempt, end_stream: bool = False) -> None:
     held_layer._take(attempt, http_layers.ResponseHeaders(1, sse_head(), end_stream=end_stream))
 
 
+def released(attempt: DirectAttempt) -> DirectAttempt:
+    """`attempt` sent, a chunk of its answer held, then committed on the client's stream."""
+    sent(attempt)
+    held_layer._take(attempt, http_layers.ResponseData(1, b"data: {}\n\n"))
+    attempt.release(lambda data: Released(data or b""), b"")
+    return attempt
+
+
 async def turns(n: int = 3) -> None:
     for _ in range(n):
         await asyncio.sleep(0)
@@ -281,10 +289,7 @@ def test_a_served_attempt_whose_stream_ended_before_its_verdict_still_has_no_hoo
 
     async def go():
         with taddons.context(watch):
-            attempt = make(Hop())
-            sent(attempt)
-            held_layer._take(attempt, http_layers.ResponseData(1, b"data: {}\n\n"))
-            attempt.release(lambda data: Released(data or b""), b"")
+            attempt = released(make(Hop()))
             held_layer._take(attempt, http_layers.ResponseEndOfMessage(1))
             attempt.done_streaming()  # the stream's end came first
             attempt.judge("✅", "won", None)
@@ -303,10 +308,7 @@ def test_a_released_attempt_cancelled_before_any_verdict_is_shown_when_its_run_e
 
     async def go():
         with taddons.context(watch):
-            stopped = make(Hop())
-            sent(stopped)
-            held_layer._take(stopped, http_layers.ResponseData(1, b"data: {}\n\n"))
-            stopped.release(lambda data: Released(data or b""), b"")
+            stopped = released(make(Hop()))
             await stopped.cancel()
             await turns()
             assert watch.seen == [] and stopped.record is None, "a cancel of a released attempt is no verdict"

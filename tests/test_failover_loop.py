@@ -634,3 +634,15 @@ def test_a_credential_back_within_max_retry_after_keeps_its_retry_after_instead_
     overloaded(world, "a", 30)
     steps, last = drive(world, world.loop(), {})
     assert isinstance(last, AllCooling) and last.retry_after == 3, steps
+
+
+def test_the_only_credential_is_not_probed_once_its_token_expired():
+    """Expired is what the planner says first, whatever the credential's rest: an expired token is
+    never sent to collect a 401, by a probe no more than by a plain attempt."""
+    world = World(creds=[cred("a")])
+    a = world.pool.credentials[0]
+    world.pool = replace(world.pool, credentials=(replace(a, auth=replace(a.auth, expires_at=world.clock.now + 1)),))
+    world.cool("a", 15)
+    world.clock.now += 2
+    steps, _ = drive(world, world.loop(), {})
+    assert steps == ["all cooling (a expired overloaded), retry-after None"], steps

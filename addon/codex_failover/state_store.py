@@ -126,7 +126,11 @@ class SqliteStore:
 
     def _opened(self, db: sqlite3.Connection) -> None:
         self._db = db
-        self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except BaseException:  # (the file went between SQLite's open and this one)
+            db.close()
+            raise
         st = os.fstat(self._fd)
         self._identity = (st.st_dev, st.st_ino)
 

@@ -301,7 +301,8 @@ class FailoverLoop:
                 return self._end()
             self._waited = BACKOFF
             return Wait(delay, BACKOFF)
-        if self.only is not None and not self._probed and (delay := probe_delay(self.health, self.only.key, self.policy)):
+        if self.only is not None and not self._probed and self.only in self._resting(self.plan) \
+                and (delay := probe_delay(self.health, self.only.key, self.policy)):
             self._probed, self._waited = True, BACKOFF
             self._tell(logging.INFO, f"credential {self.only.name} rests for an overload; probing it in {delay:.1f}s")
             return Wait(delay, BACKOFF)
@@ -331,15 +332,16 @@ class FailoverLoop:
             return None
         return min(self._probeable(self.plan), key=lambda c: self.health.streaks.last_failed(c.key), default=None)
 
+    def _resting(self, plan: Plan) -> list[Candidate]:
+        """The plan's untried credentials it skipped as cooling (not expired, not out) for an overload."""
+        return [c for c, why in plan.skipped
+                if why == COOLING and c.key not in self.tried and probe_delay(self.health, c.key, self.policy) is not None]
+
     def _probeable(self, plan: Plan, claimed: str | None = None) -> list[Candidate]:
-        """The plan's untried credentials resting for an overload that a probe may go to: not being
-        probed by another request (but `claimed`, this one's), and with a token that has not expired
-        (the planner never sends one to collect a 401)."""
+        """Those a probe among several may go to: not being probed by another request (but `claimed`,
+        this one's)."""
         now = self.health.now()
-        return [c for c, _ in plan.skipped
-                if c.key not in self.tried and probe_delay(self.health, c.key, self.policy) is not None
-                and (c.key == claimed or not self.health.probes.held(c.key, now))
-                and not (c.auth is not None and c.auth.expires_at is not None and c.auth.expires_at <= now)]
+        return [c for c in self._resting(plan) if c.key == claimed or not self.health.probes.held(c.key, now)]
 
     def _release_probe(self) -> None:
         """The probe's claim goes (once: another request may hold the next one)."""

@@ -92,13 +92,11 @@ def _by_priority(creds: list[Credential], selection: str, rotation: int) -> list
 
 
 def _unusable(cand: Candidate, health: Health, now: float) -> str | None:
-    state = health.state(cand.key)
-    if state.status != "ready":
-        return state.status
     expires = cand.auth.expires_at if cand.auth is not None else None
-    if expires is not None and expires <= now:
+    if expires is not None and expires <= now:  # (whatever its health says: no rest ends that)
         return "expired"  # never sent upstream to collect a 401; the user refreshes it with codex login
-    return None
+    state = health.state(cand.key)
+    return None if state.status == "ready" else state.status
 
 
 def _as_candidate(cred: Credential, is_client: bool) -> Candidate:

@@ -10,6 +10,7 @@ import time
 from importlib import resources
 
 from mitmproxy import http
+from mitmproxy.utils import human
 
 from ..core import dashboard
 from .boundary import not_own_user
@@ -49,21 +50,14 @@ def respond(addon, flow: http.HTTPFlow) -> http.Response:
     return addon.back.reset_from_status_page(flow) if flow.request.method == "POST" else answer(addon, flow)
 
 
-def reached(sockname) -> str | None:
-    """The proxy's address as its client reached it (`host:port`, an IPv6 host in brackets)."""
-    if not sockname or len(sockname) < 2:
-        return None
-    host = str(sockname[0])
-    return f"[{host}]:{sockname[1]}" if ":" in host else f"{host}:{sockname[1]}"
-
-
 def answer(addon, flow: http.HTTPFlow) -> http.Response:
     """A GET (or HEAD) of the status host, from one of the user's own programs."""
     path = flow.request.path.split("?")[0]
     if path == "/view.json":
         addon.usage_poller.watched()
         view = dashboard.view(addon.status_report(), addon.activity, time.time(), addon.usage_poller.notes)
-        view["proxy"] = reached(flow.client_conn.sockname)  # the footer's `curl -x` names the proxy this page came through
+        reached = flow.client_conn.sockname  # the footer's `curl -x` names the proxy this page came through
+        view["proxy"] = human.format_address(reached) if reached else None
         return http.Response.make(200, json.dumps(view).encode(), _headers("application/json"))
     if path == "/" and not wants_html(flow.request):
         report = addon.status_report()
